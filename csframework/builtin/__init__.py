@@ -1,0 +1,14 @@
+"""The built-in plugins. They use only the public hooks and ``Run`` attributes, as any plugin could."""
+from __future__ import annotations
+
+
+def builtin_plugins() -> list[tuple[str, object]]:
+    """Fresh instances, in registration order (pluggy calls the last registered first)."""
+    from . import validation
+    from .checkpoint import CheckpointPlugin
+    from .logs import LoggingPlugin
+    from .metrics import MetricsPlugin
+    from .progress import ProgressPlugin
+
+    return [("validation", validation), ("checkpoint", CheckpointPlugin()), ("metrics", MetricsPlugin()),
+            ("progress", ProgressPlugin()), ("logging", LoggingPlugin())]

@@ -1,0 +1,208 @@
+"""The validation plugin: rejects bad runs before anything is built (DESIGN section 4).
+
+Every rule returns problem lines that name the key and say how to fix it; all are reported together.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..config import FIELDS_BY_OPTIMIZER, FIELDS_BY_TYPE, PRECISIONS, RunConfig, stage_config
+from ..config.backend import DEVICE_TYPES
+from ..errors import ConfigError
+from ..plugins import hookimpl
+
+
+@hookimpl
+def csframework_validate(config: RunConfig) -> list[str]:
+    problems = device_choice(config)
+    stages = [("", config)]
+    for name, partial in config.stages.items():
+        try:
+            stages.append((f"stages.{name}.", stage_config(config, name, partial)))
+        except ConfigError as e:
+            problems.append(str(e))
+    base = run_rules(config, skip_device_pair=bool(problems))
+    problems += base
+    for prefix, cfg in stages[1:]:  # a stage inherits the base's problems: name only its own
+        if cfg.device.type == config.device.type:
+            problems += [prefix + p for p in run_rules(cfg) if p not in base]
+    problems += across_stages(config, stages[1:])
+    return problems
+
+
+def device_choice(cfg: RunConfig) -> list[str]:
+    """DESIGN 4.2: ``device`` and ``backend`` are mutually exclusive ways to choose the device."""
+    if {"device", "backend"} <= set(cfg.selected):
+        return [f"device, backend: both choose the device (device={cfg.device.type.lower()}, "
+                f"backend={cfg.backend.type.lower()}); they are mutually exclusive: choose it with "
+                "device=<type> and tune it with backend.<field>=<value>, or use backend=<type> alone"]
+    return []
+
+
+def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
+    """The rules of one (stage) config. Backend settings are only judged when the backend's type is the
+    device's; otherwise the disagreement is the one problem to report."""
+    problems = device_rules(cfg, skip_device_pair)
+    if cfg.backend.type == cfg.device.type:
+        problems += backend_rules(cfg)
+    return (problems + precision_rules(cfg) + optimizer_rules(cfg) + loop_rules(cfg) + data_rules(cfg)
+            + checkpoint_rules(cfg))
+
+
+def device_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
+    kind, backend = cfg.device.type, cfg.backend.type
+    problems = []
+    if kind not in DEVICE_TYPES:
+        problems.append(f"device.type: '{kind}' is not a device type; use device=cpu, device=gpu or device=csx")
+    if backend not in DEVICE_TYPES:
+        problems.append(f"backend.type: '{backend}' is not a device type; use CPU, GPU or CSX")
+    elif backend != kind and kind in DEVICE_TYPES and not skip_device_pair:
+        problems.append(f"device, backend.type: the backend is {backend} but the device is {kind}; "
+                        f"set only one of them (device={kind.lower()} picks its own backend)")
+    if kind == "GPU" and not torch.cuda.is_available():
+        problems.append("device: gpu needs CUDA, which is not available on this machine; use device=cpu "
+                        "(or device=csx to emulate a Cerebras system)")
+    return problems
+
+
+def backend_rules(cfg: RunConfig) -> list[str]:
+    """DESIGN 4.4 and 4.5: settings of another device type are errors, never ignored."""
+    kind, b = cfg.device.type, cfg.backend
+    if kind not in FIELDS_BY_TYPE:
+        return []
+    problems = []
+    own = FIELDS_BY_TYPE[kind]
+    for field_name in sorted({f for fields in FIELDS_BY_TYPE.values() for f in fields} - set(own)):
+        if getattr(b, field_name) is not None:
+            owners = "/".join(t for t, fields in FIELDS_BY_TYPE.items() if field_name in fields)
+            problems.append(f"backend.{field_name}: only {owners} understands it, and this run's device is "
+                            f"{kind}; remove it or use device={owners.split('/')[0].lower()}")
+    if kind == "CSX":
+        num_csx = b.num_csx if b.num_csx is not None else 1
+        if not 1 <= num_csx <= cfg.data.batch_size:
+            problems.append(f"backend.num_csx: {num_csx} must be between 1 and the batch size "
+                            f"({cfg.data.batch_size}); each system needs at least one sample")
+        if b.num_workers_per_csx is not None and b.num_workers_per_csx < 0:
+            problems.append("backend.num_workers_per_csx: must be >= 0")
+        if b.compile_only and b.validate_only:
+            problems.append("backend.compile_only, backend.validate_only: choose one of them")
+    elif b.threads is not None and b.threads < 0:
+        problems.append("backend.threads: must be >= 0 (0 keeps torch's default)")
+    return problems
+
+
+def precision_rules(cfg: RunConfig) -> list[str]:
+    """DESIGN 4.6: what each precision needs."""
+    p = cfg.precision
+    if p.name not in PRECISIONS:
+        return [f"precision.name: '{p.name}' is not a precision; use one of {', '.join(PRECISIONS)}"]
+    problems = []
+    scaling = p.loss_scaling
+    if scaling not in (None, "none", "dynamic"):
+        try:
+            if float(scaling) <= 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.append(f"precision.loss_scaling: '{scaling}' is not dynamic, null or a positive number")
+    if p.name == "cbfloat16":
+        if cfg.device.type != "CSX":
+            problems.append(f"precision: cbfloat16 needs device=csx (this run's device is {cfg.device.type}); "
+                            "use precision=bfloat16 or float16 on CPU/GPU")
+        if scaling != "dynamic":
+            problems.append("precision.loss_scaling: cbfloat16 needs dynamic loss scaling; set it to dynamic")
+    if p.name == "float16" and scaling in (None, "none"):
+        problems.append("precision.loss_scaling: float16 needs loss scaling; set it to dynamic")
+    if p.name in ("float32", "bfloat16") and scaling not in (None, "none"):
+        problems.append(f"precision.loss_scaling: {p.name} does not use loss scaling; set it to null")
+    if p.min_scale <= 0 or p.init_scale < p.min_scale or p.growth_interval < 1:
+        problems.append("precision.init_scale, min_scale, growth_interval: need 0 < min_scale <= init_scale "
+                        "and growth_interval >= 1")
+    return problems
+
+
+def optimizer_rules(cfg: RunConfig) -> list[str]:
+    o = cfg.optimizer
+    name = getattr(o.name, "value", o.name)
+    problems = []
+    if o.lr < 0:
+        problems.append(f"optimizer.lr: {o.lr} must be >= 0")
+    if o.weight_decay < 0:
+        problems.append(f"optimizer.weight_decay: {o.weight_decay} must be >= 0")
+    if o.max_grad_norm is not None and o.max_grad_norm <= 0:
+        problems.append("optimizer.max_grad_norm: must be > 0, or null to disable clipping")
+    for field_name in sorted({f for fs in FIELDS_BY_OPTIMIZER.values() for f in fs} - set(FIELDS_BY_OPTIMIZER[name])):
+        if getattr(o, field_name) is not None:
+            owners = ", ".join(n for n, fs in FIELDS_BY_OPTIMIZER.items() if field_name in fs)
+            problems.append(f"optimizer.{field_name}: only {owners} understands it (optimizer is {name}); "
+                            "remove it or choose that optimizer")
+    if o.betas is not None and (len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas)):
+        problems.append(f"optimizer.betas: {list(o.betas)} must be two numbers in [0, 1)")
+    s = o.schedule
+    if s.warmup_steps < 0:
+        problems.append("optimizer.schedule.warmup_steps: must be >= 0")
+    if s.min_lr < 0 or s.min_lr > o.lr:
+        problems.append(f"optimizer.schedule.min_lr: {s.min_lr} must be between 0 and optimizer.lr ({o.lr})")
+    return problems
+
+
+def loop_rules(cfg: RunConfig) -> list[str]:
+    lp = cfg.loop
+    problems = []
+    if (lp.max_steps is None) == (lp.max_epochs is None):
+        problems.append("loop.max_steps, loop.max_epochs: set exactly one of them "
+                        "(e.g. loop.max_steps=100 loop.max_epochs=null)")
+    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps"):
+        value = getattr(lp, key)
+        if value is not None and value < 1:
+            problems.append(f"loop.{key}: {value} must be >= 1 (or null)")
+    for key in ("grad_accum_steps", "log_every"):
+        if getattr(lp, key) < 1:
+            problems.append(f"loop.{key}: {getattr(lp, key)} must be >= 1")
+    return problems
+
+
+def data_rules(cfg: RunConfig) -> list[str]:
+    d = cfg.data
+    problems = []
+    if not isinstance(d.train, dict) or "_target_" not in d.train:
+        problems.append("data.train: needs a _target_ that builds a torch Dataset")
+    if d.val is not None and (not isinstance(d.val, dict) or "_target_" not in d.val):
+        problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
+    if d.batch_size < 1:
+        problems.append(f"data.batch_size: {d.batch_size} must be >= 1")
+    if d.eval_batch_size is not None and d.eval_batch_size < 1:
+        problems.append(f"data.eval_batch_size: {d.eval_batch_size} must be >= 1")
+    if d.num_workers < 0:
+        problems.append(f"data.num_workers: {d.num_workers} must be >= 0")
+    if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
+        problems.append("model: needs a _target_ that builds a torch.nn.Module")
+    return problems
+
+
+def checkpoint_rules(cfg: RunConfig) -> list[str]:
+    c = cfg.checkpoint
+    problems = []
+    if c.every_steps is not None and c.every_steps < 1:
+        problems.append(f"checkpoint.every_steps: {c.every_steps} must be >= 1 (or null)")
+    if c.keep_last < 1:
+        problems.append(f"checkpoint.keep_last: {c.keep_last} must be >= 1")
+    if c.resume not in ("auto", "never") and not os.path.exists(c.resume):
+        problems.append(f"checkpoint.resume: no checkpoint at '{c.resume}'; give an existing checkpoint "
+                        "directory, or auto / never")
+    return problems
+
+
+def across_stages(config: RunConfig, stages: list[tuple[str, RunConfig]]) -> list[str]:
+    """DESIGN 4.3 and 4.5: one device type per run; CSX global settings equal in every stage."""
+    problems = []
+    for prefix, cfg in stages:
+        if cfg.device.type != config.device.type:
+            problems.append(f"{prefix}device: {cfg.device.type} differs from the run's device "
+                            f"{config.device.type}; all stages of a run use one device type")
+        for key in ("num_csx", "num_workers_per_csx"):
+            if getattr(cfg.backend, key) != getattr(config.backend, key):
+                problems.append(f"{prefix}backend.{key}: {getattr(cfg.backend, key)} differs from the run's "
+                                f"{getattr(config.backend, key)}; it is global across the stages of a run")
+    return problems

@@ -1,0 +1,122 @@
+"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``."""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Iterable, Sequence
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import ConfigError
+from .backend import BackendConfig, DeviceConfig, FIELDS_BY_TYPE, Strategy
+from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
+from .precision import PRECISIONS, PrecisionConfig
+from .run import STAGE_KEYS, Mode, RunConfig
+from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
+
+__all__ = [
+    "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
+    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
+    "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
+    "to_run_config", "stage_config", "explicit_groups", "describe_error",
+]
+
+SCHEMA_NAME = "csframework_schema"
+
+
+def register_schemas() -> None:
+    """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+
+
+def explicit_groups(overrides: Iterable[str]) -> list[str]:
+    """The device-choosing groups (``device``, ``backend``) selected in ``overrides``."""
+    chosen = set()
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in ("device", "backend") and "=" in item:
+            chosen.add(key)
+    return sorted(chosen)
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a composition error, naming the full key where OmegaConf knows it."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
+            msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
+            return f"{seen.full_key}: {msg}"
+        seen = seen.__cause__ or seen.__context__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(lines[:3]) if lines else type(error).__name__
+
+
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
+    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved).
+
+    When only the ``backend`` group was chosen, the device type follows it (``backend=csx`` alone means a
+    CSX run); choosing both groups is left for the validation plugin to refuse.
+    """
+    try:
+        cfg = copy.deepcopy(cfg)
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra", None)
+        if "backend" in selected and "device" not in selected:
+            cfg.device.type = cfg.backend.type
+        cfg.selected = list(selected)
+        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+        OmegaConf.resolve(typed)
+        return OmegaConf.to_object(typed)
+    except OmegaConfBaseException as e:
+        raise ConfigError(describe_error(e)) from e
+
+
+def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
+    """The config of stage ``name``: ``base`` merged with the stage's partial config."""
+    partial = OmegaConf.create(partial if partial is not None else {})
+    if not isinstance(partial, DictConfig):
+        raise ConfigError(f"stages.{name}: must be a mapping of overrides, got {type(partial).__name__}")
+    for key in partial:
+        if key not in STAGE_KEYS:
+            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(STAGE_KEYS)}")
+    if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
+        partial.device = {"type": partial.device.upper()}
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(base), partial)
+        merged.stages = {}
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
+
+
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
+            config_name: str = "config") -> RunConfig:
+    """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
+
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``).
+    Raises ``ConfigError`` naming the offending key.
+    """
+    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    from ..plugins import register_configs_from_entry_points
+
+    register_schemas()
+    register_configs_from_entry_points()
+    overrides = list(overrides)
+    if config_dir is not None:
+        if not os.path.isdir(config_dir):
+            raise ConfigError(f"config_dir: no such directory: {config_dir}")
+        overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("csframework.conf", version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(describe_error(e)) from e
+    finally:
+        GlobalHydra.instance().clear()
+    return to_run_config(cfg, explicit_groups(overrides))

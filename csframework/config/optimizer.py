@@ -1,0 +1,54 @@
+"""Schema of the ``optimizer`` group and its learning-rate ``schedule``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+
+class OptimizerName(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"
+
+
+class ScheduleName(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+@dataclass
+class ScheduleConfig:
+    name: ScheduleName = ScheduleName.constant
+    """``constant``, ``linear`` (decay to ``min_lr``) or ``cosine`` (to ``min_lr``), after the warm-up."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from 0 to ``optimizer.lr``."""
+    min_lr: float = 0.0
+    """The learning rate at the last step for ``linear`` and ``cosine``."""
+
+
+@dataclass
+class OptimizerConfig:
+    name: OptimizerName = OptimizerName.adamw
+    """``sgd``, ``adam`` or ``adamw``."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """L2 penalty (sgd, adam) or decoupled weight decay (adamw)."""
+    max_grad_norm: Optional[float] = None
+    """Clip the global gradient norm to this value; ``null`` disables clipping."""
+    momentum: Optional[float] = None
+    """sgd only: momentum factor."""
+    nesterov: Optional[bool] = None
+    """sgd only: Nesterov momentum."""
+    betas: Optional[List[float]] = None
+    """adam/adamw only: the two decay rates."""
+    eps: Optional[float] = None
+    """adam/adamw only: denominator epsilon."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The learning-rate schedule."""
+
+
+#: Settings only some optimizers understand.
+FIELDS_BY_OPTIMIZER = {"sgd": ("momentum", "nesterov"), "adam": ("betas", "eps"), "adamw": ("betas", "eps")}

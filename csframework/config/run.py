@@ -1,0 +1,55 @@
+"""``RunConfig``: the typed root of a composed run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List
+
+from omegaconf import MISSING
+
+from .backend import BackendConfig, DeviceConfig
+from .optimizer import OptimizerConfig
+from .precision import PrecisionConfig
+from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
+
+#: The sections a stage may override.
+STAGE_KEYS = ("device", "backend", "optimizer", "precision", "data", "loop", "checkpoint")
+
+
+class Mode(str, Enum):
+    fit = "fit"
+    validate = "validate"
+    check = "check"
+
+
+@dataclass
+class RunConfig:
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """The device type (group ``device``)."""
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    """The backend settings (group ``backend``; defaults to the ``device`` choice)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule (group ``optimizer``)."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numeric precision policy (group ``precision``)."""
+    model: Any = MISSING
+    """``_target_`` of a ``torch.nn.Module`` whose ``forward(batch)`` returns the loss or a dict with ``loss``."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets (``_target_``) and loader settings."""
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    """Length of training, evaluation and logging cadence."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint cadence, retention and resume."""
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    """Extra plugins to enable, plugins to disable."""
+    stages: Dict[str, Any] = field(default_factory=dict)
+    """Optional multi-phase run: stage name -> partial run config (any of ``STAGE_KEYS``), run in order,
+    each continuing from the previous stage's weights."""
+    seed: int = 0
+    """Seed of every random generator (model init, data order, dropout)."""
+    mode: Mode = Mode.fit
+    """``fit`` (train), ``validate`` (evaluate only) or ``check`` (compose, validate, build; train nothing)."""
+    debug: bool = False
+    """Show Python tracebacks for errors that are otherwise reported in one line per problem."""
+    selected: List[str] = field(default_factory=list)
+    """Set by composition: the config groups (``device``/``backend``) the user chose explicitly."""

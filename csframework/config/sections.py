@@ -1,0 +1,62 @@
+"""Schemas of the plain sections: ``data``, ``loop``, ``checkpoint`` and ``plugins``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class DataConfig:
+    train: Any = MISSING
+    """A ``_target_`` building the training ``torch.utils.data.Dataset`` (map-style)."""
+    val: Any = None
+    """A ``_target_`` building the validation dataset, or ``null`` for no evaluation."""
+    batch_size: int = 32
+    """Batch size per process (per step micro-batch when ``loop.grad_accum_steps > 1``)."""
+    eval_batch_size: Optional[int] = None
+    """Evaluation batch size; defaults to ``batch_size``."""
+    num_workers: int = 0
+    """Data-loader worker processes."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch (the order is a function of ``seed`` and the epoch)."""
+    drop_last: bool = True
+    """Drop the last incomplete training batch, so every step sees a full batch."""
+
+
+@dataclass
+class LoopConfig:
+    max_steps: Optional[int] = None
+    """Optimizer steps to train (the global step); set exactly one of ``max_steps`` and ``max_epochs``."""
+    max_epochs: Optional[int] = None
+    """Epochs to train; set exactly one of ``max_steps`` and ``max_epochs``."""
+    eval_every: Optional[int] = None
+    """Evaluate on ``data.val`` every this many steps (and after the last step); ``null``: only at the end."""
+    eval_steps: Optional[int] = None
+    """Evaluation batches per evaluation; ``null``: the whole validation set."""
+    grad_accum_steps: int = 1
+    """Batches whose gradients are accumulated into one optimizer step."""
+    log_every: int = 10
+    """Log training metrics every this many steps; the only host-device synchronisation of the loop."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: Optional[int] = None
+    """Save every this many steps; ``null``: only at the end of each stage."""
+    keep_last: int = 2
+    """How many checkpoints to keep (older ones are deleted after a newer one is complete)."""
+    resume: str = "never"
+    """``auto`` (continue from the newest checkpoint in the run directory), ``never``, or a checkpoint path."""
+    save_at_end: bool = True
+    """Save when a stage ends."""
+
+
+@dataclass
+class PluginsConfig:
+    enable: List[str] = field(default_factory=list)
+    """Module paths of plugin modules (or ``module:attribute``) to register."""
+    disable: List[str] = field(default_factory=list)
+    """Plugin names to turn off, built-ins included (``validation``, ``logging``, ``progress``, ``metrics``,
+    ``checkpoint``) or entry-point names."""

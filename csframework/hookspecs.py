@@ -1,0 +1,174 @@
+"""Every csframework hook, documented. Plugins implement them with ``@csframework.hookimpl``.
+
+All hooks take keyword arguments only; an implementation may accept any subset of the arguments listed in
+its spec (pluggy matches them by name). Hooks return ``None`` unless stated otherwise.
+
+Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consumes k batches)::
+
+    on_train_batch_start(batch, batch_idx)            # every batch (micro-batch)
+      on_before_backward(loss)                        # every batch
+      on_after_backward()                             # every batch
+      on_before_optimizer_step(optimizer)             # last batch of the step, before clipping + step
+      -- the global step advances here --
+      on_log_metrics(metrics, step)                   # when global_step % loop.log_every == 0
+      on_eval_start ... on_eval_end(metrics)          # when global_step % loop.eval_every == 0
+      on_log_metrics(val metrics, step)
+    on_train_batch_end(batch, outputs, batch_idx)     # every batch; the built-in checkpoint plugin saves here,
+                                                      # after the evaluation of the same step
+
+Around the steps: ``on_fit_start`` > (per stage: ``on_train_start`` > (per epoch: ``on_train_epoch_start`` >
+steps > ``on_train_epoch_end``) > ``on_train_end``) > ``on_fit_end``. Evaluation: ``on_eval_start`` >
+``on_eval_epoch_start`` > (``on_eval_batch_start`` > ``on_eval_batch_end``)* > ``on_eval_epoch_end`` >
+``on_eval_end``. On an error: ``on_exception`` then the error propagates.
+
+Within one hook, user and third-party plugins run before the built-ins (pluggy calls the last registered
+first; built-ins are registered first), except where a built-in marks itself ``tryfirst``/``trylast``.
+On CSX, the hooks inside the traced step (``on_before_backward``, ``on_after_backward``,
+``on_before_optimizer_step``) run when the step is traced, like any Python there; the others every step.
+"""
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("csframework")
+
+
+# -- configuration --------------------------------------------------------------------------------------
+@hookspec
+def csframework_register_configs(config_store):
+    """Register structured configs or config files before Hydra composes.
+
+    Called once, before composition, for plugins found by entry point (``plugins.enable`` comes from the
+    config and so is too late). ``config_store`` is Hydra's ``ConfigStore`` instance.
+    """
+
+
+@hookspec
+def csframework_configure(config):
+    """Called with the typed ``RunConfig`` after composition, before validation. May adjust it in place."""
+
+
+@hookspec
+def csframework_validate(config):
+    """Check the typed ``RunConfig`` before anything is built.
+
+    Return a list of problems (or ``None``). A problem is a plain string naming the key and the fix, e.g.
+    ``"backend.compile_only: only CSX understands it; remove it or use device=csx"``. Problems from every
+    plugin are reported together and the run is refused (exit status 2) when there is any.
+    """
+
+
+# -- fit ------------------------------------------------------------------------------------------------
+@hookspec
+def on_fit_start(run):
+    """Once, when ``run.fit()`` starts, after the model, data and optimizer are built and any checkpoint
+    was loaded (``run.global_step`` tells where training resumes)."""
+
+
+@hookspec
+def on_fit_end(run):
+    """Once, when ``run.fit()`` finished without error (``run.status == "completed"``)."""
+
+
+@hookspec
+def on_train_start(run):
+    """At the start of each stage's training (``run.stage`` names it), before the first epoch."""
+
+
+@hookspec
+def on_train_end(run):
+    """At the end of each stage's training, after its last step (and the final evaluation, if any)."""
+
+
+@hookspec
+def on_train_epoch_start(run, epoch):
+    """Before the first batch of training epoch ``epoch`` (0-based, counted across the stage)."""
+
+
+@hookspec
+def on_train_epoch_end(run, epoch):
+    """After the last batch of epoch ``epoch``, or when the stage ends inside the epoch."""
+
+
+@hookspec
+def on_train_batch_start(run, batch, batch_idx):
+    """Before the forward pass of each training batch. ``batch`` is on the run's device;
+    ``batch_idx`` counts batches within the epoch."""
+
+
+@hookspec
+def on_train_batch_end(run, batch, outputs, batch_idx):
+    """After each training batch. ``outputs`` is the model's output dict with tensors detached (still on the
+    device: read them with ``float()`` only when needed, since that synchronises). On the last batch of a
+    step this runs after the optimizer step, the metric logging and the evaluation of that step."""
+
+
+# -- evaluation -----------------------------------------------------------------------------------------
+@hookspec
+def on_eval_start(run):
+    """Before an evaluation pass over ``data.val`` (the model is in eval mode)."""
+
+
+@hookspec
+def on_eval_end(run, metrics):
+    """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats."""
+
+
+@hookspec
+def on_eval_epoch_start(run, epoch):
+    """Before the first evaluation batch; ``epoch`` is the current training epoch."""
+
+
+@hookspec
+def on_eval_epoch_end(run, epoch):
+    """After the last evaluation batch."""
+
+
+@hookspec
+def on_eval_batch_start(run, batch, batch_idx):
+    """Before the forward pass of each evaluation batch."""
+
+
+@hookspec
+def on_eval_batch_end(run, batch, outputs, batch_idx):
+    """After each evaluation batch; ``outputs`` as in ``on_train_batch_end``."""
+
+
+# -- inside the step ------------------------------------------------------------------------------------
+@hookspec
+def on_before_backward(run, loss):
+    """Before ``backward`` of each batch; ``loss`` is the (unscaled) loss tensor."""
+
+
+@hookspec
+def on_after_backward(run):
+    """After ``backward`` of each batch; gradients may still be loss-scaled and are accumulated."""
+
+
+@hookspec
+def on_before_optimizer_step(run, optimizer):
+    """Once per step, before gradient clipping and ``optimizer.step()``; gradients are unscaled."""
+
+
+# -- logging, checkpoints, errors -----------------------------------------------------------------------
+@hookspec
+def on_log_metrics(run, metrics, step):
+    """Metrics to record: ``metrics`` maps names (``train/loss``, ``lr``, ``val/loss`` ...) to floats at
+    global step ``step``. Logger plugins (CSV, TensorBoard, W&B ...) implement this."""
+
+
+@hookspec
+def on_checkpoint_save(run, state):
+    """A checkpoint is being written. Put JSON-able values into ``state[your_plugin_name]``;
+    they come back in ``on_checkpoint_load`` on resume."""
+
+
+@hookspec
+def on_checkpoint_load(run, state):
+    """A checkpoint was loaded; ``state`` is the mapping that ``on_checkpoint_save`` filled."""
+
+
+@hookspec
+def on_exception(run, error):
+    """The run is stopping on ``error`` (any exception, including ``KeyboardInterrupt``). Clean up here;
+    the error propagates after all implementations ran."""

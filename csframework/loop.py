@@ -1,0 +1,124 @@
+"""The training and evaluation loop. It only computes and fires hooks; features live in plugins.
+
+The one host-device synchronisation is at ``loop.log_every`` (and evaluation), where the losses of the last
+steps are averaged; see ``hookspecs`` for the order of hooks.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .data import epoch_batches
+from .errors import NonFiniteLossError
+
+
+def fit(run) -> None:
+    """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end."""
+    for index in range(run.stage_index, len(run.stages)):
+        if index != run.stage_index or run.backend is None:
+            run.enter_stage(index)
+        train_stage(run)
+
+
+def _stage_done(run) -> bool:
+    loop = run.stage_config.loop
+    if loop.max_steps is not None:
+        return run.stage_step >= loop.max_steps
+    return run.epoch >= loop.max_epochs
+
+
+def train_stage(run) -> None:
+    """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
+    hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
+    accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
+    pending: dict[str, list] = {}
+    last_eval_step = -1
+    timer = [time.perf_counter(), run.global_step]
+    run.module.train()
+    hooks.on_train_start(run=run)
+    while not _stage_done(run):
+        epoch = run.epoch
+        hooks.on_train_epoch_start(run=run, epoch=epoch)
+        for batch in epoch_batches(run.train_loader, epoch, run.batch_in_epoch):
+            batch_idx = run.batch_in_epoch
+            batch = backend.to_device(batch)
+            hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+            run.micro_step += 1
+            last = run.micro_step % accum == 0
+            outputs = backend.train_batch(run, batch, last)
+            run.batch_in_epoch += 1
+            if last:
+                run.global_step += 1
+                run.stage_step += 1
+                for key, value in outputs.items():
+                    if isinstance(value, torch.Tensor) and value.ndim == 0:
+                        pending.setdefault(key, []).append(value)
+                if run.global_step % log_every == 0:
+                    _log_train_metrics(run, pending, timer)
+                if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
+                    evaluate(run)
+                    last_eval_step = run.global_step
+            hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            if last and _stage_done(run):
+                break
+        else:  # the epoch ran out of batches
+            hooks.on_train_epoch_end(run=run, epoch=epoch)
+            run.epoch += 1
+            run.batch_in_epoch = 0
+            continue
+        hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
+    if pending:
+        _log_train_metrics(run, pending, timer)
+    if run.val_loader is not None and last_eval_step != run.global_step:
+        evaluate(run)
+    hooks.on_train_end(run=run)
+
+
+def _log_train_metrics(run, pending: dict, timer: list) -> None:
+    """Average the per-step values gathered since the last log (one synchronisation) and report them."""
+    if not pending.get("loss"):
+        return
+    first_step = run.global_step - len(pending["loss"]) + 1
+    values = {k: torch.stack(v).float() for k, v in pending.items()}
+    losses = values["loss"]
+    if not torch.isfinite(losses).all():
+        bad = int((~torch.isfinite(losses)).nonzero()[0])
+        raise NonFiniteLossError(f"the loss is {losses[bad].item()} at step {first_step + bad}; lower "
+                                 "optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
+    now = time.perf_counter()
+    metrics = {f"train/{k}": float(v.mean()) for k, v in values.items()}
+    metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
+    metrics["steps_per_sec"] = (run.global_step - timer[1]) / max(now - timer[0], 1e-9)
+    timer[:] = [now, run.global_step]
+    pending.clear()
+    run.report(metrics)
+
+
+def evaluate(run) -> dict:
+    """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*`` means."""
+    hooks, backend = run.hooks, run.backend
+    limit = run.stage_config.loop.eval_steps
+    was_training = run.module.training
+    run.module.eval()
+    hooks.on_eval_start(run=run)
+    hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    for batch_idx, batch in enumerate(run.val_loader):
+        if limit is not None and batch_idx >= limit:
+            break
+        batch = backend.to_device(batch)
+        hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+        outputs = backend.eval_batch(run, batch)
+        hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+        for key, value in outputs.items():
+            if isinstance(value, torch.Tensor) and value.ndim == 0:
+                sums[key] = sums[key] + value.float() if key in sums else value.float()
+        count += 1
+    metrics = {f"val/{k}": float(v) / count for k, v in sums.items()}
+    hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
+    hooks.on_eval_end(run=run, metrics=metrics)
+    run.report(metrics)
+    run.module.train(was_training)
+    return metrics

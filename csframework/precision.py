@@ -1,0 +1,67 @@
+"""Precision policies: autocast for half-precision compute over float32 master weights, and loss scaling.
+
+One small object per run; the eager backends call ``autocast()``, ``backward()``, ``unscale()`` and
+``step()``. float32 adds nothing to the step.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .config import PrecisionConfig
+
+HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Precision:
+    """Autocast + loss scaling for one device type (``cpu`` or ``cuda``)."""
+
+    def __init__(self, cfg: PrecisionConfig, device_kind: str):
+        self.name = cfg.name
+        self.device_kind = device_kind
+        self.dtype = HALF_DTYPES.get(cfg.name)
+        scaling = cfg.loss_scaling
+        self.scaler = None
+        self.fixed_scale = None
+        if scaling == "dynamic":
+            self.scaler = torch.amp.GradScaler(device_kind, init_scale=cfg.init_scale,
+                                               growth_interval=cfg.growth_interval)
+        elif scaling not in (None, "none"):
+            self.fixed_scale = float(scaling)
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_kind, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        elif self.fixed_scale is not None:
+            (loss * self.fixed_scale).backward()
+        else:
+            loss.backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients back to true scale (before clipping and ``on_before_optimizer_step``)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        elif self.fixed_scale is not None:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / self.fixed_scale)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Optimizer step; under dynamic scaling a step with non-finite gradients is skipped."""
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

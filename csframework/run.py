@@ -1,0 +1,251 @@
+"""``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``."""
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import structlog
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from . import loop
+from .backends import build_backend
+from .config import RunConfig, compose, stage_config, to_run_config
+from .data import make_loader
+from .errors import ConfigError, ValidationError
+from .plugins import Hooks, build_manager
+from .schedule import build_optimizer, build_scheduler
+
+STATE_VERSION = 1
+
+
+def default_output_dir() -> Path:
+    """Hydra's output directory when Hydra runs the job, else ``outputs/<date>/<time>`` like Hydra's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    now = datetime.datetime.now()
+    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S-%f")
+
+
+def _quiet_logger():
+    """Until the logging plugin sets one up: warnings and errors to stderr, nothing else."""
+    return structlog.wrap_logger(
+        structlog.PrintLogger(file=None),
+        processors=[structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(30),
+    )
+
+
+class Run:
+    """One run: ``Run(config, plugins=[...]).fit()``.
+
+    Attributes plugins rely on: ``config`` (the run's ``RunConfig``), ``stage`` / ``stage_config`` (the
+    current stage's name and merged config), ``global_step``, ``epoch``, ``model``, ``optimizer``,
+    ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
+    ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``.
+    """
+
+    def __init__(self, config: RunConfig | DictConfig | Sequence[str] | None = None,
+                 plugins: Iterable[Any] = (), output_dir: str | os.PathLike | None = None):
+        if config is None or isinstance(config, (list, tuple)):
+            config = compose(config or ())
+        elif isinstance(config, DictConfig):
+            config = to_run_config(config)
+        self.config: RunConfig = config
+        self.hooks = Hooks(build_manager(config, plugins))
+        self.hooks.csframework_configure(config=config)
+        self.stages = self._stage_configs()
+        problems = [p for found in self.hooks.csframework_validate(config=config) if found for p in found]
+        if problems:
+            raise ValidationError(problems)
+
+        self.output_dir = Path(output_dir) if output_dir is not None else default_output_dir()
+        self.run_id = uuid.uuid4().hex[:12]
+        self.device_type = config.device.type
+        self.log = _quiet_logger()
+        self.status = "created"
+        self.error: BaseException | None = None
+        self.metrics: dict[str, float] = {}
+        self.global_step = 0
+        self.stage_index, self.stage_step = 0, 0
+        self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
+        self.backend = None
+        self.train_loader = self.val_loader = None
+
+        seed_everything(config.seed)
+        try:
+            self.model: torch.nn.Module = instantiate(config.model, _convert_="all")
+        except Exception as e:
+            raise ConfigError(f"model: could not build {config.model.get('_target_')}: {e}") from e
+        if not isinstance(self.model, torch.nn.Module):
+            raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
+        self.module = self.model
+        self.enter_stage(0)
+
+    # -- assembly ---------------------------------------------------------------------------------------
+    def _stage_configs(self) -> list[tuple[str, RunConfig]]:
+        if not self.config.stages:
+            return [("main", self.config)]
+        return [(name, stage_config(self.config, name, partial)) for name, partial in self.config.stages.items()]
+
+    @property
+    def stage(self) -> str:
+        return self.stages[self.stage_index][0]
+
+    @property
+    def stage_config(self) -> RunConfig:
+        return self.stages[self.stage_index][1]
+
+    def enter_stage(self, index: int) -> None:
+        """Build the data loaders, optimizer, schedule and backend of stage ``index`` (the model is kept)."""
+        self.stage_index, self.stage_step = index, 0
+        self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
+        cfg = self.stage_config
+        self.backend = build_backend(self)
+        self.rank = getattr(self.backend, "rank", 0)
+        self.world_size = getattr(self.backend, "world_size", 1)
+        self.module = self.backend.prepare_model(self.model)
+        self.train_loader, self.val_loader = self._loaders(cfg)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
+        if hasattr(self.backend, "attach"):
+            self.backend.attach(self)
+
+    def _loaders(self, cfg: RunConfig):
+        data = cfg.data
+        try:
+            train = instantiate(data.train, _convert_="all")
+            val = instantiate(data.val, _convert_="all") if data.val else None
+        except Exception as e:
+            raise ConfigError(f"data: could not build the datasets: {e}") from e
+        common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
+                      pin_memory=self.device_type == "GPU")
+        train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last, **common)
+        if len(train_loader) == 0:
+            raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
+                              f"({len(train)} samples per process) with drop_last; lower it")
+        val_loader = None
+        if val is not None:
+            val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
+                                     drop_last=False, **common)
+        return train_loader, val_loader
+
+    def total_steps(self, cfg: RunConfig) -> int:
+        """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
+        if cfg.loop.max_steps is not None:
+            return cfg.loop.max_steps
+        return cfg.loop.max_epochs * max(1, len(self.train_loader) // cfg.loop.grad_accum_steps)
+
+    # -- running ----------------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        """Train every stage; returns the summary (``status``, ``global_step``, ``metrics`` ...)."""
+        def body():
+            self.status = "running"
+            self.hooks.on_fit_start(run=self)
+            loop.fit(self)
+            self.status = "completed"
+            self.hooks.on_fit_end(run=self)
+            return self.summary()
+
+        return self._guarded(body)
+
+    def validate(self) -> dict:
+        """Evaluate the current weights on ``data.val``; returns the ``val/*`` metrics."""
+        if self.val_loader is None:
+            raise ConfigError("data.val: mode=validate needs a validation dataset")
+        return self._guarded(lambda: loop.evaluate(self))
+
+    def check(self) -> dict:
+        """``mode=check``: everything is composed, validated and built; nothing is trained."""
+        if hasattr(self.backend, "check"):
+            self.backend.check(self)
+        return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
+
+    def _guarded(self, body):
+        try:
+            return body()
+        except BaseException as e:
+            self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            self.error = e
+            try:
+                self.hooks.on_exception(run=self, error=e)
+            except Exception as hook_error:  # keep the original error; say the handler failed too
+                self.log.error("on_exception_failed", error=str(hook_error))
+            raise
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """Record metrics at the current step and pass them to ``on_log_metrics``."""
+        self.metrics.update(metrics)
+        self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
+
+    def summary(self) -> dict:
+        """What ``summary.json`` holds."""
+        return {"status": self.status, "global_step": self.global_step, "device_type": self.device_type,
+                "stage": self.stage, "metrics": dict(self.metrics), "run_id": self.run_id,
+                **self.backend.summary()}
+
+    # -- state ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything that decides the rest of the run, as tensors and plain values
+        (loadable with ``torch.load(weights_only=True)``)."""
+        return {
+            "version": STATE_VERSION,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "backend": self.backend.state_dict(),
+            "loop": {"global_step": self.global_step, "stage_index": self.stage_index, "stage": self.stage,
+                     "stage_step": self.stage_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                     "micro_step": self.micro_step},
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
+        position = state["loop"]
+        if position["stage_index"] >= len(self.stages) or self.stages[position["stage_index"]][0] != position["stage"]:
+            raise ConfigError(f"checkpoint: it was saved in stage '{position['stage']}', which this run "
+                              f"does not have at that position (stages: {[n for n, _ in self.stages]})")
+        if position["stage_index"] != self.stage_index:
+            self.enter_stage(position["stage_index"])
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise ConfigError(f"checkpoint: the model does not match this run's model: {e}") from e
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.backend.load_state_dict(state["backend"])
+        for key in ("global_step", "stage_step", "epoch", "batch_in_epoch", "micro_step"):
+            setattr(self, key, position[key])
+        set_rng_state(state["rng"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
+             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+             "numpy_pos": int(np.random.get_state()[2]), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate((3, tuple(state["python"]), state["python_pos"]))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
