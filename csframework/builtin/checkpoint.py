@@ -135,6 +135,10 @@ class CheckpointPlugin:
         if resume == "auto" and candidates:
             run.log.warning("no_good_checkpoint", directory=str(root), action="starting from scratch")
 
+    @hookimpl
+    def on_train_start(self, run):
+        self.seen_step = run.global_step  # a step ends when the global step moves past this
+
     @hookimpl(trylast=True)
     def on_train_batch_end(self, run):
         every = run.stage_config.checkpoint.every_steps

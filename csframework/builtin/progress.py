@@ -24,7 +24,6 @@ class ProgressPlugin:
     def on_train_start(self, run):
         self.stream = self.stream or sys.stderr
         self.tty = self.stream.isatty() and run.rank == 0
-        loop = run.stage_config.loop
         self.total = run.global_step - run.stage_step + run.total_steps(run.stage_config)
         self.start = (time.perf_counter(), run.global_step)
 
