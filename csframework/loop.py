@@ -116,9 +116,22 @@ def evaluate(run) -> dict:
             if isinstance(value, torch.Tensor) and value.ndim == 0:
                 sums[key] = sums[key] + value.float() if key in sums else value.float()
         count += 1
-    metrics = {f"val/{k}": float(v) / count for k, v in sums.items()}
+    if run.world_size > 1:  # every rank evaluated its shard: average over all of them
+        sums, count = _all_reduce(sums, count)
+    metrics = {f"val/{k}": float(v) / max(count, 1) for k, v in sums.items()}
     hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
     hooks.on_eval_end(run=run, metrics=metrics)
     run.report(metrics)
     run.module.train(was_training)
     return metrics
+
+
+def _all_reduce(sums: dict, count: int) -> tuple[dict, int]:
+    """Sum the per-rank evaluation sums and batch counts over all ranks (one collective)."""
+    import torch.distributed as dist
+
+    keys = sorted(sums)
+    device = sums[keys[0]].device if keys else None
+    packed = torch.stack([sums[k] for k in keys] + [torch.tensor(float(count), device=device)])
+    dist.all_reduce(packed)
+    return {k: packed[i] for i, k in enumerate(keys)}, int(packed[-1].item())

@@ -84,7 +84,7 @@ class Run:
         try:
             self.model: torch.nn.Module = instantiate(config.model, _convert_="all")
         except Exception as e:
-            raise ConfigError(f"model: could not build {config.model.get('_target_')}: {e}") from e
+            raise ConfigError(f"model: could not build {config.model.get('_target_')}: {one_line(e)}") from e
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
         self.module = self.model
@@ -112,6 +112,8 @@ class Run:
         self.backend = build_backend(self)
         self.rank = getattr(self.backend, "rank", 0)
         self.world_size = getattr(self.backend, "world_size", 1)
+        if self.world_size > 1 and index == 0:  # all ranks share rank 0's run directory
+            self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
         self.train_loader, self.val_loader = self._loaders(cfg)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
@@ -125,7 +127,7 @@ class Run:
             train = instantiate(data.train, _convert_="all")
             val = instantiate(data.val, _convert_="all") if data.val else None
         except Exception as e:
-            raise ConfigError(f"data: could not build the datasets: {e}") from e
+            raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
                       pin_memory=self.device_type == "GPU")
         train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last, **common)
@@ -226,6 +228,11 @@ class Run:
         for key in ("global_step", "stage_step", "epoch", "batch_in_epoch", "micro_step"):
             setattr(self, key, position[key])
         set_rng_state(state["rng"])
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (Hydra's instantiate errors span several)."""
+    return " ".join(part.strip() for part in str(error).splitlines() if part.strip())
 
 
 def seed_everything(seed: int) -> None:

@@ -52,6 +52,12 @@ class EagerBackend:
                 dist.init_process_group("nccl" if self.kind == "GPU" else "gloo")
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
+    def broadcast(self, value):
+        """Rank 0's ``value`` on every rank."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     # -- assembly -----------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to the device; returns the module to call (a DDP wrapper under ``ddp``)."""
