@@ -1,5 +1,6 @@
-"""The metrics plugin: every reported metric as a row of ``metrics.csv`` (``step,name,value``), and
-``summary.json`` (status, global step, device type, final metrics) when the run ends, fails or stops."""
+"""The metrics plugin: every reported metric as a row of ``metrics.csv`` (``step,stage,name,value``), and,
+when the run ends, fails or stops, ``summary.json`` (status, global step, device type, final metrics) and
+``curves.svg`` (train and validation loss)."""
 from __future__ import annotations
 
 import csv
@@ -7,6 +8,7 @@ import json
 import os
 
 from ..plugins import hookimpl
+from .plot import write_curves
 
 
 def write_json_atomic(path, data) -> None:
@@ -63,3 +65,4 @@ class MetricsPlugin:
             summary["error"] = f"{type(error).__name__}: {error}"
         run.output_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run.output_dir / "summary.json", summary)
+        write_curves(run.output_dir, title=f"{run.run_id} ({summary['status']})")

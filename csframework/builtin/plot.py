@@ -1,0 +1,63 @@
+"""``curves.svg``: the loss curves of a run, drawn from ``metrics.csv`` as a dependency-free SVG."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+WIDTH, HEIGHT, PAD = 640, 360, 48
+
+
+def read_series(metrics_csv: Path, names=("train/loss", "val/loss")) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    with open(metrics_csv, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if row["name"] in names:
+                value = float(row["value"])
+                if math.isfinite(value):
+                    series.setdefault(row["name"], []).append((int(row["step"]), value))
+    return series
+
+
+def svg_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> str:
+    """Line plot of each series (step on x, value on y) with axis ranges and a legend."""
+    points = [p for values in series.values() for p in values]
+    if not points:
+        return ""
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+
+    def xy(step, value):
+        return (PAD + (step - x0) / (x1 - x0) * (WIDTH - 2 * PAD),
+                HEIGHT - PAD - (value - y0) / (y1 - y0) * (HEIGHT - 2 * PAD))
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
+             f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<text x="{PAD}" y="20">{title}</text>',
+             f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="black"/>',
+             f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="black"/>',
+             f'<text x="{PAD}" y="{HEIGHT - PAD + 16}">{x0}</text>',
+             f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">step {x1}</text>',
+             f'<text x="{PAD - 4}" y="{HEIGHT - PAD}" text-anchor="end">{y0:.3g}</text>',
+             f'<text x="{PAD - 4}" y="{PAD + 4}" text-anchor="end">{y1:.3g}</text>']
+    for i, (name, values) in enumerate(sorted(series.items())):
+        colour = COLOURS[i % len(COLOURS)]
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in values))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        parts.append(f'<text x="{WIDTH - PAD - 90}" y="{PAD + 16 * i}" fill="{colour}">{name}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def write_curves(run_dir: Path, title: str = "") -> Path | None:
+    metrics_csv = run_dir / "metrics.csv"
+    if not metrics_csv.exists():
+        return None
+    svg = svg_curves(read_series(metrics_csv), title)
+    if not svg:
+        return None
+    path = run_dir / "curves.svg"
+    path.write_text(svg, encoding="utf-8")
+    return path
