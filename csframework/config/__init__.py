@@ -42,15 +42,43 @@ def explicit_groups(overrides: Iterable[str]) -> list[str]:
 
 
 def describe_error(error: BaseException) -> str:
-    """One line for a composition error, naming the full key where OmegaConf knows it."""
+    """One line for a composition error, naming the full key where OmegaConf knows it (or the override,
+    the config group or the file)."""
     seen = error
     while seen is not None:
+        found = _describe_known(seen)
+        if found:
+            return found
         if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
             msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
             return f"{seen.full_key}: {msg}"
         seen = seen.__cause__ or seen.__context__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return " ".join(lines[:3]) if lines else type(error).__name__
+
+
+def _describe_known(error: BaseException) -> str | None:
+    """Hydra's and YAML's errors that carry the override, group or file in attributes."""
+    import yaml
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    if isinstance(error, OverrideParseException):
+        return f"{error.override}: cannot parse this override: {str(error.message).splitlines()[0]}"
+    if isinstance(error, MissingConfigException):
+        missing = error.missing_cfg_file or ""
+        group, _, option = missing.rpartition("/")
+        if group and error.options is not None:
+            return (f"{group.replace('/', '.')}: no option '{option}' in config group '{group}' "
+                    f"(available: {', '.join(error.options) or 'none'})")
+        first = str(error).splitlines()[0].strip()
+        return f"{missing or 'config'}: {first}" if missing and missing not in first else first
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return (f"{mark.name}: invalid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+                f"{error.problem or error.context}")
+    if isinstance(error, yaml.YAMLError):
+        return f"invalid YAML: {str(error).splitlines()[0]}"
+    return None
 
 
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
@@ -66,7 +94,8 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
         if "backend" in selected and "device" not in selected:
             cfg.device.type = cfg.backend.type
         cfg.selected = list(selected)
-        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+        # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
+        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg, resolve=False))
         OmegaConf.resolve(typed)
         return OmegaConf.to_object(typed)
     except OmegaConfBaseException as e:
@@ -98,6 +127,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
     ``config_dir`` adds a user config directory to the search path (like ``--config-dir``).
     Raises ``ConfigError`` naming the offending key.
     """
+    import yaml
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -115,7 +145,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
     try:
         with initialize_config_module("csframework.conf", version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
