@@ -2,24 +2,67 @@
 
 Errors csframework raises on purpose (bad config, a rejected run, a failing plugin, a tracing error) are
 printed without a traceback, one line per problem, with the exit status of the error (2 for config and
-validation errors); ``debug=true`` shows the traceback.
+validation errors); ``debug=true`` shows the traceback. Before Hydra starts a single run, the overrides
+are composed once here, so a composition error (unknown key, wrong type, missing group option, a broken
+YAML file, an unparsable override) is one line naming the key or file too.
+
+Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config or a
+rejected run (nothing trained, no checkpoint); 130 stopped by SIGINT and 143 by SIGTERM (128 + the signal
+number: the step finished, a checkpoint was saved and ``summary.json`` says ``interrupted``).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from .config import explicit_groups, register_schemas, to_run_config
-from .errors import CsfError
+from .errors import CsfError, ValidationError
 
 EXIT_INTERRUPTED = 130
+_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
+
+
+def one_line(text: str) -> str:
+    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(text)).splitlines() if part.strip())
+
+
+def error_lines(error: CsfError) -> list[str]:
+    """The report of ``error``, one line per problem: ``csframework: error: <message>``, or for a run the
+    validation rejected on several counts, ``csframework: error: invalid run:`` then ``  - <problem>``."""
+    if isinstance(error, ValidationError) and len(error.problems) > 1:
+        return ["csframework: error: invalid run:"] + [f"  - {one_line(p)}" for p in error.problems]
+    if isinstance(error, ValidationError) and error.problems:
+        return [f"csframework: error: invalid run: {one_line(error.problems[0])}"]
+    return [f"csframework: error: {one_line(str(error)) or type(error).__name__}"]
 
 
 def report_error(error: CsfError) -> None:
-    sys.stderr.write(f"csframework: error: {error}\n")
+    sys.stderr.write("".join(line + "\n" for line in error_lines(error)))
     sys.stderr.flush()
+
+
+def precompose(argv: list[str]) -> None:
+    """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
+    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+
+    from .config import compose
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = get_args_parser().parse_args(argv)
+    except SystemExit:  # a usage error, or --version: Hydra reports it
+        return
+    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun
+            or args.experimental_rerun or args.config_path or args.resolve
+            or any(o.startswith("hydra.mode=") for o in args.overrides)):
+        return
+    compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
@@ -49,9 +92,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
             raise
         report_error(e)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("csframework: interrupted\n")
-        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt as e:  # signals.Interrupted carries the signal's status (130 / 143)
+        sys.stderr.write(f"csframework: interrupted: {e}\n" if str(e) else "csframework: interrupted\n")
+        sys.exit(getattr(e, "exit_code", EXIT_INTERRUPTED))
 
 
 def main() -> None:
@@ -61,7 +104,10 @@ def main() -> None:
     register_schemas()
     try:
         register_configs_from_entry_points()
+        precompose(sys.argv[1:])
     except CsfError as e:
+        if "debug=true" in sys.argv[1:]:
+            raise
         report_error(e)
         sys.exit(e.exit_code)
     hydra_main()

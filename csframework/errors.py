@@ -27,6 +27,8 @@ class PluginError(CsfError):
 
     def __init__(self, plugin: str, hook: str | None, error: BaseException):
         self.plugin, self.hook, self.error = plugin, hook, error
+        if isinstance(error, CsfError):  # e.g. a ConfigError found by a plugin keeps its exit status
+            self.exit_code = error.exit_code
         where = f"plugin '{plugin}'" + (f" in hook '{hook}'" if hook else "")
         super().__init__(f"{where} failed: {type(error).__name__}: {error}")
 

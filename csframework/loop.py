@@ -11,6 +11,7 @@ import torch
 
 from .data import epoch_batches
 from .errors import NonFiniteLossError
+from .signals import Interrupted
 
 
 def fit(run) -> None:
@@ -33,6 +34,7 @@ def train_stage(run) -> None:
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
     accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
     pending: dict[str, list] = {}
+    run._pending = pending  # read by run.check_finite(), which the checkpoint plugin calls before saving
     last_eval_step = -1
     timer = [time.perf_counter(), run.global_step]
     run.module.train()
@@ -59,7 +61,11 @@ def train_stage(run) -> None:
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
+            if last and run.stop_signal is not None:  # SIGINT/SIGTERM: this step is the last one
+                run.stopping = True  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            if run.stopping:
+                raise Interrupted(run.stop_signal, run.global_step)
             if last and _stage_done(run):
                 break
         else:  # the epoch ran out of batches
@@ -79,13 +85,10 @@ def _log_train_metrics(run, pending: dict, timer: list) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
     if not pending.get("loss"):
         return
-    first_step = run.global_step - len(pending["loss"]) + 1
     values = {k: torch.stack(v).float() for k, v in pending.items()}
-    losses = values["loss"]
-    if not torch.isfinite(losses).all():
-        bad = int((~torch.isfinite(losses)).nonzero()[0])
-        raise NonFiniteLossError(f"the loss is {losses[bad].item()} at step {first_step + bad}; lower "
-                                 "optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
+    finite = check_finite(run, values["loss"])
+    if finite is not None:  # dynamic loss scaling skipped some steps: average the others
+        values = {k: v[finite] if len(v) == len(finite) else v for k, v in values.items()}
     now = time.perf_counter()
     metrics = {f"train/{k}": float(v.mean()) for k, v in values.items()}
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
@@ -93,6 +96,36 @@ def _log_train_metrics(run, pending: dict, timer: list) -> None:
     timer[:] = [now, run.global_step]
     pending.clear()
     run.report(metrics)
+
+
+def check_finite(run, losses: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
+
+    Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale
+    falls below ``precision.min_scale``; then the mask of finite losses is returned (``None``: all finite).
+    """
+    dynamic = run.stage_config.precision.loss_scaling == "dynamic"
+    if dynamic:
+        scale = getattr(run.backend, "loss_scale", lambda: None)()
+        floor = run.stage_config.precision.min_scale
+        if scale is not None and scale < floor:
+            raise NonFiniteLossError(f"the dynamic loss scale fell to {scale:g}, below precision.min_scale="
+                                     f"{floor:g}, by step {run.global_step}: the loss or its gradients keep "
+                                     "overflowing; lower optimizer.lr or check the data")
+    pending = run._pending.get("loss")
+    if losses is None:
+        if not pending:
+            return None
+        losses = torch.stack(pending).float()
+    finite = torch.isfinite(losses)
+    if bool(finite.all()):
+        return None
+    if dynamic:
+        return finite
+    bad = int((~finite).nonzero()[0])
+    step = run.global_step - len(losses) + 1 + bad
+    raise NonFiniteLossError(f"the loss is {losses[bad].item()} at step {step}; lower optimizer.lr, set "
+                             "optimizer.max_grad_norm, or use loss scaling")
 
 
 def evaluate(run) -> dict:

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import pluggy
 
 from . import hookspecs
-from .errors import ConfigError, PluginError
+from .errors import ConfigError, NonFiniteLossError, PluginError
 
 PROJECT = "csframework"
 ENTRY_POINT_GROUP = "csframework.plugins"
@@ -118,7 +118,7 @@ class Hooks:
         def call(**kwargs):
             try:
                 return hook(**kwargs)
-            except PluginError:
+            except (PluginError, NonFiniteLossError):  # the latter is the run's state, whoever found it
                 raise
             except Exception as e:
                 raise PluginError(_raising_plugin(hook, e), hook_name, e) from e

@@ -18,7 +18,7 @@ from . import loop
 from .backends import build_backend
 from .config import RunConfig, compose, stage_config, to_run_config
 from .data import make_loader
-from .errors import ConfigError, ValidationError
+from .errors import ConfigError, NonFiniteLossError, ValidationError
 from .plugins import Hooks, build_manager
 from .schedule import build_optimizer, build_scheduler
 
@@ -73,6 +73,9 @@ class Run:
         self.log = _quiet_logger()
         self.status = "created"
         self.error: BaseException | None = None
+        self.stop_signal: int | None = None  # set by SIGINT/SIGTERM during fit (see csframework.signals)
+        self.stopping = False  # set by the loop: the step that just ended is the last before stopping
+        self._pending: dict[str, list] = {}  # the loop's per-step outputs since the last log
         self.metrics: dict[str, float] = {}
         self.global_step = 0
         self.stage_index, self.stage_step = 0, 0
@@ -157,7 +160,10 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        return self._guarded(body)
+        from .signals import stop_on_signals
+
+        with stop_on_signals(self):
+            return self._guarded(body)
 
     def validate(self) -> dict:
         """Evaluate the current weights on ``data.val``; returns the ``val/*`` metrics."""
@@ -182,6 +188,18 @@ class Run:
             except Exception as hook_error:  # keep the original error; say the handler failed too
                 self.log.error("on_exception_failed", error=str(hook_error))
             raise
+
+    def check_finite(self) -> None:
+        """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
+        infinite (under dynamic loss scaling: if the scale fell below ``precision.min_scale``), or if a
+        parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving, so no
+        checkpoint holds the state of a run that has gone non-finite."""
+        loop.check_finite(self)
+        flags = [torch.isfinite(p).all() for p in self.model.parameters()]
+        if flags and not bool(torch.stack(flags).all()):
+            names = [n for (n, _), ok in zip(self.model.named_parameters(), flags) if not ok]
+            raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {self.global_step}; "
+                                     "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
 
     def report(self, metrics: dict[str, float]) -> None:
         """Record metrics at the current step and pass them to ``on_log_metrics``."""
@@ -242,9 +260,11 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
+    numpy_state = np.random.get_state()
     state = {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
-             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
-             "numpy_pos": int(np.random.get_state()[2]), "torch": torch.get_rng_state()}
+             "numpy": torch.from_numpy(numpy_state[1].astype(np.int64)),
+             "numpy_pos": int(numpy_state[2]), "numpy_gauss": [int(numpy_state[3]), float(numpy_state[4])],
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -252,7 +272,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate((3, tuple(state["python"]), state["python_pos"]))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    has_gauss, gauss = state.get("numpy_gauss", (0, 0.0))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -99,6 +99,11 @@ class EagerBackend:
         with self.precision.autocast():
             return detached(model_outputs(run.module(batch)))
 
+    def loss_scale(self) -> float | None:
+        """The current dynamic loss scale (one synchronisation), or ``None`` without dynamic scaling."""
+        scaler = self.precision.scaler
+        return scaler.get_scale() if scaler is not None else None
+
     def state_dict(self) -> dict:
         return {"precision": self.precision.state_dict()}
 

@@ -1,37 +1,84 @@
-"""The checkpoint plugin: save every ``checkpoint.every_steps`` and at the end of each stage, keep the
-newest ``keep_last``, and resume (``checkpoint.resume=auto`` or a path).
+"""The checkpoint plugin: save every ``checkpoint.every_steps``, when a stage ends and when a signal stops
+the run; keep the newest ``keep_last``; resume (``checkpoint.resume=auto`` or a path).
 
-A checkpoint is a directory ``checkpoints/step-<global step>/`` holding
-``state.pt`` (tensors and plain values only, loaded with ``torch.load(weights_only=True)``, so loading
-cannot run code), ``meta.json`` (step, stage, plugin state, a SHA-256 of ``state.pt``) and ``config.yaml``
-(the composed run config). It is written under a temporary name, fsynced and renamed, so it is complete or
-absent; ``checkpoints/index.json`` lists the complete ones, newest last, and is replaced last.
+Format: a checkpoint is a directory ``checkpoints/step-<global step>/`` holding
+
+- ``state.pt``: everything ``Run.state_dict()`` returns (model, optimizer, schedule, loss scaler, loop
+  position, random generators), tensors and plain values only, written with ``torch.save`` and read with
+  ``torch.load(weights_only=True)``: loading cannot run code from the file;
+- ``config.yaml``: the composed run config, as YAML;
+- ``meta.json``: step, stage, metrics, plugin state (``on_checkpoint_save``) and, for each other file,
+  its size and CRC-32, checked before anything loaded is used.
+
+Writes are atomic: the directory is written under a temporary name, every file flushed and fsynced, then
+renamed into place; ``checkpoints/index.json`` (the complete checkpoints, oldest first) is replaced last.
+A checkpoint is therefore complete or absent whatever kills the process. Resume tries the newest
+checkpoint and falls back to older ones when one is damaged, with a warning naming it.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
+import threading
+import zlib
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError
+from ..errors import ConfigError, CsfError
 from ..plugins import hookimpl
 from .metrics import write_json_atomic
 
 INDEX = "index.json"
+FORMAT = 2
+_CHUNK = 1 << 24
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+class CheckpointWriteError(CsfError):
+    """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+
+
+# -- files ----------------------------------------------------------------------------------------------
+class _CrcFile:
+    """A binary file whose CRC-32 and size are computed as it is written."""
+
+    def __init__(self, f):
+        self.f, self.crc, self.size = f, 0, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_file(path: Path, write) -> dict:
+    """Create ``path``, let ``write(file)`` fill it, flush and fsync; returns its size and CRC-32."""
+    with open(path, "wb") as f:
+        out = _CrcFile(f)
+        write(out)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": out.size, "crc32": f"{out.crc:08x}"}
+
+
+def file_crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+    return f"{crc:08x}"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -42,65 +89,177 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str) -> Path:
-    """Write one checkpoint atomically into ``root/name``; returns its path."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / name
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    with open(tmp / "state.pt", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    meta = dict(meta, sha256={"state.pt": sha256(tmp / "state.pt")})
-    write_json_atomic(tmp / "meta.json", meta)
-    with open(tmp / "config.yaml", "w", encoding="utf-8") as f:
-        f.write(config_yaml)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
-    if final.exists():  # the same step saved again (e.g. a resumed run's end): replace it whole
-        old = root / f".old-{name}-{os.getpid()}"
+def _commit(tmp: Path, final: Path) -> None:
+    """Rename the complete temporary directory into place (replacing a checkpoint of the same step)."""
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
+    _fsync_dir(final.parent)
+
+
+def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str) -> Path:
+    """Write one checkpoint atomically into ``root/name``; returns its path.
+
+    Raises ``CheckpointWriteError`` (naming the path) when the disk refuses; the temporary directory is
+    removed and the existing checkpoints are untouched.
+    """
+    final = root / name
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        files = {"state.pt": _write_file(tmp / "state.pt", lambda f: torch.save(state, f)),
+                 "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
+        write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
+        _fsync_dir(tmp)
+        _commit(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"checkpoint: could not write {final} ({e.strerror or e}); the previous "
+                                   "checkpoints are intact") from e
     return final
 
 
-def read_checkpoint(path: Path) -> tuple[dict, dict]:
-    """``(state, meta)`` of a checkpoint directory, after checking its checksum.
-
-    Raises ``ValueError`` naming the path when it is incomplete or damaged.
-    """
+def read_meta(path: Path) -> dict:
     try:
         meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        expected = meta["sha256"]["state.pt"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"checkpoint {path}: meta.json is missing or damaged ({e})") from e
-    state_file = path / "state.pt"
-    if not state_file.exists() or sha256(state_file) != expected:
-        raise ValueError(f"checkpoint {path}: state.pt is missing or damaged (checksum mismatch)")
+        if not isinstance(meta.get("files"), dict):
+            raise KeyError("files")
+        return meta
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json is missing or damaged ({e})") from e
+
+
+def _check_file(path: Path, expected: dict) -> None:
+    if not path.is_file():
+        raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} is missing")
+    size = path.stat().st_size
+    if size != expected.get("bytes"):
+        raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} has {size} bytes, "
+                                f"{expected.get('bytes')} were written (truncated or damaged)")
+    if file_crc32(path) != expected.get("crc32"):
+        raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} fails its checksum (damaged)")
+
+
+def read_checkpoint(path: Path) -> tuple[dict, dict]:
+    """``(state, meta)`` of a checkpoint directory, after checking every file's size and
+    checksum. Nothing in it can run code: ``state.pt`` is read with ``torch.load(weights_only=True)``,
+    the rest is JSON and YAML.
+
+    Raises ``DamagedCheckpoint`` naming the path when it is incomplete, damaged or refused.
+    """
+    path = Path(path)
+    meta = read_meta(path)
+    files = meta["files"]
+    if "state.pt" not in files:
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json lists no state.pt")
+    for name, expected in files.items():
+        if name != "state.pt":
+            _check_file(path / name, expected)
+    # The big file's checksum is verified while torch.load reads it (both read the same pages); a
+    # loaded state is used only if the checksum holds. weights_only=True never runs code either way.
+    problem: list[BaseException] = []
+
+    def verify():
+        try:
+            _check_file(path / "state.pt", files["state.pt"])
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            problem.append(e)
+
+    checker = threading.Thread(target=verify, name="csframework-checksum")
+    checker.start()
+    state, load_error = None, None
     try:
-        state = torch.load(state_file, map_location="cpu", weights_only=True)
-    except Exception as e:  # a file that passes the checksum but holds code is refused here
-        raise ValueError(f"checkpoint {path}: refused to load ({type(e).__name__}: {e})") from e
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged file, or one holding code: refused below
+        load_error = e
+    finally:
+        checker.join()
+    if problem:
+        raise problem[0]
+    if load_error is not None:
+        raise DamagedCheckpoint(f"checkpoint {path}: refused to load state.pt "
+                                f"({type(load_error).__name__}: {str(load_error).splitlines()[0]})") from load_error
+    if not isinstance(state, dict) or "model" not in state:
+        raise DamagedCheckpoint(f"checkpoint {path}: state.pt holds no run state")
     return state, meta
+
+
+def read_config_yaml(path: Path) -> str:
+    """The composed config a checkpoint was saved with (YAML text; empty if it has none)."""
+    try:
+        return (Path(path) / "config.yaml").read_text(encoding="utf-8")
+    except OSError:
+        return ""
 
 
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first: from the index, else from the directory names."""
     try:
         names = json.loads((root / INDEX).read_text(encoding="utf-8"))["checkpoints"]
+        names = [n for n in names if isinstance(n, str)]
     except (OSError, ValueError, KeyError, TypeError):
         names = sorted(p.name for p in root.glob("step-*") if p.is_dir()) if root.is_dir() else []
     return [root / n for n in names if (root / n).is_dir()]
 
 
+def resume_candidates(target: Path) -> tuple[list[Path], bool]:
+    """Checkpoints to try for ``checkpoint.resume=<target>``, newest first, and whether falling back to
+    an older one is allowed: a checkpoint directory is that one alone; a ``checkpoints/`` directory or a
+    run directory means its newest good checkpoint."""
+    if (target / "meta.json").exists() or (target / "state.pt").exists():
+        return [target], False
+    root = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+    return list(reversed(list_checkpoints(root))), True
+
+
+# -- compatibility --------------------------------------------------------------------------------------
+def _flatten(node, prefix: str) -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: node}
+
+
+def _config_differences(saved_yaml: str, config, section: str) -> list[str]:
+    try:
+        saved = OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}")).get(section)
+    except Exception:  # noqa: BLE001 - a config we cannot read names nothing
+        return []
+    now = OmegaConf.to_container(OmegaConf.structured(config)).get(section)
+    before, after = _flatten(saved, section), _flatten(now, section)
+    return [f"{key} is {before.get(key, '(unset)')} in the checkpoint, {after.get(key, '(unset)')} now"
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
+def model_mismatch(model: torch.nn.Module, saved: dict) -> list[str]:
+    """How ``saved`` (a model state dict) does not fit ``model``: missing, unexpected or reshaped tensors."""
+    current = model.state_dict()
+    problems = []
+    missing = [k for k in current if k not in saved]
+    unexpected = [k for k in saved if k not in current]
+    if missing:
+        problems.append(f"the model has {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+                        + " which the checkpoint lacks")
+    if unexpected:
+        problems.append(f"the checkpoint has {unexpected[0]}"
+                        + (f" (+{len(unexpected) - 1} more)" if len(unexpected) > 1 else "") + " which the model lacks")
+    for key, value in current.items():
+        if key in saved and hasattr(saved[key], "shape") and tuple(saved[key].shape) != tuple(value.shape):
+            problems.append(f"{key} is {list(saved[key].shape)} in the checkpoint, {list(value.shape)} in the model")
+            break
+    return problems
+
+
+# -- the plugin -----------------------------------------------------------------------------------------
 class CheckpointPlugin:
     name = "checkpoint"
 
@@ -117,27 +276,50 @@ class CheckpointPlugin:
         if resume == "never":
             return
         root = self._root(run)
-        candidates = list(reversed(list_checkpoints(root))) if resume == "auto" else [Path(resume)]
+        if resume == "auto":
+            candidates, fallback = list(reversed(list_checkpoints(root))), True
+        else:
+            candidates, fallback = resume_candidates(Path(resume))
+            if not candidates:
+                raise ConfigError(f"checkpoint.resume: no complete checkpoint in {resume}")
         for path in candidates:
             try:
                 state, meta = read_checkpoint(path)
-            except ValueError as e:
-                if resume != "auto":
+            except DamagedCheckpoint as e:
+                if not fallback:
                     raise ConfigError(f"checkpoint.resume: {e}") from e
                 run.log.warning("checkpoint_damaged", path=str(path), error=str(e),
                                 action="falling back to the previous checkpoint")
                 continue
-            run.load_state_dict(state)
-            run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins", {}))
-            self.saved_step = self.seen_step = run.global_step
-            run.log.info("resumed", path=str(path), step=run.global_step, stage=run.stage)
+            self._load(run, path, state, meta)
             return
-        if resume == "auto" and candidates:
-            run.log.warning("no_good_checkpoint", directory=str(root), action="starting from scratch")
+        if candidates:
+            run.log.warning("no_good_checkpoint", directory=str(candidates[0].parent),
+                            action="starting from scratch")
+
+    def _load(self, run, path: Path, state: dict, meta: dict) -> None:
+        problems = model_mismatch(run.model, state["model"])
+        if problems:
+            why = _config_differences(read_config_yaml(path), run.config, "model")
+            raise ConfigError(f"checkpoint {path} does not fit this run: {'; '.join(problems)}"
+                              + (f" (config: {'; '.join(why)})" if why else ""))
+        try:
+            run.load_state_dict(state)
+        except (ValueError, KeyError, RuntimeError) as e:  # e.g. an optimizer with other parameter groups
+            raise ConfigError(f"checkpoint {path} does not fit this run: {str(e).splitlines()[0]}") from e
+        saved_optimizer = meta.get("optimizer")
+        if saved_optimizer and saved_optimizer != type(run.optimizer).__name__:
+            raise ConfigError(f"checkpoint {path} does not fit this run: optimizer.name: its state is "
+                              f"{saved_optimizer}'s, this run uses {type(run.optimizer).__name__}")
+        run.metrics.update(meta.get("metrics") or {})
+        run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
+        self.saved_step = self.seen_step = run.global_step
+        run.log.info("resumed", path=str(path), step=run.global_step, stage=run.stage)
 
     @hookimpl
     def on_train_start(self, run):
         self.seen_step = run.global_step  # a step ends when the global step moves past this
+        _remove_stale(self._root(run))
 
     @hookimpl(trylast=True)
     def on_train_batch_end(self, run):
@@ -146,7 +328,7 @@ class CheckpointPlugin:
         if step == self.seen_step:  # not the last batch of a step
             return
         self.seen_step = step
-        if every and step % every == 0:
+        if run.stopping or (every and step % every == 0):
             self.save(run)
 
     @hookimpl
@@ -155,22 +337,46 @@ class CheckpointPlugin:
             self.save(run)
 
     def save(self, run) -> Path | None:
-        """Write a checkpoint of ``run`` now (rank 0 only) and prune to ``keep_last``."""
+        """Write a checkpoint of ``run`` now (rank 0 only) and prune to ``keep_last``.
+
+        Refuses (``NonFiniteLossError``) when the run has gone non-finite since the last log, so the last
+        good checkpoint is never replaced by a non-finite state.
+        """
         if run.rank != 0:
             return None
+        run.check_finite()
         root = self._root(run)
         plugin_state: dict = {}
         run.hooks.on_checkpoint_save(run=run, state=plugin_state)
+        try:
+            json.dumps(plugin_state)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"on_checkpoint_save: plugin state must be JSON-able ({e}); keys: "
+                              f"{', '.join(map(str, plugin_state))}") from e
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
-                "metrics": dict(run.metrics), "run_id": run.run_id}
+                "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
         config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
         name = f"step-{run.global_step:08d}"
         path = write_checkpoint(root, name, run.state_dict(), meta, config_yaml)
         kept = [p.name for p in list_checkpoints(root) if p.name != name] + [name]
         keep = run.stage_config.checkpoint.keep_last
-        write_json_atomic(root / INDEX, {"checkpoints": kept[-keep:]})
+        try:
+            write_json_atomic(root / INDEX, {"checkpoints": kept[-keep:]})
+        except OSError as e:
+            raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
+                                       f"{path} is complete and the previous checkpoints are intact") from e
         for old in kept[:-keep]:
             shutil.rmtree(root / old, ignore_errors=True)
         self.saved_step = run.global_step
         run.log.info("checkpoint_saved", path=str(path))
         return path
+
+
+def _remove_stale(root: Path) -> None:
+    """Temporary directories left by a process killed while writing (never part of a checkpoint)."""
+    if root.is_dir():
+        for stale in list(root.glob(".tmp-*")) + list(root.glob(".old-*")) + list(root.glob(f"{INDEX}.tmp-*")):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)

@@ -1,0 +1,71 @@
+"""Graceful stop on SIGTERM and SIGINT while ``Run.fit`` trains.
+
+The first signal only records itself on the run (``run.stop_signal``); the loop acts on it at the next step
+boundary: the step finishes, the checkpoint plugin saves, ``summary.json`` says ``interrupted`` and
+``Run.fit`` raises :class:`Interrupted` (the CLI exits with ``128 + signal number``: 130 for SIGINT, 143
+for SIGTERM). A second signal exits at once with the same status and no clean-up; every file csframework
+writes is replaced atomically, so nothing on disk is half-written by that exit.
+
+Handlers are installed only for the duration of ``fit`` and only in the main thread (Python delivers
+signals there); the previous handlers are restored afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+#: Signals that ask a run to stop, and the exit status the CLI uses for each (128 + the signal number).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_status(signum: int | None) -> int:
+    return EXIT_STATUS.get(signum, 128 + signum) if signum else 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run stopped on a signal after finishing a step (a ``KeyboardInterrupt``, so code that treats
+    Ctrl-C as an interruption treats this one the same way). ``exit_code`` is the CLI's exit status."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+        self.exit_code = exit_status(signum)
+        super().__init__(f"stopped by {signal_name(signum)} after step {step}; continue with "
+                         "checkpoint.resume=auto")
+
+
+@contextlib.contextmanager
+def stop_on_signals(run):
+    """While active, SIGINT/SIGTERM set ``run.stop_signal`` once and exit the process on the second."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if run.stop_signal is None:
+            run.stop_signal = signum
+            return
+        # Second signal: leave now. os.write and os._exit are safe here; buffered files are not.
+        message = f"csframework: {signal_name(signum)} again: exiting now without saving\n"
+        try:
+            os.write(2, message.encode())
+        finally:
+            os._exit(exit_status(signum))
+
+    previous = {}
+    try:
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
