@@ -104,28 +104,27 @@ def check_finite(run, losses: torch.Tensor | None = None) -> torch.Tensor | None
     Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale
     falls below ``precision.min_scale``; then the mask of finite losses is returned (``None``: all finite).
     """
-    dynamic = run.stage_config.precision.loss_scaling == "dynamic"
-    if dynamic:
-        scale = getattr(run.backend, "loss_scale", lambda: None)()
-        floor = run.stage_config.precision.min_scale
-        if scale is not None and scale < floor:
-            raise NonFiniteLossError(f"the dynamic loss scale fell to {scale:g}, below precision.min_scale="
-                                     f"{floor:g}, by step {run.global_step}: the loss or its gradients keep "
-                                     "overflowing; lower optimizer.lr or check the data")
     pending = run._pending.get("loss")
-    if losses is None:
-        if not pending:
-            return None
+    if losses is None and pending:
         losses = torch.stack(pending).float()
-    finite = torch.isfinite(losses)
-    if bool(finite.all()):
+    finite = torch.isfinite(losses) if losses is not None else None
+    first_bad = None
+    if finite is not None and not bool(finite.all()):
+        bad = int((~finite).nonzero()[0])
+        first_bad = (run.global_step - len(losses) + 1 + bad, losses[bad].item())
+    if run.stage_config.precision.loss_scaling != "dynamic":
+        if first_bad is not None:
+            raise NonFiniteLossError(f"the loss is {first_bad[1]} at step {first_bad[0]}; lower optimizer.lr, set "
+                                     "optimizer.max_grad_norm, or use loss scaling")
         return None
-    if dynamic:
-        return finite
-    bad = int((~finite).nonzero()[0])
-    step = run.global_step - len(losses) + 1 + bad
-    raise NonFiniteLossError(f"the loss is {losses[bad].item()} at step {step}; lower optimizer.lr, set "
-                             "optimizer.max_grad_norm, or use loss scaling")
+    scale = getattr(run.backend, "loss_scale", lambda: None)()
+    floor = run.stage_config.precision.min_scale
+    if scale is not None and scale < floor:
+        since = f" (a non-finite loss at step {first_bad[0]})" if first_bad is not None else ""
+        raise NonFiniteLossError(f"the dynamic loss scale fell to {scale:g}, below precision.min_scale={floor:g}, "
+                                 f"by step {run.global_step}{since}: the loss or its gradients keep overflowing; "
+                                 "lower optimizer.lr or check the data")
+    return finite if first_bad is not None else None
 
 
 def evaluate(run) -> dict:

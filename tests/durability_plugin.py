@@ -142,17 +142,18 @@ class NoisyBlobs(fixtures.Blobs):
 
 
 class NanAt(nn.Module):
-    """A classifier whose training loss is NaN at optimizer step ``step`` (1-based; one batch per step)."""
+    """A classifier whose training loss is NaN from optimizer step ``step`` on (1-based; one batch per
+    step), or at that step only with ``once=True``."""
 
-    def __init__(self, step: int, dim: int = 8, classes: int = 4):
+    def __init__(self, step: int, once: bool = False, dim: int = 8, classes: int = 4):
         super().__init__()
         self.inner = Supervised(fixtures.mlp(dim=dim, classes=classes))
-        self.step, self.calls = step, 0
+        self.step, self.once, self.calls = step, once, 0
 
     def forward(self, batch):
         out = self.inner(batch)
         if self.training:
             self.calls += 1
-            if self.calls >= self.step:
+            if self.calls == self.step or (self.calls > self.step and not self.once):
                 out["loss"] = out["loss"] * float("nan")
         return out

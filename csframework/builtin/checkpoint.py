@@ -51,11 +51,17 @@ class _CrcFile:
 
     def __init__(self, f):
         self.f, self.crc, self.size = f, 0, 0
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
+        try:
+            written = self.f.write(data)
+        except OSError as e:  # torch.save turns it into a RuntimeError: keep the real cause
+            self.error = self.error or e
+            raise
         self.crc = zlib.crc32(data, self.crc)
         self.size += len(data)
-        return self.f.write(data)
+        return written
 
     def flush(self) -> None:
         self.f.flush()
@@ -65,7 +71,12 @@ def _write_file(path: Path, write) -> dict:
     """Create ``path``, let ``write(file)`` fill it, flush and fsync; returns its size and CRC-32."""
     with open(path, "wb") as f:
         out = _CrcFile(f)
-        write(out)
+        try:
+            write(out)
+        except Exception:
+            if out.error is not None:  # a failed write (disk full ...) surfaced as another error
+                raise out.error from None
+            raise
         f.flush()
         os.fsync(f.fileno())
     return {"bytes": out.size, "crc32": f"{out.crc:08x}"}
@@ -303,14 +314,20 @@ class CheckpointPlugin:
             why = _config_differences(read_config_yaml(path), run.config, "model")
             raise ConfigError(f"checkpoint {path} does not fit this run: {'; '.join(problems)}"
                               + (f" (config: {'; '.join(why)})" if why else ""))
+        def check_optimizer():
+            saved = meta.get("optimizer")
+            if saved and saved != type(run.optimizer).__name__:
+                raise ConfigError(f"checkpoint {path} does not fit this run: optimizer.name: its state is "
+                                  f"{saved}'s, this run uses {type(run.optimizer).__name__}")
+
+        if state["loop"].get("stage_index") == run.stage_index:
+            check_optimizer()
         try:
             run.load_state_dict(state)
         except (ValueError, KeyError, RuntimeError) as e:  # e.g. an optimizer with other parameter groups
-            raise ConfigError(f"checkpoint {path} does not fit this run: {str(e).splitlines()[0]}") from e
-        saved_optimizer = meta.get("optimizer")
-        if saved_optimizer and saved_optimizer != type(run.optimizer).__name__:
-            raise ConfigError(f"checkpoint {path} does not fit this run: optimizer.name: its state is "
-                              f"{saved_optimizer}'s, this run uses {type(run.optimizer).__name__}")
+            raise ConfigError(f"checkpoint {path} does not fit this run: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0]}") from e
+        check_optimizer()  # the stage it was saved in is entered now
         run.metrics.update(meta.get("metrics") or {})
         run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
         self.saved_step = self.seen_step = run.global_step
