@@ -21,8 +21,11 @@ steps > ``on_train_epoch_end``) > ``on_train_end``) > ``on_fit_end``. Evaluation
 ``on_eval_epoch_start`` > (``on_eval_batch_start`` > ``on_eval_batch_end``)* > ``on_eval_epoch_end`` >
 ``on_eval_end``. On an error: ``on_exception`` then the error propagates.
 
-Within one hook, user and third-party plugins run before the built-ins (pluggy calls the last registered
-first; built-ins are registered first), except where a built-in marks itself ``tryfirst``/``trylast``.
+Within one hook, the built-ins run before user and third-party plugins (pluggy calls the last registered
+first; built-ins are registered last), except where a built-in marks itself ``tryfirst``/``trylast``: in
+``on_fit_start`` the logging plugin sets up ``run.log`` and the checkpoint plugin resumes before any other
+plugin; the checkpoint plugin saves in ``on_train_batch_end`` after every other plugin; the logging plugin
+closes its file in ``on_fit_end``/``on_exception`` after every other plugin, which may still log.
 On CSX, the hooks inside the traced step (``on_before_backward``, ``on_after_backward``,
 ``on_before_optimizer_step``) run when the step is traced, like any Python there; the others every step.
 """

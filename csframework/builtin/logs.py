@@ -35,7 +35,7 @@ class LoggingPlugin:
             return event
 
         def emit(_, __, event: dict):
-            if file is not None:
+            if file is not None and not file.closed:  # after the run, run.log still reaches the console
                 file.write(json.dumps(event, default=str) + "\n")
                 file.flush()
             if run.rank == 0:
@@ -59,12 +59,12 @@ class LoggingPlugin:
             self.file.write(json.dumps(event) + "\n")
             self.file.flush()
 
-    @hookimpl
+    @hookimpl(trylast=True)  # after every other plugin's on_fit_end, which may still log
     def on_fit_end(self, run):
         run.log.info("fit_end", status=run.status, **{k: round(v, 5) for k, v in run.metrics.items()})
         self._close()
 
-    @hookimpl
+    @hookimpl(trylast=True)
     def on_exception(self, run, error):
         run.log.error("fit_failed" if run.status == "failed" else "fit_interrupted",
                       error=f"{type(error).__name__}: {error}")
