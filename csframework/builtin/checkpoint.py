@@ -8,7 +8,9 @@ Format: a checkpoint is a directory ``checkpoints/step-<global step>/`` holding
   ``torch.load(weights_only=True)``: loading cannot run code from the file;
 - ``config.yaml``: the composed run config, as YAML;
 - ``meta.json``: step, stage, metrics, plugin state (``on_checkpoint_save``) and, for each other file,
-  its size and CRC-32, checked before anything loaded is used.
+  its size and checksums: the CRC-32 of ``config.yaml``, and of every record of ``state.pt`` (a zip
+  archive whose records torch already checksums as it writes them, so saving costs no extra pass). They are
+  checked before anything loaded is used.
 
 Writes are atomic: the directory is written under a temporary name, every file flushed and fsynced, then
 renamed into place; ``checkpoints/index.json`` (the complete checkpoints, oldest first) is replaced last.
@@ -21,7 +23,9 @@ import dataclasses
 import json
 import os
 import shutil
+import struct
 import threading
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -47,10 +51,10 @@ class DamagedCheckpoint(ValueError):
 
 # -- files ----------------------------------------------------------------------------------------------
 class _CrcFile:
-    """A binary file whose CRC-32 and size are computed as it is written."""
+    """A binary file whose size (and, with ``checksum``, CRC-32) is computed as it is written."""
 
-    def __init__(self, f):
-        self.f, self.crc, self.size = f, 0, 0
+    def __init__(self, f, checksum: bool = True):
+        self.f, self.crc, self.size, self.checksum = f, 0, 0, checksum
         self.error: OSError | None = None
 
     def write(self, data) -> int:
@@ -59,7 +63,8 @@ class _CrcFile:
         except OSError as e:  # torch.save turns it into a RuntimeError: keep the real cause
             self.error = self.error or e
             raise
-        self.crc = zlib.crc32(data, self.crc)
+        if self.checksum:
+            self.crc = zlib.crc32(data, self.crc)
         self.size += len(data)
         return written
 
@@ -67,10 +72,10 @@ class _CrcFile:
         self.f.flush()
 
 
-def _write_file(path: Path, write) -> dict:
+def _write_file(path: Path, write, checksum: bool = True) -> dict:
     """Create ``path``, let ``write(file)`` fill it, flush and fsync; returns its size and CRC-32."""
     with open(path, "wb") as f:
-        out = _CrcFile(f)
+        out = _CrcFile(f, checksum)
         try:
             write(out)
         except Exception:
@@ -79,7 +84,66 @@ def _write_file(path: Path, write) -> dict:
             raise
         f.flush()
         os.fsync(f.fileno())
-    return {"bytes": out.size, "crc32": f"{out.crc:08x}"}
+    return {"bytes": out.size, "crc32": f"{out.crc:08x}"} if checksum else {"bytes": out.size}
+
+
+def _save_state(state: dict, f) -> None:
+    """``torch.save`` with the CRC-32 of every zip record computed (torch's default; forced here)."""
+    config = getattr(getattr(getattr(torch.utils, "serialization", None), "config", None), "save", None)
+    previous = getattr(config, "compute_crc32", None)
+    try:
+        if previous is False:
+            config.compute_crc32 = True
+        torch.save(state, f)
+    finally:
+        if previous is False:
+            config.compute_crc32 = previous
+
+
+def _zip_records(path: Path) -> dict:
+    """The CRC-32 of every record of a zip archive, from its directory."""
+    with zipfile.ZipFile(path) as archive:
+        return {info.filename: f"{info.CRC:08x}" for info in archive.infolist()}
+
+
+def _check_zip(path: Path, expected: dict) -> None:
+    """Check every record of the zip archive ``path`` against its CRC-32 in ``expected`` (and in the
+    archive's own directory), reading the file once in large blocks."""
+    def damaged(why: str) -> DamagedCheckpoint:
+        return DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} {why}")
+
+    try:
+        with zipfile.ZipFile(path) as archive, open(path, "rb", buffering=0) as f:
+            infos = archive.infolist()
+            if {info.filename: f"{info.CRC:08x}" for info in infos} != expected:
+                raise damaged("holds other records than were written (damaged)")
+            buf = bytearray(_CHUNK)
+            view = memoryview(buf)
+            for info in infos:
+                if info.compress_type != zipfile.ZIP_STORED:  # torch stores; anything else: zipfile checks
+                    with archive.open(info) as record:
+                        while record.read(_CHUNK):
+                            pass
+                    continue
+                f.seek(info.header_offset)
+                header = f.read(30)
+                if len(header) != 30 or header[:4] != b"PK\x03\x04":
+                    raise damaged(f"has a damaged record header ({info.filename})")
+                name_length, extra_length = struct.unpack("<HH", header[26:30])
+                f.seek(info.header_offset + 30 + name_length + extra_length)
+                remaining, crc = info.compress_size, 0
+                while remaining:
+                    n = f.readinto(view[:min(remaining, _CHUNK)])
+                    if not n:
+                        raise damaged(f"ends inside record {info.filename} (truncated)")
+                    crc = zlib.crc32(view[:n], crc)
+                    remaining -= n
+                if crc != info.CRC:
+                    raise damaged(f"fails its checksum in record {info.filename} (damaged)")
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, struct.error) as e:
+        if isinstance(e, DamagedCheckpoint):
+            raise
+        raise damaged(f"fails its checksum ({e})") from e
 
 
 def file_crc32(path: Path) -> str:
@@ -125,8 +189,9 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        files = {"state.pt": _write_file(tmp / "state.pt", lambda f: torch.save(state, f)),
+        files = {"state.pt": _write_file(tmp / "state.pt", lambda f: _save_state(state, f), checksum=False),
                  "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
+        files["state.pt"]["records"] = _zip_records(tmp / "state.pt")
         write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
         _fsync_dir(tmp)
         _commit(tmp, final)
@@ -154,7 +219,9 @@ def _check_file(path: Path, expected: dict) -> None:
     if size != expected.get("bytes"):
         raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} has {size} bytes, "
                                 f"{expected.get('bytes')} were written (truncated or damaged)")
-    if file_crc32(path) != expected.get("crc32"):
+    if "records" in expected:
+        _check_zip(path, expected["records"])
+    elif file_crc32(path) != expected.get("crc32"):
         raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} fails its checksum (damaged)")
 
 
