@@ -66,9 +66,9 @@ class Killer:
         original_write_file, original_commit = ckpt._write_file, ckpt._commit
         original_json = ckpt.write_json_atomic
 
-        def write_file(path, write):
+        def write_file(path, write, **kwargs):
             if path.name != "state.pt" or ("state_write", run.global_step) != killer.target:
-                return original_write_file(path, write)
+                return original_write_file(path, write, **kwargs)
 
             def half(f):  # write half of the state, make it durable, then die
                 import io
@@ -81,7 +81,7 @@ class Killer:
                 os.fsync(f.f.fileno())
                 killer.hit("state_write", run.global_step)
 
-            return original_write_file(path, half)
+            return original_write_file(path, half, **kwargs)
 
         def commit(tmp, final):
             killer.hit("before_commit", run.global_step)
