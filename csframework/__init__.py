@@ -7,10 +7,12 @@
 from .config import RunConfig, compose
 from .errors import (CompileError, ConfigError, CsfError, NonFiniteLossError, PluginError, TracingError,
                      ValidationError)
+from .lowlevel import backend, compile, step_closure, trace
 from .plugins import hookimpl
 from .run import Run
 
 __version__ = "0.1.0"
 
 __all__ = ["Run", "RunConfig", "compose", "hookimpl", "CsfError", "ConfigError", "ValidationError",
-           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "__version__"]
+           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "backend", "compile", "trace",
+           "step_closure", "__version__"]

@@ -155,8 +155,11 @@ class Run:
         def body():
             self.status = "running"
             self.hooks.on_fit_start(run=self)
-            loop.fit(self)
-            self.status = "completed"
+            dry_run = getattr(self.backend, "dry_run", None)  # CSX compile_only / validate_only: train nothing
+            status = dry_run(self) if dry_run is not None else None
+            if status is None:
+                loop.fit(self)
+            self.status = status or "completed"
             self.hooks.on_fit_end(run=self)
             return self.summary()
 

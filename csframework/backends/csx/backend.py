@@ -1,0 +1,209 @@
+"""``CsxBackend``: the run's backend for ``device=csx``.
+
+The training step (forward, loss, backward with loss scaling, gradient clipping, optimizer update, with the
+learning rate and the global step as graph inputs) is traced into one static graph at the first step and
+that graph runs every step. The loop receives each step's outputs through a step closure, as user code does.
+
+Gradient accumulation (``loop.grad_accum_steps=k``): the micro-batches of a step are buffered on the host
+and one graph runs the k forward/backward passes (unrolled) and the update, when the last micro-batch
+arrives; the outputs of the step (those of its last micro-batch, as on CPU/GPU) come back then, and the
+earlier micro-batches' ``train_batch`` calls return ``{}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from ...data import epoch_batches, move_to
+from ...errors import ConfigError
+from ..eager import detached, model_outputs
+from . import optim as csx_optim
+from .compiler import CompileCache, Compiled, StaticStep, device_for_host
+from .precision import CsxPrecision
+from .tracer import step_closure
+
+
+class CsxBackend:
+    """The CSX emulator behind ``Run`` (see ``docs/csx.md``)."""
+
+    device_type = "CSX"
+
+    def __init__(self, run):
+        cfg = run.stage_config
+        b = cfg.backend
+        self.device = device_for_host()
+        self.rank, self.world_size = 0, 1
+        self.retrace = bool(b.retrace_every_iteration)
+        self.compile_only, self.validate_only = bool(b.compile_only), bool(b.validate_only)
+        self.num_csx = 1 if b.num_csx is None else int(b.num_csx)
+        self.num_workers_per_csx = int(b.num_workers_per_csx or 0)
+        if not 1 <= self.num_csx <= cfg.data.batch_size:
+            raise ConfigError(f"backend.num_csx: {self.num_csx} must be between 1 and the batch size "
+                              f"({cfg.data.batch_size})")
+        self.cache = CompileCache(b.compile_dir)
+        self.precision = CsxPrecision(cfg.precision, self.device)
+        self.max_grad_norm = cfg.optimizer.max_grad_norm
+        self.accum = cfg.loop.grad_accum_steps
+        self.run = None
+        self.train_step: StaticStep | None = None
+        self.eval_step: StaticStep | None = None
+        self.compiled: Compiled | None = None
+        self.report_path = None
+        self._pending: list = []
+        self._delivered = None
+        self._deliver = step_closure(self._store_outputs)
+        previous = getattr(run, "backend", None)
+        self._carried = previous.counts() if isinstance(previous, CsxBackend) else {}
+
+    # -- assembly ---------------------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+    def attach(self, run) -> None:
+        """Preinitialize the optimizer state and set up the traced train and eval steps."""
+        self.run = run
+        csx_optim.preinitialize(run.optimizer)
+        extra = lambda: {"stage": run.stage, "device": str(self.device), "precision": self.precision.name,  # noqa: E731
+                         "num_csx": self.num_csx, "num_workers_per_csx": self.num_workers_per_csx,
+                         "grad_accum_steps": self.accum}
+        self.train_step = StaticStep(self._train_step, "train_step", retrace=self.retrace, cache=self.cache,
+                                     modules=[run.model], optimizers=[run.optimizer],
+                                     extras=self.precision.scaler.state_attrs(), report_extra=extra,
+                                     on_compile=self._compiled)
+        self.eval_step = StaticStep(self._eval_step, "eval_step", retrace=self.retrace, cache=self.cache,
+                                    keyed=True, modules=[run.model], report_extra=extra)
+
+    def to_device(self, batch):
+        return batch if self.device.type == "cpu" else move_to(batch, self.device, non_blocking=True)
+
+    # -- the traced steps -------------------------------------------------------------------------------
+    def _store_outputs(self, outputs) -> None:
+        self._delivered = outputs
+
+    def _train_step(self, batches: list) -> None:
+        run, precision = self.run, self.precision
+        model, optimizer, hooks = run.model, run.optimizer, run.hooks
+        scaler = precision.scaler
+        n = len(batches)
+        outputs = None
+        for batch in batches:
+            with precision.compute():
+                outputs = model_outputs(model(batch))
+            loss = outputs["loss"]
+            hooks.on_before_backward(run=run, loss=loss)
+            scaler.scale_loss(loss / n if n > 1 else loss).backward()
+            hooks.on_after_backward(run=run)
+        skip = scaler.unscale([p for g in optimizer.param_groups for p in g["params"]])
+        hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        csx_optim.step(optimizer, skip=skip)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        self._deliver(detached(outputs))
+
+    def _eval_step(self, batch) -> None:
+        with self.precision.compute():
+            outputs = model_outputs(self.run.model(batch))
+        self._deliver(detached(outputs))
+
+    # -- steps ------------------------------------------------------------------------------------------
+    def train_batch(self, run, batch, last: bool) -> dict:
+        if not last:
+            self._pending.append(batch)
+            return {}
+        batches, self._pending = self._pending + [batch], []
+        self._delivered = None
+        self.train_step(((batches,)), {}, iteration=run.global_step + 1, global_step=run.global_step)
+        run.scheduler.step()
+        return self._delivered
+
+    def eval_batch(self, run, batch) -> dict:
+        self._delivered = None
+        with torch.no_grad():
+            self.eval_step((batch,), {}, iteration=self.eval_step.executions + 1, global_step=run.global_step)
+        return self._delivered
+
+    # -- compile_only / validate_only ---------------------------------------------------------------------
+    def dry_run(self, run) -> str | None:
+        """``compile_only`` / ``validate_only``: trace (and compile) the train step of every stage, train
+        nothing; returns the run's status, or None when the backend trains normally."""
+        if not (self.compile_only or self.validate_only):
+            return None
+        for index in range(run.stage_index, len(run.stages)):
+            if index != run.stage_index:
+                run.enter_stage(index)
+            run.backend._dry_stage(run)
+        return "compiled" if self.compile_only else "validated"
+
+    def _dry_stage(self, run) -> None:
+        batches = []
+        for batch in epoch_batches(run.train_loader, run.epoch, run.batch_in_epoch):
+            batches.append(self.to_device(batch))
+            if len(batches) == self.accum:
+                break
+        if self.compile_only:
+            compiled = self.train_step.compile_only(((batches,)), {})
+            run.log.info("compile_only", stage=run.stage, fingerprint=compiled.fingerprint,
+                         cache=compiled.report["cache"]["status"], ops=compiled.report["ops"]["total"],
+                         report=str(self.report_path))
+        else:
+            traced = self.train_step.validate_only(((batches,)), {})
+            self.validated_ops = sum(1 for n in traced.gm.graph.nodes if n.op == "call_function")
+            run.log.info("validate_only", stage=run.stage, ops=self.validated_ops,
+                         result="the step traces into a static graph; nothing was executed")
+
+    def _compiled(self, compiled: Compiled) -> None:
+        """Write the compile report of the train step to the run directory."""
+        self.compiled = compiled
+        run = self.run
+        name = "compile_report.json" if run.stage == "main" else f"compile_report.{run.stage}.json"
+        path = run.output_dir / name
+        report = dict(compiled.report, mode="compile_only" if self.compile_only else "train",
+                      retrace_every_iteration=self.retrace)
+        try:
+            run.output_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+            os.replace(tmp, path)
+            self.report_path = path
+        except OSError as e:
+            run.log.warning("compile_report_not_written", error=str(e))
+        if not self.compile_only:
+            run.log.info("compiled", step="train_step", fingerprint=compiled.fingerprint,
+                         cache=compiled.report["cache"]["status"], ops=compiled.report["ops"]["total"],
+                         trace_seconds=compiled.report["trace_seconds"])
+
+    # -- state and summary ------------------------------------------------------------------------------
+    def loss_scale(self) -> float | None:
+        """The current dynamic loss scale (one synchronisation), or ``None`` without dynamic scaling."""
+        scaler = self.precision.scaler
+        return float(scaler.scale) if scaler.dynamic else None
+
+    def state_dict(self) -> dict:
+        return {"precision": self.precision.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.precision.scaler.load_state_dict(state.get("precision", {}))
+
+    def counts(self) -> dict:
+        train = self.train_step.stats() if self.train_step else {}
+        evals = self.eval_step.stats() if self.eval_step else {}
+        now = {"traces": train.get("traces", 0), "eval_traces": evals.get("traces", 0),
+               "executions": train.get("executions", 0), "eval_executions": evals.get("executions", 0),
+               "trace_seconds": train.get("trace_seconds", 0.0) + evals.get("trace_seconds", 0.0)}
+        return {k: v + self._carried.get(k, 0) for k, v in now.items()}
+
+    def summary(self) -> dict:
+        out = self.counts()
+        out["trace_seconds"] = round(out["trace_seconds"], 4)
+        out.update(num_csx=self.num_csx, retrace_every_iteration=self.retrace, host=str(self.device))
+        if self.compile_only or self.validate_only:
+            out["backend_mode"] = "compile_only" if self.compile_only else "validate_only"
+        if self.compiled is not None:
+            out.update(graph_fingerprint=self.compiled.fingerprint,
+                       compile_cache=self.compiled.report["cache"]["status"],
+                       compile_report=str(self.report_path) if self.report_path else None)
+        return out

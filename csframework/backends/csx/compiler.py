@@ -1,0 +1,207 @@
+"""The emulator's compile step and compile cache, and ``StaticStep``: trace once (or every iteration under
+``retrace_every_iteration``), compile, and execute the same graph every iteration.
+
+"Compiling" here is what can be checked and planned without a wafer: clean the graph, fingerprint it, count
+its operations, estimate its memory, and generate the Python code that runs it on the host. The artifact
+(report + generated code) is cached by fingerprint in ``compile_dir``: an identical graph is a cache hit and
+skips the compile passes, as an identical graph skips compilation on a Cerebras cluster.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ...errors import CompileError
+from . import graph as graphs
+from .tracer import Signature, StepTracer, Traced, detailed_difference
+
+DEFAULT_COMPILE_DIR = "~/.cache/csframework/csx"
+REPORT_VERSION = 1
+
+
+class CompileCache:
+    """``<compile_dir>/<fingerprint>/{report.json, graph.py}``."""
+
+    def __init__(self, directory: str | os.PathLike | None):
+        self.directory = Path(os.path.expanduser(str(directory or DEFAULT_COMPILE_DIR)))
+
+    def entry(self, fp: str) -> Path:
+        return self.directory / fp
+
+    def load(self, fp: str) -> dict | None:
+        path = self.entry(fp) / "report.json"
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return report if report.get("version") == REPORT_VERSION and report.get("fingerprint") == fp else None
+
+    def store(self, fp: str, report: dict, code: str) -> None:
+        entry = self.entry(fp)
+        try:
+            entry.mkdir(parents=True, exist_ok=True)
+            _write_atomic(entry / "graph.py", code)
+            _write_atomic(entry / "report.json", json.dumps(report, indent=2, default=str))
+        except OSError as e:  # a read-only cache must not stop training
+            report.setdefault("warnings", []).append(f"compile cache not written: {e}")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Compiled:
+    """A compiled graph: what every execution runs."""
+
+    def __init__(self, traced: Traced, lines: list[str], fp: str, report: dict, cache_hit: bool,
+                 raw_lines: list[str]):
+        self.traced, self.lines, self.fingerprint = traced, lines, fp
+        self.raw_lines = raw_lines  # the canonical form as traced (what retraces are compared with)
+        self.report, self.cache_hit = report, cache_hit
+        self.gm = traced.gm
+
+
+def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra: dict | None = None) -> Compiled:
+    """Clean, fingerprint and analyse a traced graph, or take the analysis from the cache."""
+    raw_lines = graphs.canonical(traced.gm)
+    raw_wheres = graphs.wheres(traced.gm)
+    graphs.postprocess(traced.gm)
+    lines = graphs.canonical(traced.gm)
+    fp = graphs.fingerprint(lines)
+    start = time.perf_counter()
+    report = cache.load(fp) if cache is not None else None
+    hit = report is not None
+    if not hit:
+        state = traced.state
+        kinds = [(kind, kind == "parameter" and t.requires_grad) for kind, t in zip(state.kinds, state.tensors)]
+        kinds += [("learning_rate", False)] * len(state.lrs) + [("global_step", False)]
+        kinds += [("batch", False)] * len(traced.arg_positions)
+        report = {"version": REPORT_VERSION, "fingerprint": fp, "step": name,
+                  **graphs.analyse(traced.gm, kinds),
+                  "graph_inputs": {"state_tensors": len(traced.state.tensors),
+                                   "learning_rates": len(traced.state.lrs), "global_step": 1,
+                                   "step_arguments": len(traced.arg_positions)},
+                  "graph_outputs": {"step_outputs": len(traced.out_tensor_positions),
+                                    "step_closure_values": traced.n_closure_tensors,
+                                    "state_write_backs": len(traced.writebacks)},
+                  **(extra or {})}
+        report["compile_seconds"] = round(time.perf_counter() - start, 6)
+        if cache is not None:
+            cache.store(fp, report, traced.gm.code)
+    report = dict(report)
+    report["cache"] = {"status": "hit" if hit else "miss",
+                       "entry": str(cache.entry(fp)) if cache is not None else None}
+    report["trace_seconds"] = round(traced.seconds, 6)
+    compiled = Compiled(traced, lines, fp, report, hit, raw_lines)
+    compiled.raw_wheres = raw_wheres
+    return compiled
+
+
+class StaticStep:
+    """One step function on a CSX backend: traced, compiled, executed.
+
+    ``keyed=True`` keeps one graph per input signature (evaluation, where the last batch may be short);
+    otherwise a second signature is a ``CompileError`` (a second compile is not allowed).
+    """
+
+    def __init__(self, fn: Callable, name: str, *, retrace: bool, cache: CompileCache | None,
+                 keyed: bool = False, modules=(), optimizers=(), extras=(), compute_context=None,
+                 report_extra: Callable[[], dict] | None = None, on_compile: Callable[[Compiled], Any] | None = None):
+        self.tracer = StepTracer(fn, name, modules=modules, optimizers=optimizers, extras=extras,
+                                 compute_context=compute_context)
+        self.name, self.retrace, self.cache, self.keyed = name, retrace, cache, keyed
+        self.report_extra = report_extra or dict
+        self.on_compile = on_compile
+        self.graphs: dict[Any, tuple[Signature, Compiled]] = {}
+        self.first: tuple[Signature, Compiled] | None = None
+        self.traces = 0
+        self.executions = 0
+        self.trace_seconds = 0.0
+
+    @property
+    def modules(self):
+        return self.tracer.modules
+
+    @property
+    def optimizers(self):
+        return self.tracer.optimizers
+
+    def _lookup(self, sig: Signature):
+        if self.keyed:
+            return self.graphs.get(sig.values)
+        return self.first
+
+    def prepare(self, args: tuple, kwargs: dict, iteration: int, execute: bool = True):
+        """Trace if needed (always under retrace); returns (compiled, state, leaves)."""
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        state, sig = self.tracer.collect(leaves)
+        known = self._lookup(sig)
+        if known is not None and not self.retrace:
+            old_sig, compiled = known
+            if old_sig.values != sig.values:
+                raise CompileError(
+                    f"{self.name}: iteration {iteration} has different inputs than the traced step, so it would "
+                    f"need a second compile, which is not allowed: {detailed_difference(old_sig, sig, state)}. "
+                    "Keep shapes, dtypes and optimizer settings fixed (e.g. data.drop_last=true).")
+            return compiled, state, leaves
+        traced = self.tracer.trace(args, kwargs, state)
+        self.traces += 1
+        self.trace_seconds += traced.seconds
+        if known is None:
+            compiled = compile_traced(traced, self.cache, self.name, self.report_extra())
+            self.graphs[sig.values] = (sig, compiled)
+            if self.first is None:
+                self.first = (sig, compiled)
+            if self.on_compile is not None:
+                self.on_compile(compiled)
+            return compiled, state, leaves
+        old_sig, compiled = known
+        lines = graphs.canonical(traced.gm)
+        if lines != compiled.raw_lines:
+            difference = graphs.first_difference(compiled.raw_lines, compiled.raw_wheres, lines,
+                                                 graphs.wheres(traced.gm))
+            raise CompileError(
+                f"{self.name}: the graph traced at iteration {iteration} differs from the first trace, and a second "
+                f"compile is not allowed; {difference}. "
+                "Python branches, loops and values in the step must resolve the same way every iteration; "
+                "use torch.where for choices that depend on tensor values.")
+        # identical graph: run the compiled one, with this trace's step closures (same outputs layout)
+        compiled.traced.closures = traced.closures
+        return compiled, state, leaves
+
+    def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int):
+        compiled, state, leaves = self.prepare(args, kwargs, iteration)
+        out = StepTracer.execute(compiled.gm, compiled.traced, state, leaves, global_step)
+        self.executions += 1
+        return out
+
+    def compile_only(self, args: tuple, kwargs: dict, iteration: int = 1) -> Compiled:
+        compiled, _, _ = self.prepare(args, kwargs, iteration)
+        return compiled
+
+    def validate_only(self, args: tuple, kwargs: dict) -> Traced:
+        """Trace and check one step; nothing is compiled or executed."""
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        state, _ = self.tracer.collect(leaves)
+        traced = self.tracer.trace(args, kwargs, state)
+        self.traces += 1
+        self.trace_seconds += traced.seconds
+        graphs.postprocess(traced.gm)
+        return traced
+
+    def stats(self) -> dict:
+        return {"traces": self.traces, "executions": self.executions,
+                "trace_seconds": round(self.trace_seconds, 4), "graphs": len(self.graphs)}
+
+
+def device_for_host() -> torch.device:
+    """Where the emulator executes graphs: CUDA when present, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

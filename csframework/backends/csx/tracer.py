@@ -1,0 +1,647 @@
+"""Capture a step function into a static graph, and run that graph every iteration.
+
+How a step is traced (see docs/csx.md for why this route):
+
+1. The *state* the step reads and updates (parameters and buffers of the compiled modules, the optimizers'
+   state tensors, loss-scaling tensors) is collected from the live objects, plus the *feeds* (one learning
+   rate per optimizer param group and the global step) and the tensors among the step's arguments.
+2. ``torch.fx.experimental.proxy_tensor.make_fx(tracing_mode="fake")`` runs the Python step once on fake
+   tensors that stand in for all of them: while it runs, the modules' parameters/buffers, the optimizers'
+   ``param_groups``/``state`` and learning rates are swapped for the fakes, so ordinary eager code
+   (``model(x)``, ``loss.backward()``, ``optimizer.step()``, ``zero_grad()``) is recorded operation by
+   operation, forward and backward, at the ATen level. No real data is read; Python runs exactly once.
+3. A ``TorchFunctionMode`` guards the trace: reading a value (``bool(t)``, ``.item()``, ``.tolist()``,
+   ``.cpu()``...) raises ``TracingError`` naming the user's line; step closures and the compiled-model rule
+   are recorded on the active ``TraceContext``.
+4. Updates of state are in-place operations on the graph's inputs (torch's own style), or, where the code
+   rebinds a buffer or a state entry, an extra output written back after each execution.
+
+Every execution then calls the graph with the real tensors under ``torch.no_grad()`` (the backward pass is
+already in the graph), runs the step closures with copies of their values, and returns copies of the outputs.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from ...errors import CompileError, TracingError
+from . import optim as csx_optim
+from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
+
+# -- the active trace ---------------------------------------------------------------------------------------
+
+_ACTIVE: "TraceContext | None" = None
+
+
+def active() -> "TraceContext | None":
+    """The trace in progress, if any (step closures and compiled models register with it)."""
+    return _ACTIVE
+
+
+@dataclass
+class Closure:
+    fn: Callable
+    spec: Any
+    leaves: list
+    positions: list[int]  # leaves that are graph outputs: (leaf index)
+
+
+@dataclass
+class TraceContext:
+    name: str
+    closures: list[Closure] = field(default_factory=list)
+    closure_tensors: list[torch.Tensor] = field(default_factory=list)
+    model: Any = None
+    global_step: torch.Tensor | None = None
+
+    def add_closure(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        positions = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                positions.append(i)
+                self.closure_tensors.append(leaf.detach())
+        self.closures.append(Closure(fn, spec, leaves, positions))
+
+    def use_model(self, model) -> None:
+        """Only one compiled model may run in a step."""
+        if self.model is not None and self.model is not model:
+            where = user_frame_here(2)
+            raise CompileError(
+                f"only one compiled model per step: '{self.name}' runs {_model_name(self.model)} and "
+                f"{_model_name(model)}" + (f" (the second at {where})" if where else "") +
+                "; a CSX system runs one compiled model per step: put both in one nn.Module and "
+                "csf.compile that")
+        self.model = model
+
+
+def _model_name(model) -> str:
+    inner = getattr(model, "model", model)
+    return f"{type(inner).__name__} (compiled model #{getattr(model, 'index', '?')})"
+
+
+# -- guards -------------------------------------------------------------------------------------------------
+
+T = torch.Tensor
+_READS = {T.__bool__: "bool", T.item: "item", T.tolist: "tolist", T.__int__: "number", T.__float__: "number",
+          T.__index__: "number", T.__complex__: "number", T.numpy: "numpy", T.cpu: "cpu"}
+if hasattr(T, "__array__"):
+    _READS[T.__array__] = "numpy"
+_TEXT = {T.__repr__, T.__str__}
+
+
+def _is_host(device) -> bool:
+    if isinstance(device, str):
+        return device.split(":")[0].strip().lower() == "cpu"
+    return False
+
+
+class GuardMode(TorchFunctionMode):
+    """Refuses reads of tensor values during the trace, naming the user's line, and tags the graph nodes
+    each user-level torch call creates with that call's place (``node.meta["csf_where"]``)."""
+
+    def __init__(self, graph=None):
+        super().__init__()
+        self.graph = graph
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = _READS.get(func)
+        if kind is not None:
+            if kind == "item" and called_from("tolist"):
+                kind = "tolist"
+            raise tracing_error(kind, user_frame_here(2))
+        if func is T.to and (any(_is_host(a) for a in args[1:]) or _is_host(kwargs.get("device"))):
+            raise tracing_error("cpu", user_frame_here(2))
+        if func in _TEXT and args and isinstance(args[0], T):
+            t = args[0]
+            return f"TracedTensor(shape={tuple(t.shape)}, dtype={t.dtype})"
+        if func is T.__format__ and args and isinstance(args[0], T):
+            if len(args) > 1 and args[1]:
+                raise tracing_error("format", user_frame_here(2))
+            t = args[0]
+            return f"TracedTensor(shape={tuple(t.shape)}, dtype={t.dtype})"
+        graph = self.graph
+        if graph is None:
+            return func(*args, **kwargs)
+        before = len(graph.nodes)
+        out = func(*args, **kwargs)
+        added = len(graph.nodes) - before
+        if added > 0:
+            where = user_location(1)
+            for node in reversed(graph.nodes):
+                if added <= 0:
+                    break
+                node.meta.setdefault("csf_where", where)
+                added -= 1
+        return out
+
+
+# -- state ---------------------------------------------------------------------------------------------------
+
+class GuardedDict(dict):
+    """An optimizer's per-parameter state during the trace: existing entries may be updated (or rebound),
+    new entries may not be created."""
+
+    owner = "optimizer"
+
+    def __setitem__(self, key, value):
+        if key not in self:
+            raise TracingError(
+                f"{self.owner} creates state '{key}' inside the traced step"
+                + (f" at {user_frame_here(2)}" if user_frame_here(2) else "")
+                + ": state created during the step has no place to live between steps (it would be "
+                "re-created every step). Fix: create it before the trace: give the optimizer a "
+                "`preinitialize()` method that fills self.state[p] for every parameter (the CSX backend calls "
+                "it before tracing), or use torch.optim.SGD/Adam/AdamW, which are preinitialized for you.")
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args, **kwargs):
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
+class GuardedState(dict):
+    """``optimizer.state`` during the trace: a missing parameter entry is state created in the step."""
+
+    owner = "optimizer"
+
+    def __missing__(self, key):
+        entry = GuardedDict()
+        entry.owner = self.owner
+        return entry  # not stored: writing into it raises
+
+
+@dataclass
+class Slot:
+    container: Any  # a dict (module._parameters / _buffers, optimizer state) or an object (attribute)
+    key: Any
+    position: int
+    kind: str
+
+    def get(self):
+        return self.container[self.key] if isinstance(self.container, dict) else getattr(self.container, self.key)
+
+    def set(self, value):
+        if isinstance(self.container, dict):
+            dict.__setitem__(self.container, self.key, value)
+        else:
+            setattr(self.container, self.key, value)
+
+
+@dataclass
+class State:
+    """The live tensors a step reads and updates, in graph-input order."""
+    tensors: list[torch.Tensor]
+    kinds: list[str]
+    names: list[str]
+    slots: list[Slot]
+    optimizers: list
+    lrs: list[float]
+    hyper: tuple
+    layout: tuple
+
+
+def collect_state(modules: Sequence[torch.nn.Module], optimizers: Sequence, extras: Sequence[tuple]) -> State:
+    tensors, kinds, names, slots = [], [], [], []
+    index: dict[int, int] = {}
+
+    def add(t, kind, name):
+        pos = index.get(id(t))
+        if pos is None:
+            pos = index[id(t)] = len(tensors)
+            tensors.append(t)
+            kinds.append(kind)
+            names.append(name)
+        return pos
+
+    for m_i, module in enumerate(modules):
+        prefix = f"model{m_i}." if len(modules) > 1 else ""
+        for mod_name, mod in module.named_modules(remove_duplicate=False):
+            dot = f"{mod_name}." if mod_name else ""
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    slots.append(Slot(mod._parameters, name, add(p, "parameter", prefix + dot + name), "parameter"))
+            for name, b in mod._buffers.items():
+                if b is not None:
+                    slots.append(Slot(mod._buffers, name, add(b, "buffer", prefix + dot + name), "buffer"))
+    lrs, hyper = [], []
+    for o_i, opt in enumerate(optimizers):
+        for g_i, group in enumerate(opt.param_groups):
+            lrs.append(float(group["lr"]))
+            hyper.append(tuple(sorted((k, _freeze(v)) for k, v in group.items() if k not in ("params", "lr"))))
+            for p_i, p in enumerate(group["params"]):
+                add(p, "parameter", f"optimizer{o_i}.group{g_i}.param{p_i}")
+        for p_i, (p, st) in enumerate(opt.state.items()):
+            for key, value in st.items():
+                if isinstance(value, torch.Tensor):
+                    pos = add(value, "optimizer_state", f"optimizer{o_i}.state{p_i}.{key}")
+                    slots.append(Slot(st, key, pos, "optimizer_state"))
+                else:
+                    hyper.append((o_i, p_i, key, _freeze(value)))
+    for obj, attr, kind in extras:
+        t = getattr(obj, attr)
+        slots.append(Slot(obj, attr, add(t, kind, f"{kind}.{attr}"), kind))
+    layout = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in tensors)
+    return State(tensors, kinds, names, slots, list(optimizers), lrs, tuple(hyper), layout)
+
+
+def _walk(module, out: list) -> list:
+    out.append(module)
+    for child in module._modules.values():
+        if child is not None:
+            _walk(child, out)
+    return out
+
+
+def quick_key(modules, optimizers, extras) -> list:
+    """Identities of every state tensor, the modules' modes and the optimizers' settings: equal keys mean
+    ``collect_state`` would give the same state."""
+    key = []
+    for module in modules:
+        for m in _walk(module, []):
+            key.append(m.training)
+            key.extend(map(id, m._parameters.values()))
+            key.append(None)
+            key.extend(map(id, m._buffers.values()))
+            key.append(None)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            key.extend(map(id, group["params"]))
+            key.extend(v if isinstance(v, (int, float, str, bool, tuple, type(None))) else repr(v)
+                       for k, v in group.items() if k not in ("params", "lr"))
+        for p, st in opt.state.items():
+            key.append(id(p))
+            key.extend(id(v) if isinstance(v, torch.Tensor) else v for v in st.values())
+    key.extend(id(getattr(obj, attr)) for obj, attr, _ in extras)
+    return key
+
+
+def _freeze(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    return repr(value)
+
+
+class _Swap:
+    """Puts the fakes in place of the live state for the duration of the trace, then restores it."""
+
+    def __init__(self, state: State, fakes: Sequence[torch.Tensor], lr_fakes: Sequence[torch.Tensor]):
+        self.state, self.fakes, self.lr_fakes = state, list(fakes), list(lr_fakes)
+        self.undo: list[Callable[[], None]] = []
+        self.fake_state: list[tuple[Any, Any, dict[int, dict]]] = []
+
+    def __enter__(self):
+        try:
+            self._enter()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _enter(self):
+        state, fakes = self.state, self.fakes
+        fake_of = {id(t): fakes[i] for i, t in enumerate(state.tensors)}
+        for slot in state.slots:
+            if slot.kind == "optimizer_state":
+                continue
+            old = slot.get()
+            slot.set(fakes[slot.position])
+            self.undo.append(functools.partial(slot.set, old))
+        for i, kind in enumerate(state.kinds):
+            if kind == "parameter":
+                fakes[i].grad = None
+        lr_iter = iter(self.lr_fakes)
+        for opt in state.optimizers:
+            groups = [(g, g["params"], g["lr"]) for g in opt.param_groups]
+            for group in opt.param_groups:
+                group["params"] = [fake_of[id(p)] for p in group["params"]]
+                group["lr"] = next(lr_iter)
+            self.undo.append(functools.partial(_restore_groups, groups))
+            real_state = opt.state
+            guarded = GuardedState()
+            guarded.owner = f"optimizer {type(opt).__name__}"
+            per_param = {}
+            for p, st in real_state.items():
+                entry = GuardedDict()
+                entry.owner = guarded.owner
+                for key, value in st.items():
+                    dict.__setitem__(entry, key, fake_of[id(value)] if isinstance(value, torch.Tensor) else value)
+                dict.__setitem__(guarded, fake_of[id(p)], entry)
+                per_param[id(p)] = entry
+            self.fake_state.append((opt, real_state, per_param))
+            opt.state = guarded
+            self.undo.append(functools.partial(setattr, opt, "state", real_state))
+            if csx_optim.is_builtin(opt):
+                had = "step" in opt.__dict__
+                previous = opt.__dict__.get("step")
+                opt.step = functools.partial(_builtin_step, opt)
+                self.undo.append(functools.partial(_restore_step, opt, had, previous))
+
+    def writebacks(self) -> list[tuple[int, torch.Tensor]]:
+        """State the step rebound instead of updating in place: (input position, new value)."""
+        found = []
+        for slot in self.state.slots:
+            if slot.kind == "optimizer_state":
+                continue
+            current = slot.get()
+            if current is not self.fakes[slot.position]:
+                if slot.kind == "parameter" or not isinstance(current, torch.Tensor):
+                    raise CompileError(f"the traced step replaced {slot.kind} '{slot.key}' with "
+                                       f"{type(current).__name__}; update it in place (e.g. with copy_) instead")
+                found.append((slot.position, current.detach()))
+        positions = {id(t): i for i, t in enumerate(self.state.tensors)}
+        for opt, real_state, per_param in self.fake_state:
+            for p, st in real_state.items():
+                entry = per_param.get(id(p))
+                for key, value in st.items():
+                    now = dict.get(entry, key)
+                    if isinstance(value, torch.Tensor):
+                        pos = positions[id(value)]
+                        if now is self.fakes[pos]:
+                            continue
+                        if not isinstance(now, torch.Tensor):
+                            raise TracingError(f"optimizer {type(opt).__name__} replaced its state '{key}' with a "
+                                               "Python value inside the traced step; keep it a tensor and update "
+                                               "it with tensor operations")
+                        found.append((pos, now.detach()))
+                    elif now is not value and now != value:
+                        raise TracingError(
+                            f"optimizer {type(opt).__name__} changes its state '{key}' (a Python "
+                            f"{type(value).__name__}) inside the traced step: Python values change only when the "
+                            "step is traced, not every step. Fix: make it a tensor (e.g. "
+                            f"torch.tensor({value!r}) in preinitialize()) and update it with tensor operations.")
+        return found
+
+    def __exit__(self, *exc):
+        while self.undo:
+            self.undo.pop()()
+        return False
+
+
+def _restore_groups(groups) -> None:
+    for group, params, lr in groups:
+        group["params"] = params
+        group["lr"] = lr
+
+
+def _restore_step(opt, had: bool, previous) -> None:
+    if had:
+        opt.step = previous
+    else:
+        opt.__dict__.pop("step", None)
+
+
+def _builtin_step(opt, closure=None):
+    if closure is not None:
+        raise TracingError(f"{type(opt).__name__}.step(closure): a closure that re-evaluates the model "
+                           "cannot be part of a static graph; call step() without one")
+    csx_optim.step(opt)
+
+
+def _refuse_dynamic_shapes(gm) -> None:
+    """Operations whose output shape depends on tensor values (boolean indexing, nonzero, unique) cannot be
+    in a static graph; fake tracing records them with symbolic sizes, which are refused here."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        dynamic = "unbacked_bindings" in node.meta or any(
+            isinstance(v, torch.Tensor) and any(not isinstance(d, int) for d in v.shape) for v in vals)
+        if dynamic:
+            loc = node.meta.get("csf_where")
+            raise tracing_error("shape", Where(*loc) if loc else None, f"operation {node.target}")
+
+
+def _unknown_optimizer_hook(known):
+    def hook(optimizer, args, kwargs):
+        if not any(optimizer is k for k in known):
+            where = user_frame_here(2)
+            raise TracingError(
+                f"optimizer {type(optimizer).__name__} is stepped inside the traced step"
+                + (f" at {where}" if where else "") + " but the CSX backend does not know it, so its state "
+                "cannot be part of the graph. Fix: refer to it by a global or enclosing variable in the traced "
+                "function, or call backend.register_optimizer(optimizer) before the first step.")
+    return hook
+
+
+# -- traced steps -------------------------------------------------------------------------------------------
+
+@dataclass
+class Traced:
+    """One trace of a step: the graph and how to map its inputs and outputs."""
+    gm: torch.fx.GraphModule
+    state: State
+    arg_positions: list[int]
+    arg_leaves: list
+    arg_spec: Any
+    out_spec: Any
+    out_leaves: list           # non-tensor leaves as traced; tensor leaves replaced by None
+    out_tensor_positions: list[int]
+    closures: list[Closure]
+    n_closure_tensors: int
+    writebacks: list[int]      # input positions written back after each execution
+    seconds: float
+
+
+@dataclass
+class Signature:
+    """What a graph is specialised on; compared at every execution when not retracing."""
+    values: tuple
+    labels: tuple
+
+
+def _describe(value) -> str:
+    if isinstance(value, tuple) and len(value) == 4 and isinstance(value[1], torch.dtype):
+        return f"shape {list(value[0])} {str(value[1]).replace('torch.', '')}"
+    return repr(value)
+
+
+def _arg_meta(leaf):
+    if isinstance(leaf, torch.Tensor):
+        return (tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad)
+    return ("python", _freeze(leaf))
+
+
+def signature(state: State, modules, leaves) -> Signature:
+    flags = tuple(m.training for module in modules for m in _walk(module, []))
+    values = (state.layout, state.hyper, flags, tuple(_arg_meta(x) for x in leaves))
+    return Signature(values, ("state tensors (parameters, buffers, optimizer state)",
+                              "optimizer settings (other than the learning rate) and Python optimizer state",
+                              "train/eval mode of the compiled modules", "the step's arguments"))
+
+
+def detailed_difference(old: Signature, new: Signature, state: State) -> str:
+    """The first difference between two signatures, down to the tensor or argument."""
+    o_layout, o_hyper, o_flags, o_args = old.values
+    n_layout, n_hyper, n_flags, n_args = new.values
+    if o_args != n_args:
+        for i, (a, b) in enumerate(zip(o_args, n_args)):
+            if a != b:
+                return f"argument {i} of the step: {_describe(a)} when traced, {_describe(b)} now"
+        return f"the step's arguments: {len(o_args)} leaves when traced, {len(n_args)} now"
+    if o_layout != n_layout:
+        for i, (a, b) in enumerate(zip(o_layout, n_layout)):
+            if a != b:
+                name = state.names[i] if i < len(state.names) else f"#{i}"
+                return f"state tensor {name}: {_describe(a)} when traced, {_describe(b)} now"
+        return f"the number of state tensors changed from {len(o_layout)} to {len(n_layout)}"
+    if o_hyper != n_hyper:
+        for a, b in zip(o_hyper, n_hyper):
+            if a != b:
+                return f"optimizer setting {b!r} was {a!r} when traced"
+        return "the optimizer settings changed"
+    if o_flags != n_flags:
+        return "the train/eval mode of the compiled modules changed (call model.train()/eval() consistently)"
+    return "unknown difference"
+
+
+class StepTracer:
+    """Traces ``fn`` over the given modules/optimizers/extra state and executes the resulting graph."""
+
+    def __init__(self, fn: Callable, name: str, *, modules=(), optimizers=(), extras=(),
+                 compute_context: Callable[[], Any] | None = None):
+        self.fn, self.name = fn, name
+        self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
+        self.compute_context = compute_context or contextlib.nullcontext
+
+    # -- state ------------------------------------------------------------------------------------------
+    def collect(self, leaves) -> tuple[State, Signature]:
+        """The live state and the signature of this call. The full collection (names, slots, layout) is
+        redone only when the identity of a state tensor, a module's mode or an optimizer setting changed."""
+        for opt in self.optimizers:
+            csx_optim.preinitialize(opt)
+        key = quick_key(self.modules, self.optimizers, self.extras)
+        cached = getattr(self, "_cached", None)
+        if cached is not None and cached[0] == key:
+            state = cached[1]
+            state.lrs = [float(g["lr"]) for opt in self.optimizers for g in opt.param_groups]
+        else:
+            state = collect_state(self.modules, self.optimizers, self.extras)
+            self._cached = (key, state)
+        return state, signature(state, self.modules, leaves)
+
+    # -- tracing ----------------------------------------------------------------------------------------
+    def trace(self, args: tuple, kwargs: dict, state: State) -> Traced:
+        """Run the step once on fake tensors and return its graph (Python side effects happen now)."""
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+        global _ACTIVE
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        arg_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        n_state, n_lr = len(state.tensors), len(state.lrs)
+        ctx = TraceContext(self.name)
+        result: dict[str, Any] = {}
+
+        def flat_fn(*inputs):
+            fakes = list(inputs[:n_state])
+            lr_fakes = inputs[n_state:n_state + n_lr]
+            ctx.global_step = inputs[n_state + n_lr]
+            new_leaves = list(leaves)
+            for pos, fake in zip(arg_positions, inputs[n_state + n_lr + 1:]):
+                new_leaves[pos] = fake
+            call_args, call_kwargs = pytree.tree_unflatten(new_leaves, spec)
+            proxy_mode = get_proxy_mode()
+            graph = proxy_mode.tracer.graph if proxy_mode is not None else None
+            with _Swap(state, fakes, lr_fakes) as swap:
+                with GuardMode(graph), self.compute_context():
+                    out = self.fn(*call_args, **call_kwargs)
+                writebacks = swap.writebacks()
+            out_leaves, out_spec = pytree.tree_flatten(out)
+            tensor_positions = [i for i, x in enumerate(out_leaves) if isinstance(x, torch.Tensor)]
+            result.update(out_spec=out_spec, tensor_positions=tensor_positions, writebacks=[p for p, _ in writebacks],
+                          out_leaves=[None if isinstance(x, torch.Tensor) else x for x in out_leaves])
+            outs = [out_leaves[i].detach() for i in tensor_positions]
+            return outs + list(ctx.closure_tensors) + [v for _, v in writebacks]
+
+        lr_inputs = [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
+        step_input = torch.tensor(0, dtype=torch.int64)
+        inputs = list(state.tensors) + lr_inputs + [step_input] + [leaves[i] for i in arg_positions]
+        hook = register_optimizer_step_pre_hook(_unknown_optimizer_hook(self.optimizers))
+        previous, _ACTIVE = _ACTIVE, ctx
+        start = time.perf_counter()
+        try:
+            gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
+                         _disable_torch_fn_metadata_mode=True)(*inputs)
+            _refuse_dynamic_shapes(gm)
+        except (TracingError, CompileError):
+            raise
+        except Exception as e:
+            translated = translate(e)
+            if translated is not None:
+                raise translated from e
+            raise
+        finally:
+            _ACTIVE = previous
+            hook.remove()
+        return Traced(gm=gm, state=state, arg_positions=arg_positions, arg_leaves=leaves, arg_spec=spec,
+                      out_spec=result["out_spec"], out_leaves=result["out_leaves"],
+                      out_tensor_positions=result["tensor_positions"], closures=ctx.closures,
+                      n_closure_tensors=len(ctx.closure_tensors), writebacks=result["writebacks"],
+                      seconds=time.perf_counter() - start)
+
+    # -- execution --------------------------------------------------------------------------------------
+    @staticmethod
+    def execute(gm: torch.fx.GraphModule, traced: Traced, state: State, leaves: list, global_step: int):
+        """Run the graph on the live tensors; run the step closures; return the outputs (copies)."""
+        inputs = list(state.tensors)
+        inputs += [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
+        inputs.append(torch.tensor(global_step, dtype=torch.int64))
+        inputs += [leaves[i] for i in traced.arg_positions]
+        with torch.no_grad():
+            outs = gm.forward(*inputs)
+            n_out = len(traced.out_tensor_positions)
+            n_clo = traced.n_closure_tensors
+            for pos, value in zip(traced.writebacks, outs[n_out + n_clo:]):
+                state.tensors[pos].copy_(value)
+            results = [t.detach().clone() for t in outs[:n_out + n_clo]]
+        for opt in state.optimizers:
+            opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
+        closure_values = iter(results[n_out:])
+        for closure in traced.closures:
+            call_leaves = list(closure.leaves)
+            for pos in closure.positions:
+                call_leaves[pos] = next(closure_values)
+            c_args, c_kwargs = pytree.tree_unflatten(call_leaves, closure.spec)
+            closure.fn(*c_args, **c_kwargs)
+        out_leaves = list(traced.out_leaves)
+        for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
+            out_leaves[pos] = value
+        return pytree.tree_unflatten(out_leaves, traced.out_spec)
+
+
+def step_closure(fn: Callable) -> Callable:
+    """Decorator: inside a traced step, calling ``fn(...)`` schedules it to run after each executed step with
+    that step's values (detached copies of the tensor arguments); outside a trace (eager CPU/GPU) it runs at
+    once, with detached copies too, so the same code behaves the same on every device."""
+
+    @functools.wraps(fn)
+    def closure(*args, **kwargs):
+        ctx = _ACTIVE
+        if ctx is None:
+            args, kwargs = pytree.tree_map(
+                lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, (args, kwargs))
+            return fn(*args, **kwargs)
+        ctx.add_closure(fn, args, kwargs)
+        return None
+
+    closure.__csf_step_closure__ = True
+    return closure
