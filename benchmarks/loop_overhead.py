@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import cProfile
 import io
 import pstats
@@ -123,17 +124,42 @@ def framework_config(steps: int, batch_size: int, lr: float, log_every: int) -> 
     return cfg
 
 
-def framework(cfg: csf.RunConfig, workdir: Path, log: io.TextIOBase):
+BUILTINS = ["validation", "logging", "progress", "metrics", "checkpoint"]
+STEP_HOOKS = ["on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+              "on_train_batch_end"]
+#: --ablate: the framework with parts taken away (diagnosis only: the last two reach into the run)
+ABLATIONS = {
+    "built-in plugins off": dict(disable=BUILTINS),
+    "+ no LR-scheduler step": dict(disable=BUILTINS, no_scheduler=True),
+    "+ no per-step hook calls": dict(disable=BUILTINS, no_scheduler=True, no_hooks=True),
+}
+
+
+class _NoScheduler:
+    def step(self):
+        pass
+
+
+def framework(cfg: csf.RunConfig, workdir: Path, log: io.TextIOBase, disable=(), no_scheduler=False,
+              no_hooks=False):
     """``Run.fit()`` with the default plugins; returns ((wall, CPU) seconds of the fit, (wall, CPU)
     seconds of the steps, last logged loss)."""
     timer = StepTimer()
+    if disable:
+        cfg = copy.deepcopy(cfg)
+        cfg.plugins.disable = list(disable)
     run = csf.Run(cfg, plugins=[timer], output_dir=tempfile.mkdtemp(dir=workdir))
+    if no_scheduler:
+        run.scheduler = _NoScheduler()
+    if no_hooks:
+        for name in STEP_HOOKS:
+            setattr(run.hooks, name, lambda **kwargs: None)
     with contextlib.redirect_stderr(log):  # the run's console output, as a batch job's log file
         start = clock()
         summary = run.fit()
         seconds = since(start)
     assert summary["status"] == "completed" and summary["global_step"] == cfg.loop.max_steps
-    return seconds, timer.seconds, summary["metrics"]["train/loss"]
+    return seconds, timer.seconds, summary["metrics"].get("train/loss")
 
 
 def profile_framework(cfg: csf.RunConfig, workdir: Path, log: io.TextIOBase, top: int = 30) -> str:
@@ -159,6 +185,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of one framework fit")
+    parser.add_argument("--ablate", action="store_true",
+                        help="also time the framework with plugins, the LR-scheduler step and the hook calls removed")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -183,6 +211,17 @@ def main(argv=None) -> dict:
             report = None
             if args.profile:
                 report = profile_framework(cfg, workdir, log)
+            ablated = {}
+            if args.ablate:
+                ablated = {"hand-written loop": []} | {name: [] for name in ABLATIONS}
+                for i in range(args.rounds):
+                    names = list(ablated) if i % 2 == 0 else list(reversed(ablated))
+                    for name in names:
+                        if name == "hand-written loop":
+                            ablated[name].append(hand_written(args.steps, args.batch_size, args.lr,
+                                                              args.log_every)[0][1])
+                        else:
+                            ablated[name].append(framework(cfg, workdir, log, **ABLATIONS[name])[1][1])
 
     n = args.steps
 
@@ -215,6 +254,13 @@ def main(argv=None) -> dict:
     verdict = "within" if worst <= 1.05 else "OVER"
     print(f"  fit() overhead: {100 * (result['fit_wall_ratio'] - 1):+.1f}% wall, "
           f"{100 * (result['fit_cpu_ratio'] - 1):+.1f}% CPU ({verdict} the 5% target)")
+    if ablated:
+        base = statistics.median(ablated["hand-written loop"])
+        print("  ablation, training steps only, CPU (median of the rounds):")
+        for name, times in ablated.items():
+            t = statistics.median(times)
+            print(f"    {name:28s} {1e3 * t / n:8.3f} ms/step  {1e6 * (t - base) / n:+7.1f} us/step  "
+                  f"ratio {t / base:.3f}")
     if report:
         print(report)
     return result
