@@ -117,6 +117,10 @@ class CsxBackendHandle(Backend):
 
     # -- traced functions ---------------------------------------------------------------------------------
     def run_traced(self, fn: Callable, args: tuple, kwargs: dict):
+        if active() is not None:
+            raise CompileError(f"{getattr(fn, '__name__', 'step')}: a @csf.trace function was called inside the "
+                               f"traced step '{active().name}'; one step is one graph: call the inner function "
+                               "undecorated, or call both steps from the training loop")
         step = self.steps.get(fn)
         optimizers = list(self.optimizers)
         for opt in _optimizers_used_by(fn):

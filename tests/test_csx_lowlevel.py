@@ -337,3 +337,26 @@ def test_shape_changes_need_a_second_compile(tmp_path):
     step(torch.randn(16, 8))
     with pytest.raises(csf.CompileError, match=r"iteration 2 .*shape \[16, 8\] float32 when traced, shape \[5, 8\]"):
         step(torch.randn(5, 8))
+
+
+def test_a_traced_function_inside_another_is_refused(tmp_path):
+    backend = csf.backend("CSX", compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
+    inner = csf.trace(lambda x: model(x).sum())
+    outer = csf.trace(lambda x: inner(x) * 2)
+    with pytest.raises(csf.CompileError, match="called inside the traced step"):
+        outer(data()[0])
+    assert inner(data()[0]).ndim == 0  # nothing was left half-traced
+
+
+def test_retraced_steps_return_this_iterations_python_values(tmp_path):
+    backend = csf.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
+    count = {"n": 0}
+
+    @csf.trace
+    def step(x):
+        count["n"] += 1
+        return {"loss": model(x).sum(), "iteration": count["n"]}
+
+    assert [step(data(i)[0])["iteration"] for i in range(3)] == [1, 2, 3]

@@ -173,8 +173,10 @@ class StaticStep:
                 f"compile is not allowed; {difference}. "
                 "Python branches, loops and values in the step must resolve the same way every iteration; "
                 "use torch.where for choices that depend on tensor values.")
-        # identical graph: run the compiled one, with this trace's step closures (same outputs layout)
-        compiled.traced.closures = traced.closures
+        # identical graph: run the compiled one, with this trace's Python results (step closures to call,
+        # non-tensor return values); the graph's outputs are the same
+        for attr in ("closures", "out_spec", "out_leaves", "out_tensor_positions"):
+            setattr(compiled.traced, attr, getattr(traced, attr))
         return compiled, state, leaves
 
     def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int):

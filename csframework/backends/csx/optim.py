@@ -145,12 +145,11 @@ def _adam_group(optimizer, group, params, grads, skip, decoupled: bool) -> None:
     new_avgs = _update("lerp", inplace, exp_avgs, grads, 1 - beta1)
     new_sqs = _update("mul", inplace, exp_avg_sqs, beta2)
     torch._foreach_addcmul_(new_sqs, grads, grads, value=1 - beta2)
-    # bias corrections in float64, as torch computes them in Python floats: 1 - beta ** step
-    steps64 = [s.to(device=lr.device, dtype=torch.float64) for s in new_steps]
-    bias_correction1 = torch._foreach_add(torch._foreach_neg(torch._foreach_pow(beta1, steps64)), 1)
-    bias_correction2 = torch._foreach_add(torch._foreach_neg(torch._foreach_pow(beta2, steps64)), 1)
-    neg_step_size = torch._foreach_neg(torch._foreach_div([lr] * len(params), bias_correction1))
-    bias_correction2_sqrt = torch._foreach_sqrt(bias_correction2)
+    # bias corrections in float64, as torch computes them in Python floats: 1 - beta ** step (one vector for
+    # the group: a handful of graph operations instead of a handful per parameter)
+    steps64 = torch.stack([s.to(lr.device) for s in new_steps]).to(torch.float64)
+    neg_step_size = (-(lr / (1 - torch.pow(beta1, steps64)))).unbind()
+    bias_correction2_sqrt = (1 - torch.pow(beta2, steps64)).sqrt().unbind()
     if amsgrad:
         maxes = [st["max_exp_avg_sq"] for st in states]
         new_maxes = _update("maximum", inplace, maxes, new_sqs)
