@@ -4,9 +4,10 @@ own environment additions and its stdout/stderr in files. A child is a new proce
 (signals, exit status, Hydra's global state are its own); only the interpreter start-up is shared.
 
 Usage (what ``run_chains`` does): ``python forkrun.py <jobs.json> <results.json> [parallel]``, where
-jobs.json is a list of chains, each a list of ``{"argv": [...], "env": {...}}``; the command lines of one
-chain run one after the other, chains run ``parallel`` at a time. results.json gets, per chain, a list of
-``{"returncode", "stdout", "stderr"}`` (``returncode`` is ``-N`` for a child killed by signal N).
+jobs.json is a list of chains, each a list of ``{"argv": [...], "env": {...}, "collect": [paths]}``; the
+command lines of one chain run one after the other, chains run ``parallel`` at a time. results.json gets,
+per chain, a list of ``{"returncode", "stdout", "stderr", "files"}`` (``returncode`` is ``-N`` for a child
+killed by signal N; ``files`` maps each ``collect`` path to its text right after that job, or ``None``).
 """
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[d
     waiting = list(range(len(chains)))
     running: dict[int, tuple[int, str, str]] = {}
 
+    def read(path: str):
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
     def start(chain: int) -> None:
         job = chains[chain][position[chain]]
         out = str(workdir / f"{chain}-{position[chain]}.out")
@@ -66,9 +73,11 @@ def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[d
             start(waiting.pop(0))
         pid, status = os.wait()
         chain, out, err = running.pop(pid)
+        job = chains[chain][position[chain]]
         results[chain].append({"returncode": os.waitstatus_to_exitcode(status),
                                "stdout": Path(out).read_text(errors="replace"),
-                               "stderr": Path(err).read_text(errors="replace")})
+                               "stderr": Path(err).read_text(errors="replace"),
+                               "files": {path: read(path) for path in job.get("collect", [])}})
         position[chain] += 1
         if position[chain] < len(chains[chain]):
             waiting.insert(0, chain)

@@ -2,10 +2,9 @@
 same command and run directory ends with parameters bit-identical to an uninterrupted run.
 
 The run shuffles, uses dropout, a warm-up + cosine schedule, AdamW and gradient accumulation, evaluates and
-checkpoints every few steps; kills are sent deterministically by ``durability_plugin.Killer``. The
-uninterrupted references run as ``python -m csframework`` subprocesses; the many killed and resumed runs
-run the same command line through ``forkrun`` (a fresh forked process each, without the interpreter's
-start-up time).
+checkpoints every few steps; kills are sent deterministically by ``durability_plugin.Killer``. The runs
+use the CLI's command line through ``forkrun`` (a fresh forked process each, without the interpreter's
+start-up time); one SIGTERM stop and resume also runs as plain ``python -m csframework`` subprocesses.
 """
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -53,6 +51,14 @@ KILL_POINTS = [
 WORKER_KILL_POINTS = ["after_backward@10", "state_write@15"]
 
 
+@pytest.fixture(scope="module")
+def cli_env_module():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
 def _env(cli_env, **extra):
     env = dict(cli_env)
     env.update(extra)
@@ -75,30 +81,58 @@ def assert_same(expected: dict, got: dict, label: str) -> None:
     assert not different, f"{label}: parameters differ from the uninterrupted run: {different}"
 
 
-def job(run_dir: Path, extra=(), **env) -> dict:
-    return {"argv": ARGS + list(extra) + [f"hydra.run.dir={run_dir}"], "env": env}
+def job(run_dir: Path, extra=(), collect=(), **env) -> dict:
+    return {"argv": ARGS + list(extra) + [f"hydra.run.dir={run_dir}"], "env": env,
+            "collect": [str(run_dir / c) for c in collect]}
+
+
+KILL_JOBS = [(p, ()) for p in KILL_POINTS] + [(p, tuple(WORKERS)) for p in WORKER_KILL_POINTS]
+STOP_COLLECT = ("summary.json", "checkpoints/index.json", "checkpoints/step-00000005/meta.json")
+SIGNAL_JOBS = {
+    # the signal arrives during the first micro-batch of step 5 (mid-epoch, mid-accumulation)
+    "TERM": dict(CSF_TEST_KILL="after_backward@4", CSF_TEST_SIGNAL="TERM"),
+    "INT": dict(CSF_TEST_KILL="after_backward@4", CSF_TEST_SIGNAL="INT"),
+    # a first SIGTERM at step 8, the second while the stop's checkpoint is being saved
+    "double": dict(CSF_TEST_KILL="batch_start@7", CSF_TEST_SIGNAL="TERM", CSF_TEST_SECOND_AT="checkpoint_save@8"),
+}
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted runs (without and with a data-loader worker and random augmentation)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    env.pop("HYDRA_FULL_ERROR", None)
-    with ThreadPoolExecutor(2) as pool:
-        plain = pool.submit(_run, tmp / "plain", env)
-        workers = pool.submit(_run, tmp / "workers", env, WORKERS)
-        for result in (plain.result(), workers.result()):
-            assert result.returncode == 0, result.stderr[-3000:]
-    return {"plain": final_params(tmp / "plain"), "workers": final_params(tmp / "workers"), "dir": tmp}
+def runs(tmp_path_factory, cli_env_module):
+    """Every run of this module, through one ``forkrun`` driver, two at a time: the uninterrupted
+    references (without and with a data-loader worker and random augmentation), each kill followed by a
+    restart, each signal followed by a restart."""
+    tmp = tmp_path_factory.mktemp("runs")
+    chains, names = [], []
+    for name, extra in (("plain", ()), ("workers", tuple(WORKERS))):
+        chains.append([job(tmp / "reference" / name, extra)])
+        names.append(("reference", name))
+    for point, extra in KILL_JOBS:
+        run_dir = tmp / "kill" / (("w-" if extra else "p-") + point.replace("@", "-"))
+        chains.append([job(run_dir, extra, CSF_TEST_KILL=point), job(run_dir, extra)])
+        names.append(("kill", (point, extra)))
+    for name, env in SIGNAL_JOBS.items():
+        run_dir = tmp / "signal" / name
+        chains.append([job(run_dir, collect=STOP_COLLECT, **env), job(run_dir)])
+        names.append(("signal", name))
+    results = run_chains(chains, cli_env_module)
+    out: dict = {"reference": {}, "kill": {}, "signal": {}, "dir": tmp}
+    for (kind, key), chain in zip(names, results):
+        out[kind][key] = chain
+    for name, (result,) in out["reference"].items():
+        assert result["returncode"] == 0, result["stderr"][-3000:]
+        out["reference"][name] = final_params(tmp / "reference" / name)
+    return out
 
 
-def test_sigkill_anywhere_then_resume_is_bit_identical(reference, tmp_path, cli_env):
-    jobs = [(p, ()) for p in KILL_POINTS] + [(p, tuple(WORKERS)) for p in WORKER_KILL_POINTS]
-    dirs = [tmp_path / (("w-" if extra else "p-") + point.replace("@", "-")) for point, extra in jobs]
-    chains = [[job(d, extra, CSF_TEST_KILL=point), job(d, extra)] for d, (point, extra) in zip(dirs, jobs)]
-    results = run_chains(chains, cli_env)
-    for (point, extra), run_dir, (killed, resumed) in zip(jobs, dirs, results):
+@pytest.fixture(scope="module")
+def reference(runs):
+    return runs["reference"]
+
+
+def test_sigkill_anywhere_then_resume_is_bit_identical(runs, reference):
+    for (point, extra), (killed, resumed) in runs["kill"].items():
+        run_dir = runs["dir"] / "kill" / (("w-" if extra else "p-") + point.replace("@", "-"))
         assert killed["returncode"] == -signal.SIGKILL, f"{point}: not killed\n{killed['stderr'][-2000:]}"
         assert resumed["returncode"] == 0, f"{point}: resume failed\n{resumed['stderr'][-3000:]}"
         assert_same(reference["workers" if extra else "plain"], final_params(run_dir), point)
@@ -115,38 +149,38 @@ def test_the_worker_reference_differs_from_the_plain_one(reference):
     assert any(not torch.equal(reference["plain"][k], reference["workers"][k]) for k in reference["plain"])
 
 
-def test_signals_finish_the_step_save_and_resume_completes_identically(reference, tmp_path, cli_env):
-    term, intr, double = tmp_path / "term", tmp_path / "int", tmp_path / "double"
-    stops = run_chains([
-        # the signal arrives during the first micro-batch of step 5 (mid-epoch, mid-accumulation)
-        [job(term, CSF_TEST_KILL="after_backward@4", CSF_TEST_SIGNAL="TERM")],
-        [job(intr, CSF_TEST_KILL="after_backward@4", CSF_TEST_SIGNAL="INT")],
-        # a first SIGTERM at step 8, the second while the stop's checkpoint is being saved
-        [job(double, CSF_TEST_KILL="batch_start@7", CSF_TEST_SIGNAL="TERM", CSF_TEST_SECOND_AT="checkpoint_save@8")],
-    ], cli_env)
-    for run_dir, name, (stopped,) in zip((term, intr), ("TERM", "INT"), stops):
-        assert stopped["returncode"] == {"TERM": 143, "INT": 130}[name], stopped["stderr"][-2000:]
-        assert f"stopped by SIG{name} after step 5" in stopped["stderr"]
-        assert "Traceback" not in stopped["stderr"]
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["status"] == "interrupted" and summary["global_step"] == 5
-        newest = list_checkpoints(run_dir / "checkpoints")[-1]
-        assert newest.name == "step-00000005"
-        state, meta = read_checkpoint(newest)
-        assert state["loop"]["global_step"] == 5 and state["loop"]["micro_step"] == 10
-        assert meta["plugins"]["killer"] == {"saved_at": 5}
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_a_signal_finishes_the_step_saves_and_resume_completes_identically(runs, reference, name):
+    run_dir = runs["dir"] / "signal" / name
+    stopped, resumed = runs["signal"][name]
+    assert stopped["returncode"] == {"TERM": 143, "INT": 130}[name], stopped["stderr"][-2000:]
+    assert f"stopped by SIG{name} after step 5" in stopped["stderr"]
+    assert "Traceback" not in stopped["stderr"]
+    files = stopped["files"]
+    summary = json.loads(files[str(run_dir / "summary.json")])
+    assert summary["status"] == "interrupted" and summary["global_step"] == 5
+    index = json.loads(files[str(run_dir / "checkpoints/index.json")])
+    assert index["checkpoints"][-1] == "step-00000005"
+    meta = json.loads(files[str(run_dir / "checkpoints/step-00000005/meta.json")])
+    assert meta["global_step"] == 5 and meta["plugins"]["killer"] == {"saved_at": 5}
 
-    (stopped,) = stops[2]
+    assert resumed["returncode"] == 0, resumed["stderr"][-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert_same(reference["plain"], final_params(run_dir), f"SIG{name}")
+
+
+def test_a_second_signal_exits_at_once_and_nothing_is_corrupted(runs, reference):
+    run_dir = runs["dir"] / "signal" / "double"
+    stopped, resumed = runs["signal"]["double"]
     assert stopped["returncode"] == 143, stopped["stderr"][-2000:]
     assert "SIGTERM again: exiting now" in stopped["stderr"]
-    assert [p.name for p in list_checkpoints(double / "checkpoints")] == ["step-00000003", "step-00000006"]
-    read_checkpoint(double / "checkpoints" / "step-00000006")  # intact
-
-    resumes = run_chains([[job(term)], [job(intr)], [job(double)]], cli_env)
-    for run_dir, (resumed,) in zip((term, intr, double), resumes):
-        assert resumed["returncode"] == 0, resumed["stderr"][-3000:]
-        assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
-        assert_same(reference["plain"], final_params(run_dir), run_dir.name)
+    index = json.loads(stopped["files"][str(run_dir / "checkpoints/index.json")])
+    assert index["checkpoints"] == ["step-00000003", "step-00000006"]
+    assert resumed["returncode"] == 0, resumed["stderr"][-3000:]
+    log = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert not any(e["event"] == "checkpoint_damaged" for e in log)
+    assert next(e for e in log if e["event"] == "resumed")["path"].endswith("step-00000006")
+    assert_same(reference["plain"], final_params(run_dir), "double SIGTERM")
 
 
 def test_sigterm_through_the_real_cli(reference, tmp_path, cli_env):
@@ -155,7 +189,10 @@ def test_sigterm_through_the_real_cli(reference, tmp_path, cli_env):
     stopped = _run(run_dir, _env(cli_env, CSF_TEST_KILL="batch_end@11", CSF_TEST_SIGNAL="TERM"))
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
-    assert list_checkpoints(run_dir / "checkpoints")[-1].name == "step-00000012"
+    newest = list_checkpoints(run_dir / "checkpoints")[-1]
+    assert newest.name == "step-00000012"
+    state, _ = read_checkpoint(newest)
+    assert state["loop"]["global_step"] == 12 and state["loop"]["micro_step"] == 24
     resumed = _run(run_dir, cli_env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same(reference["plain"], final_params(run_dir), "SIGTERM (CLI)")
