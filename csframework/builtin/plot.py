@@ -9,14 +9,26 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 WIDTH, HEIGHT, PAD = 640, 360, 48
 
 
+MAX_POINTS = 1000  # per curve: a long run's CSV is thinned as it is read, so memory stays bounded
+
+
 def read_series(metrics_csv: Path, names=("train/loss", "val/loss")) -> dict[str, list[tuple[int, float]]]:
     series: dict[str, list[tuple[int, float]]] = {}
+    stride: dict[str, list[int]] = {}  # name -> [keep every n-th row, rows seen]
     with open(metrics_csv, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             if row["name"] in names:
                 value = float(row["value"])
                 if math.isfinite(value):
-                    series.setdefault(row["name"], []).append((int(row["step"]), value))
+                    every = stride.setdefault(row["name"], [1, 0])
+                    every[1] += 1
+                    if (every[1] - 1) % every[0]:
+                        continue
+                    points = series.setdefault(row["name"], [])
+                    points.append((int(row["step"]), value))
+                    if len(points) >= 2 * MAX_POINTS:  # keep every other point from now on
+                        points[:] = points[::2]
+                        every[0] *= 2
     return series
 
 
