@@ -50,7 +50,9 @@ class Run:
     Attributes plugins rely on: ``config`` (the run's ``RunConfig``), ``stage`` / ``stage_config`` (the
     current stage's name and merged config), ``global_step``, ``epoch``, ``model``, ``optimizer``,
     ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
-    ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``.
+    ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
+    ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
+    (set at the step boundary where the run stops for it: the checkpoint plugin saves then).
     """
 
     def __init__(self, config: RunConfig | DictConfig | Sequence[str] | None = None,
