@@ -46,6 +46,7 @@ class Interrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def stop_on_signals(run):
     """While active, SIGINT/SIGTERM set ``run.stop_signal`` once and exit the process on the second."""
+    run.stop_signal, run.stopping = None, False
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -235,8 +235,8 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
     path = Path(path)
     meta = read_meta(path)
     files = meta["files"]
-    if "state.pt" not in files:
-        raise DamagedCheckpoint(f"checkpoint {path}: meta.json lists no state.pt")
+    if "state.pt" not in files or not set(files) <= {"state.pt", "config.yaml"}:
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json lists other files than state.pt and config.yaml")
     for name, expected in files.items():
         if name != "state.pt":
             _check_file(path / name, expected)
