@@ -388,3 +388,27 @@ def test_nothing_per_step_accumulates_in_the_run(tmp_path):
     assert all(len(v) == 0 for v in run._pending.values())
     assert len(run.metrics) < 20
     assert len(list_checkpoints(tmp_path / "checkpoints")) == 2
+
+
+# -- multi-stage resume -------------------------------------------------------------------------------------
+STAGES = "+stages={warm:{optimizer:{lr:0.05},loop:{max_steps:5}},main:{optimizer:{lr:0.01},loop:{max_steps:7}}}"
+
+
+@pytest.mark.parametrize("crash_at", [3, 5, 9])  # inside the first stage, at its end, inside the second
+def test_a_crash_in_any_stage_resumes_to_the_uninterrupted_result(tmp_path, crash_at):
+    class Crash:
+        name = "crash"
+
+        @csf.hookimpl
+        def on_train_batch_end(self, run):
+            if run.global_step == crash_at:
+                raise RuntimeError("preempted")
+
+    straight, summary = fit(tmp_path / "straight", STAGES, *STEADY)
+    assert summary["global_step"] == 12 and summary["stage"] == "main"
+    run_dir = tmp_path / "run"
+    with pytest.raises(csf.PluginError, match="preempted"):
+        fit(run_dir, STAGES, "checkpoint.every_steps=2", "checkpoint.resume=auto", *STEADY, plugins=[Crash()])
+    resumed, summary = fit(run_dir, STAGES, "checkpoint.every_steps=2", "checkpoint.resume=auto", *STEADY)
+    assert summary["status"] == "completed" and summary["global_step"] == 12
+    assert same(params(straight), params(resumed))
