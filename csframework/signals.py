@@ -54,6 +54,9 @@ def stop_on_signals(run):
     def handler(signum, frame):
         if run.stop_signal is None:
             run.stop_signal = signum
+            with contextlib.suppress(OSError):  # os.write: safe where the buffered streams are not
+                os.write(2, f"\ncsframework: {signal_name(signum)}: finishing the current step, saving a "
+                            "checkpoint, then stopping (send it again to exit at once)\n".encode())
             return
         # Second signal: leave now. os.write and os._exit are safe here; buffered files are not.
         message = f"csframework: {signal_name(signum)} again: exiting now without saving\n"

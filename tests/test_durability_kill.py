@@ -154,6 +154,7 @@ def test_a_signal_finishes_the_step_saves_and_resume_completes_identically(runs,
     run_dir = runs["dir"] / "signal" / name
     stopped, resumed = runs["signal"][name]
     assert stopped["returncode"] == {"TERM": 143, "INT": 130}[name], stopped["stderr"][-2000:]
+    assert f"SIG{name}: finishing the current step, saving a checkpoint" in stopped["stderr"]
     assert f"stopped by SIG{name} after step 5" in stopped["stderr"]
     assert "Traceback" not in stopped["stderr"]
     files = stopped["files"]
