@@ -262,6 +262,9 @@ def test_step_closures_get_each_steps_values_as_on_cpu(tmp_path):
 def test_validate_only_traces_and_executes_nothing(tmp_path):
     cfg = fixtures.compose("device=csx", f"backend.compile_dir={tmp_path}/c", "backend.validate_only=true")
     run = csf.Run(cfg, output_dir=tmp_path / "v")
+    # the optimizer state exists before anything is traced (sgd with momentum: one buffer per parameter)
+    buffers = [run.optimizer.state[p]["momentum_buffer"] for p in run.model.parameters()]
+    assert len(buffers) == 4 and all(not b.any() for b in buffers)
     before = params_of(run)
     summary = run.fit()
     assert summary["status"] == "validated" and summary["traces"] == 1 and summary["executions"] == 0

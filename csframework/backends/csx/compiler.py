@@ -62,9 +62,10 @@ class Compiled:
     """A compiled graph: what every execution runs."""
 
     def __init__(self, traced: Traced, lines: list[str], fp: str, report: dict, cache_hit: bool,
-                 raw_lines: list[str]):
+                 raw_lines: list[str], raw_wheres: list):
         self.traced, self.lines, self.fingerprint = traced, lines, fp
         self.raw_lines = raw_lines  # the canonical form as traced (what retraces are compared with)
+        self.raw_wheres = raw_wheres  # the user's line behind each traced node
         self.report, self.cache_hit = report, cache_hit
         self.gm = traced.gm
 
@@ -96,13 +97,11 @@ def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra:
         report["compile_seconds"] = round(time.perf_counter() - start, 6)
         if cache is not None:
             cache.store(fp, report, traced.gm.code)
-    report = dict(report)
+    report = {**report, **(extra or {})}  # this run's context, also on a cache hit
     report["cache"] = {"status": "hit" if hit else "miss",
                        "entry": str(cache.entry(fp)) if cache is not None else None}
     report["trace_seconds"] = round(traced.seconds, 6)
-    compiled = Compiled(traced, lines, fp, report, hit, raw_lines)
-    compiled.raw_wheres = raw_wheres
-    return compiled
+    return Compiled(traced, lines, fp, report, hit, raw_lines, raw_wheres)
 
 
 class StaticStep:

@@ -7,7 +7,9 @@ functions perform the same update, operation for operation, from the optimizer's
 and the step counter as tensors:
 
 * the bias corrections and the step size are computed in float64, as torch computes them in Python floats,
-  and rounded to the parameter's dtype where torch's kernels round the Python scalar;
+  and rounded to the parameter's dtype where torch's kernels round the Python scalar (they are computed as
+  one vector per param group, whose vectorised ``pow`` can differ from Python's in the last float64 bit; in
+  practice that disappears in the rounding to float32: Adam/AdamW runs are bit-identical to eager ones);
 * the only difference left is that ``param.add_(g, alpha=-lr)`` (SGD) fuses the multiply-add on CPU while
   the graph multiplies and adds separately: at most one rounding step apart per update.
 
