@@ -203,6 +203,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_no_checkpoint_holds_it(tmp
     assert summary["status"] == "failed" and "step 7" in summary["error"]
 
 
+@pytest.mark.slow
 def test_a_nan_loss_through_the_cli_is_one_line_naming_the_step(tmp_path, cli_env):
     import subprocess
     import sys
