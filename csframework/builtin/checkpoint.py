@@ -205,7 +205,7 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
 def read_meta(path: Path) -> dict:
     try:
         meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        if not isinstance(meta.get("files"), dict):
+        if not isinstance(meta.get("files"), dict) or not all(isinstance(v, dict) for v in meta["files"].values()):
             raise KeyError("files")
         return meta
     except (OSError, ValueError, KeyError, AttributeError) as e:
