@@ -361,3 +361,46 @@ def test_plugins_can_log_in_on_fit_end_and_on_exception(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "failed" / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events][-2:] == ["my_cleanup", "fit_failed"]
     assert events[-2]["error"] == "PluginError"
+
+
+# -- learning-rate schedules ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, expected", [
+    ("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    # after the warm-up the decay starts at the peak and ends at min_lr on the last of the 8 steps
+    ("linear", [0.25, 0.5, 0.75, 1.0, 1.0, 1 - 0.8 / 3, 1 - 1.6 / 3, 0.2]),
+    ("cosine", [0.25, 0.5, 0.75, 1.0, 1.0, 0.775, 0.325, 0.1]),  # 0.1 + 0.9 * (1 + cos(pi k/3)) / 2
+])
+def test_schedule_warms_up_then_decays_to_min_lr_at_the_last_step_and_resumes(name, expected):
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler
+
+    min_lr = 0.2 if name == "linear" else 0.1
+    cfg = OptimizerConfig(lr=1.0, schedule=ScheduleConfig(name=name, warmup_steps=4, min_lr=min_lr))
+    param = torch.nn.Parameter(torch.zeros(1))
+
+    def optimizer():
+        return torch.optim.SGD([param], lr=cfg.lr)
+
+    opt = optimizer()
+    schedule = build_scheduler(opt, cfg, total_steps=8)
+    seen = []
+    for _ in range(8):
+        seen.append(opt.param_groups[0]["lr"])  # the rate the optimizer step uses
+        schedule.step()
+    assert seen == pytest.approx(expected)
+    assert schedule.get_last_lr() == [opt.param_groups[0]["lr"]]
+
+    # a resumed run (fresh optimizer, state loaded after 5 steps) continues with the same rates
+    again = build_scheduler(opt := optimizer(), cfg, total_steps=8)
+    replay = build_scheduler(optimizer(), cfg, total_steps=8)
+    for _ in range(5):
+        replay.step()
+    again.load_state_dict(replay.state_dict())
+    assert opt.param_groups[0]["lr"] == pytest.approx(expected[5])
+    # and a torch LambdaLR state (the format of earlier checkpoints) loads the same way
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer(), lambda step: 1.0)
+    for _ in range(5):
+        lambda_lr.optimizer.step()
+        lambda_lr.step()
+    again.load_state_dict(lambda_lr.state_dict())
+    assert again.last_epoch == 5 and opt.param_groups[0]["lr"] == pytest.approx(expected[5])

@@ -344,6 +344,7 @@ class CheckpointPlugin:
     def __init__(self):
         self.saved_step = None
         self.seen_step = None
+        self.config_yaml: tuple[int, str] | None = None  # (id of the run's config, its YAML): made once
 
     def _root(self, run) -> Path:
         return run.output_dir / "checkpoints"
@@ -439,7 +440,9 @@ class CheckpointPlugin:
                               f"{', '.join(map(str, plugin_state))}") from e
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
-        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
+        if self.config_yaml is None or self.config_yaml[0] != id(run.config):
+            self.config_yaml = (id(run.config), OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config))))
+        config_yaml = self.config_yaml[1]
         name = f"step-{run.global_step:08d}"
         path = write_checkpoint(root, name, run.state_dict(), meta, config_yaml)
         kept = [p.name for p in list_checkpoints(root) if p.name != name] + [name]
