@@ -334,6 +334,27 @@ def test_a_failed_checkpoint_write_is_reported_and_leaves_the_previous_intact(tm
     read_checkpoint(root / "step-00000004")
 
 
+def test_a_large_checkpoint_synced_in_the_background_reads_back_and_reports_a_sync_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt, "_SYNC_EVERY", 1 << 16)  # a background fdatasync every 64 KiB
+    synced = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(ckpt.os, "fdatasync", lambda fd: synced.append(fd) or real_fdatasync(fd))
+    state = {"model": {f"w{i}": torch.randn(64, 64) for i in range(20)}}  # 20 records of 16 KiB
+    root = tmp_path / "checkpoints"
+    write_checkpoint(root, "step-1", state, {"global_step": 1}, "a: 1\n")
+    assert synced  # the background thread ran
+    loaded, _ = read_checkpoint(root / "step-1")
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
+
+    def failing(fd):  # the disk reports an I/O error to the background sync only
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ckpt.os, "fdatasync", failing)
+    with pytest.raises(ckpt.CheckpointWriteError, match="step-2 .Input/output error"):
+        write_checkpoint(root, "step-2", state, {"global_step": 2}, "a: 1\n")
+    assert sorted(p.name for p in root.iterdir()) == ["step-1"]
+
+
 def test_write_checkpoint_replaces_a_same_step_checkpoint_whole(tmp_path):
     root = tmp_path / "checkpoints"
     write_checkpoint(root, "step-1", {"model": {"w": torch.zeros(2)}}, {"global_step": 1}, "a: 1\n")
