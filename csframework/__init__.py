@@ -10,9 +10,10 @@ from .errors import (CompileError, ConfigError, CsfError, NonFiniteLossError, Pl
 from .lowlevel import backend, compile, step_closure, trace
 from .plugins import hookimpl
 from .run import Run
+from .signals import Interrupted
 
 __version__ = "0.1.0"
 
 __all__ = ["Run", "RunConfig", "compose", "hookimpl", "CsfError", "ConfigError", "ValidationError",
-           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "backend", "compile", "trace",
+           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "Interrupted", "backend", "compile", "trace",
            "step_closure", "__version__"]

@@ -19,7 +19,8 @@ Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consum
 Around the steps: ``on_fit_start`` > (per stage: ``on_train_start`` > (per epoch: ``on_train_epoch_start`` >
 steps > ``on_train_epoch_end``) > ``on_train_end``) > ``on_fit_end``. Evaluation: ``on_eval_start`` >
 ``on_eval_epoch_start`` > (``on_eval_batch_start`` > ``on_eval_batch_end``)* > ``on_eval_epoch_end`` >
-``on_eval_end``. On an error: ``on_exception`` then the error propagates.
+``on_eval_end``. ``run.validate()`` (``mode=validate``): ``on_fit_start`` > one evaluation > ``on_fit_end``,
+with ``run.status == "validating"`` until it ends. On an error: ``on_exception`` then the error propagates.
 
 Within one hook, the built-ins run before user and third-party plugins (pluggy calls the last registered
 first; built-ins are registered last), except where a built-in marks itself ``tryfirst``/``trylast``: in
@@ -64,13 +65,14 @@ def csframework_validate(config):
 # -- fit ------------------------------------------------------------------------------------------------
 @hookspec
 def on_fit_start(run):
-    """Once, when ``run.fit()`` starts, after the model, data and optimizer are built and any checkpoint
-    was loaded (``run.global_step`` tells where training resumes)."""
+    """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.status`` is ``"running"`` or
+    ``"validating"``), after the model, data and optimizer are built. The built-in checkpoint plugin loads
+    ``checkpoint.resume`` first, so ``run.global_step`` already tells where training resumes."""
 
 
 @hookspec
 def on_fit_end(run):
-    """Once, when ``run.fit()`` finished without error (``run.status == "completed"``)."""
+    """Once, when ``run.fit()`` or ``run.validate()`` finished without error (``run.status == "completed"``)."""
 
 
 @hookspec

@@ -171,10 +171,24 @@ class Run:
             return self._guarded(body)
 
     def validate(self) -> dict:
-        """Evaluate the current weights on ``data.val``; returns the ``val/*`` metrics."""
+        """Evaluate on ``data.val`` once; returns the ``val/*`` metrics (``mode=validate``).
+
+        Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
+        ``status == "validating"`` meanwhile: logging, metrics and ``summary.json`` work as in a fit, and the
+        checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a trained run's weights).
+        """
         if self.val_loader is None:
             raise ConfigError("data.val: mode=validate needs a validation dataset")
-        return self._guarded(lambda: loop.evaluate(self))
+
+        def body():
+            self.status = "validating"
+            self.hooks.on_fit_start(run=self)
+            metrics = loop.evaluate(self)
+            self.status = "completed"
+            self.hooks.on_fit_end(run=self)
+            return metrics
+
+        return self._guarded(body)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""

@@ -175,6 +175,25 @@ def test_check_mode_from_the_cli_trains_nothing(tmp_path, cli_env):
     assert_nothing_written(run_dir)
 
 
+def test_validate_mode_evaluates_a_trained_run_s_checkpoint(tmp_path, cli_env):
+    trained = tmp_path / "trained"
+    r = cli("loop.max_steps=6", "loop.eval_every=3", f"hydra.run.dir={trained}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    final = json.loads((trained / "summary.json").read_text())["metrics"]["val/loss"]
+
+    run_dir = tmp_path / "validate"
+    r = cli("mode=validate", f"checkpoint.resume={trained}", f"hydra.run.dir={run_dir}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stderr and "val/loss=" in r.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 6
+    assert summary["metrics"]["val/loss"] == pytest.approx(final, rel=1e-6)  # the trained weights, evaluated
+    assert not (run_dir / "checkpoints").exists()  # evaluating writes no checkpoint
+
+    r = cli("mode=validate", f"hydra.run.dir={tmp_path / 'fresh'}", env=cli_env)  # nothing to restore
+    assert r.returncode == 0 and "validating_initial_weights" in r.stderr and "checkpoint.resume=" in r.stderr
+
+
 def test_multirun_runs_one_job_per_choice(tmp_path, cli_env):
     sweep = tmp_path / "sweep"
     r = cli("optimizer=sgd,adamw", "loop.max_steps=3", f"hydra.sweep.dir={sweep}", flags=["-m"], env=cli_env)

@@ -382,9 +382,15 @@ class CheckpointPlugin:
 
     @hookimpl(tryfirst=True)
     def on_fit_start(self, run):
+        if not self.restore(run) and run.status == "validating":
+            run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
+                            fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
+
+    def restore(self, run) -> bool:
+        """Load ``checkpoint.resume`` into ``run``; ``True`` when a checkpoint was loaded."""
         resume = run.config.checkpoint.resume
         if resume == "never":
-            return
+            return False
         root = self._root(run)
         if resume == "auto":
             candidates, fallback = list(reversed(list_checkpoints(root))), True
@@ -402,10 +408,11 @@ class CheckpointPlugin:
                                 action="falling back to the previous checkpoint")
                 continue
             self._load(run, path, state, meta)
-            return
+            return True
         if candidates:
             run.log.warning("no_good_checkpoint", directory=str(candidates[0].parent),
                             action="starting from scratch")
+        return False
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
         problems = model_mismatch(run.model, state["model"])

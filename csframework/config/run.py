@@ -48,7 +48,8 @@ class RunConfig:
     seed: int = 0
     """Seed of every random generator (model init, data order, dropout)."""
     mode: Mode = Mode.fit
-    """``fit`` (train), ``validate`` (evaluate only) or ``check`` (compose, validate, build; train nothing)."""
+    """``fit`` (train), ``validate`` (evaluate ``data.val`` once, the weights of ``checkpoint.resume`` when set) or
+    ``check`` (compose, validate, build; train nothing)."""
     debug: bool = False
     """Show Python tracebacks for errors that are otherwise reported in one line per problem."""
     selected: List[str] = field(default_factory=list)

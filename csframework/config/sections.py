@@ -48,7 +48,8 @@ class CheckpointConfig:
     keep_last: int = 2
     """How many checkpoints to keep (older ones are deleted after a newer one is complete)."""
     resume: str = "never"
-    """``auto`` (continue from the newest checkpoint in the run directory), ``never``, or a checkpoint path."""
+    """``auto`` (continue from the newest checkpoint in the run directory), ``never``, or a path: a
+    checkpoint, or a run directory (its newest good checkpoint). ``mode=validate`` evaluates these weights."""
     save_at_end: bool = True
     """Save when a stage ends."""
 
