@@ -61,7 +61,7 @@ def train_stage(run) -> None:
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
-            if last and run.stop_signal is not None:  # SIGINT/SIGTERM: this step is the last one
+            if last and _stop_requested(run):  # SIGINT/SIGTERM: this step is the last one
                 run.stopping = True  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             if run.stopping:
@@ -79,6 +79,13 @@ def train_stage(run) -> None:
     if run.val_loader is not None and last_eval_step != run.global_step:
         evaluate(run)
     hooks.on_train_end(run=run)
+
+
+def _stop_requested(run) -> bool:
+    """Whether a stop signal reached this process or, under DDP, any rank (then every rank stops here)."""
+    if run.world_size > 1:
+        run.stop_signal = run.backend.any_rank_signal(run.stop_signal)
+    return run.stop_signal is not None
 
 
 def _log_train_metrics(run, pending: dict, timer: list) -> None:

@@ -6,6 +6,7 @@ of a run chosen by the environment, so a test can kill a run deterministically a
     CSF_TEST_KILL=<point>@<global step>    e.g. after_backward@4, state_write@15, before_index@18
     CSF_TEST_SIGNAL=KILL|TERM|INT          (default KILL); TERM2 / INT2 send the signal twice
     CSF_TEST_SECOND_AT=<point>@<step>      with TERM/INT: send the second signal there instead
+    CSF_TEST_KILL_RANK=<rank>              under DDP: only that rank signals itself (default: every rank)
 
 Points are hooks (batch_start, after_backward, before_optimizer_step, batch_end, epoch_end, eval, log,
 checkpoint_save, train_end; ``<step>`` is ``run.global_step`` when the hook runs) and moments inside a
@@ -45,6 +46,9 @@ class Killer:
         self.signum = getattr(signal, "SIG" + kind.rstrip("2"))
         self.fired = False
         self.run = None
+        rank = os.environ.get("CSF_TEST_KILL_RANK")
+        if rank is not None and rank != os.environ.get("RANK", "0"):
+            self.target = None
 
     def hit(self, point: str, step: int) -> None:
         if not self.fired and (point, step) == self.target:

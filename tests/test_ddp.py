@@ -48,3 +48,34 @@ def test_two_ranks_match_one_process_with_the_whole_batch(tmp_path, cli_env):
     # evaluation is averaged over both ranks' shards: it matches the single process
     val = json.loads((single_dir / "summary.json").read_text())["metrics"]["val/loss"]
     assert summary["metrics"]["val/loss"] == pytest.approx(val, rel=1e-4)
+
+
+@pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not found")
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_and_resume_completes(tmp_path, cli_env):
+    torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")
+    run_dir = tmp_path / "ddp"
+    command = [torchrun, "--nproc_per_node=2", "-m", "csframework", *COMMON, "data.batch_size=8",
+               "backend.strategy=ddp", "checkpoint.every_steps=4", "plugins.enable=[durability_plugin:Killer]",
+               f"hydra.run.dir={run_dir}"]
+    # only rank 1 gets SIGTERM, while step 6 runs: rank 0 must stop after step 6 too (and save it)
+    env = dict(cli_env, CSF_TEST_KILL="after_backward@5", CSF_TEST_SIGNAL="TERM", CSF_TEST_KILL_RANK="1")
+    stopped = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert stopped.returncode != 0, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM after step 6" in stopped.stderr, stopped.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["global_step"] == 6
+    index = json.loads((run_dir / "checkpoints" / "index.json").read_text())
+    assert index["checkpoints"][-1] == "step-00000006"
+
+    resumed = subprocess.run(command[:-2] + ["checkpoint.resume=auto", f"hydra.run.dir={run_dir}"],
+                             env=cli_env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+    straight_dir = tmp_path / "straight"
+    straight = subprocess.run(command[:-2] + [f"hydra.run.dir={straight_dir}"], env=cli_env,
+                              capture_output=True, text=True, timeout=240)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    a, b = final_params(run_dir), final_params(straight_dir)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -51,6 +51,15 @@ class EagerBackend:
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if self.kind == "GPU" else "gloo")
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            # host-side flags travel over gloo: no device synchronisation for them under NCCL
+            self.host_group = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
+
+    def any_rank_signal(self, signum: int | None) -> int | None:
+        """The stop signal any rank received, on every rank: all ranks must stop after the same step, or
+        the others would wait forever in the next gradient all-reduce. One tiny host collective."""
+        flag = torch.tensor([signum or 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group)
+        return int(flag.item()) or None
 
     def broadcast(self, value):
         """Rank 0's ``value`` on every rank."""
