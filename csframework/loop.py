@@ -82,9 +82,13 @@ def train_stage(run) -> None:
 
 
 def _stop_requested(run) -> bool:
-    """Whether a stop signal reached this process or, under DDP, any rank (then every rank stops here)."""
+    """Whether a stop signal reached this process; under DDP, whether one had reached any rank by the
+    previous step boundary (every rank then stops after this same step)."""
     if run.world_size > 1:
-        run.stop_signal = run.backend.any_rank_signal(run.stop_signal)
+        agreed = run.backend.any_rank_signal(run.stop_signal)
+        if agreed is not None:
+            run.stop_signal = agreed
+        return agreed is not None
     return run.stop_signal is not None
 
 

@@ -53,13 +53,23 @@ class EagerBackend:
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             # host-side flags travel over gloo: no device synchronisation for them under NCCL
             self.host_group = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
+        self._signal_flag = None  # (tensor, pending all-reduce) of any_rank_signal
 
     def any_rank_signal(self, signum: int | None) -> int | None:
-        """The stop signal any rank received, on every rank: all ranks must stop after the same step, or
-        the others would wait forever in the next gradient all-reduce. One tiny host collective."""
+        """The stop signal any rank had received one step ago, the same on every rank (all ranks must stop
+        after the same step, or the others would wait forever in the next gradient all-reduce).
+
+        Called at every step boundary with this rank's signal: it reads the small all-reduce started at the
+        previous boundary and starts the next, so the collective runs while the step computes.
+        """
+        agreed = None
+        if self._signal_flag is not None:
+            self._signal_flag[1].wait()
+            agreed = int(self._signal_flag[0].item()) or None
         flag = torch.tensor([signum or 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group)
-        return int(flag.item()) or None
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group, async_op=True)
+        self._signal_flag = (flag, work)
+        return agreed
 
     def broadcast(self, value):
         """Rank 0's ``value`` on every rank."""
