@@ -2,10 +2,11 @@
 
 Same process, same model class and initial weights (``Supervised`` around a 784-256-256-10 MLP), the same
 in-memory dataset object in the same shuffled order, AdamW with the same settings, CPU with one thread:
-both loops compute the very same numbers (the last logged losses printed agree). The framework runs with its default plugins on (validation, logging, progress, metrics, checkpoint:
-a log line every ``--log-every`` steps, metrics.csv, events.jsonl, one checkpoint at the end, summary.json),
-evaluation off, writing into a temporary directory. The two loops alternate for ``--rounds`` rounds after
-one untimed warm-up each; the medians are reported.
+both loops compute the very same numbers (the last logged losses printed agree). The framework runs with
+its default plugins on (validation, logging, progress, metrics, checkpoint: a log line every
+``--log-every`` steps, metrics.csv, events.jsonl, one checkpoint at the end, summary.json), evaluation
+off, writing into a temporary directory. The two loops alternate for ``--rounds`` rounds after one
+untimed warm-up each; the medians, and the median of the per-round ratios, are reported.
 
 Two figures per side:
 * ``fit``: the whole ``Run.fit()`` (start-up hooks, every step, the final checkpoint, summary) against the
@@ -242,7 +243,8 @@ def main(argv=None) -> dict:
           f"MLP, AdamW, batch {args.batch_size}, {n} steps x {args.rounds} rounds (median ms/step), "
           f"framework log_every={args.log_every}")
     print(f"  {'':26s} {'wall':>8s} {'ratio':>7s}   {'CPU':>8s} {'ratio':>7s}")
-    for label, key in (("hand-written loop", "hand"), ("csframework fit()", "fit"), ("csframework steps only", "steps")):
+    rows = (("hand-written loop", "hand"), ("csframework fit()", "fit"), ("csframework steps only", "steps"))
+    for label, key in rows:
         row = f"  {label:26s} {result[key + '_wall_ms']:8.3f}"
         row += f" {result[key + '_wall_ratio']:7.3f}" if key != "hand" else " " * 8
         row += f"   {result[key + '_cpu_ms']:8.3f}"

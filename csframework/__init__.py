@@ -15,5 +15,5 @@ from .signals import Interrupted
 __version__ = "0.1.0"
 
 __all__ = ["Run", "RunConfig", "compose", "hookimpl", "CsfError", "ConfigError", "ValidationError",
-           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "Interrupted", "backend", "compile", "trace",
-           "step_closure", "__version__"]
+           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "Interrupted", "backend",
+           "compile", "trace", "step_closure", "__version__"]

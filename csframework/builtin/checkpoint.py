@@ -92,10 +92,13 @@ class _CrcFile:
     def flush(self) -> None:
         self.f.flush()
 
-    def durable(self) -> None:
-        """Flush, wait for the background sync, fsync; raise the first error of any of them."""
+    def wait_for_sync(self) -> None:
         if self.syncer is not None:
             self.syncer.join()
+
+    def durable(self) -> None:
+        """Flush, wait for the background sync, fsync; raise the first error of any of them."""
+        self.wait_for_sync()
         if self.error is not None:
             raise self.error
         self.f.flush()
@@ -109,8 +112,7 @@ def _write_file(path: Path, write, checksum: bool = True) -> dict:
         try:
             write(out)
         except Exception:
-            if out.syncer is not None:
-                out.syncer.join()
+            out.wait_for_sync()
             if out.error is not None:  # a failed write (disk full ...) surfaced as another error
                 raise out.error from None
             raise
@@ -375,7 +377,7 @@ class CheckpointPlugin:
     def __init__(self):
         self.saved_step = None
         self.seen_step = None
-        self.config_yaml: tuple[int, str] | None = None  # (id of the run's config, its YAML): made once
+        self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
 
     def _root(self, run) -> Path:
         return run.output_dir / "checkpoints"
@@ -478,11 +480,10 @@ class CheckpointPlugin:
                               f"{', '.join(map(str, plugin_state))}") from e
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
-        if self.config_yaml is None or self.config_yaml[0] != id(run.config):
-            self.config_yaml = (id(run.config), OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config))))
-        config_yaml = self.config_yaml[1]
+        if self.config_yaml is None:  # a plugin instance serves one run, whose config does not change
+            self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
         name = f"step-{run.global_step:08d}"
-        path = write_checkpoint(root, name, run.state_dict(), meta, config_yaml)
+        path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml)
         kept = [p.name for p in list_checkpoints(root) if p.name != name] + [name]
         keep = run.stage_config.checkpoint.keep_last
         try:
