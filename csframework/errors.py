@@ -23,7 +23,8 @@ class ValidationError(ConfigError):
 
 
 class PluginError(CsfError):
-    """A plugin failed to import, or raised inside a hook. Names the plugin and the hook."""
+    """A plugin failed to import, or raised inside a hook (``SystemExit`` included), or returned or stored
+    something the framework cannot use. Names the plugin and the hook."""
 
     def __init__(self, plugin: str, hook: str | None, error: BaseException):
         self.plugin, self.hook, self.error = plugin, hook, error

@@ -319,7 +319,8 @@ CLI_CASES = [
     ("exit_plugin", 1, "plugin 'exit_plugin' in hook 'on_train_batch_end' failed: it raised SystemExit(0)",
      ["step-00000002"]),
     ("config_plugin", 1, "plugin 'config_plugin' in hook 'on_train_batch_end' failed: ReadOnlyConfigError: "
-                         "run.config is read-only while the run runs: optimizer.lr cannot be changed", ["step-00000002"]),
+                         "run.config is read-only while the run runs: optimizer.lr cannot be changed",
+     ["step-00000002"]),
     ("validate_plugin", 1, "plugin 'validate_plugin' in hook 'csframework_validate' failed: TypeError: it "
                            "returned a value of type dict", None),
     ("state_plugin", 1, "plugin 'state_plugin' in hook 'on_checkpoint_save' failed: TypeError: "
