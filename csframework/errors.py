@@ -34,6 +34,11 @@ class PluginError(CsfError):
         super().__init__(f"{where} failed: {type(error).__name__}: {error}")
 
 
+class ReadOnlyConfigError(CsfError, AttributeError):
+    """A setting of a running run's config was changed (``run.config`` is read-only from validation on).
+    Raised in a hook, it fails the run as a ``PluginError`` naming the plugin (exit 1)."""
+
+
 class TracingError(CsfError):
     """CSX: the traced step did something a static graph cannot express (names the user's line)."""
 

@@ -12,11 +12,11 @@ What a misbehaving plugin gets (exit statuses of the CLI):
 - an exception raised in a hook, ``sys.exit()`` / ``SystemExit`` included, fails the run: ``PluginError``
   naming the plugin and the hook, ``on_exception`` runs, ``summary.json`` says ``failed``; exit 1.
   ``KeyboardInterrupt`` is not a plugin failure: it stops the run as an interruption;
-- ``run.config`` and ``run.stage_config`` are read-only from validation on: changing a setting (``run.config.
-  optimizer.lr = 1``, ``run.config.model["net"]["hidden"] = 8``) raises ``ReadOnlyConfigError`` (an
-  ``AttributeError``), so the run fails as above. Change the config before the run, or in
-  ``csframework_configure``. Its dicts and lists are read-only OmegaConf containers;
-  ``copy.deepcopy(run.config)`` is an ordinary, mutable config.
+- ``run.config`` and ``run.stage_config`` are read-only from validation on: changing a setting
+  (``run.config.optimizer.lr = 1``, ``run.config.model["net"]["hidden"] = 8``) raises
+  ``csframework.errors.ReadOnlyConfigError`` (an ``AttributeError``), so the run fails as above. Change the
+  config before the run, or in ``csframework_configure``. Its dicts and lists are read-only OmegaConf
+  containers; ``copy.deepcopy(run.config)`` is an ordinary, mutable config.
 
 Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consumes k batches)::
 

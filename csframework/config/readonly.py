@@ -15,14 +15,10 @@ import dataclasses
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ReadonlyConfigError
 
-from ..errors import CsfError
+from ..errors import ReadOnlyConfigError
 
 _FROZEN = "_csf_read_only"  # instance attribute of a frozen dataclass: (root label, path of the node)
 _FLAG = "csframework_run_config"  # OmegaConf flag of the read-only dicts of a frozen config
-
-
-class ReadOnlyConfigError(CsfError, AttributeError):
-    """A setting of a running run's config was changed. A plugin that does this fails the run (exit 1)."""
 
 
 def _refuse(root: str, key: str) -> ReadOnlyConfigError:
