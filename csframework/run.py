@@ -49,8 +49,9 @@ def _quiet_logger():
 class Run:
     """One run: ``Run(config, plugins=[...]).fit()``.
 
-    Attributes plugins rely on: ``config`` (the run's ``RunConfig``), ``stage`` / ``stage_config`` (the
-    current stage's name and merged config), ``global_step``, ``epoch``, ``model``, ``optimizer``,
+    Attributes plugins rely on: ``config`` (the run's ``RunConfig``, a copy of the one given, read-only
+    once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
+    too), ``global_step``, ``epoch``, ``model``, ``optimizer``,
     ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
     ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
     ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
