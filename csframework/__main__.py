@@ -7,8 +7,9 @@ are composed once here, so a composition error (unknown key, wrong type, missing
 YAML file, an unparsable override) is one line naming the key or file too.
 
 Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
-rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT and 143 by SIGTERM (128 + the signal
-number: the step finished, a checkpoint was saved and ``summary.json`` says ``interrupted``).
+rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
+and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
+``summary.json`` says ``interrupted``).
 """
 from __future__ import annotations
 
