@@ -19,17 +19,9 @@ import csframework as csf
 from csframework.builtin import checkpoint as ckpt
 
 import fixtures
+from test_durability import events, fit
 
 RESUME = ["loop.max_steps=6", "checkpoint.every_steps=1", "checkpoint.keep_last=1", "checkpoint.resume=auto"]
-
-
-def fit(run_dir, *overrides, plugins=()):
-    run = csf.Run(fixtures.compose(*overrides), output_dir=run_dir, plugins=plugins)
-    return run, run.fit()
-
-
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 def snapshot(path: Path) -> dict:

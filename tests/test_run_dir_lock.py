@@ -18,10 +18,7 @@ from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
 from csframework.rundir import LOCK_NAME, RunDirInUse, run_dir_lock
 
 import fixtures
-
-
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+from test_durability import events
 
 
 class SecondRun:
