@@ -154,6 +154,20 @@ def test_an_index_that_is_a_link_to_another_runs_index_is_not_followed(place):
     assert_resumed_from_own(place)
 
 
+def test_a_directory_named_like_the_index_is_kept_and_named_when_the_index_cannot_be_written(place):
+    place.index.unlink()
+    place.index.mkdir()
+    (place.index / "mine.txt").write_text("keep me")
+    with pytest.raises(csf.PluginError, match=re.escape(f"checkpoint: could not update {place.index}")) as info:
+        place.resume()
+    assert info.value.exit_code == 1
+    assert (place.index / "mine.txt").read_text() == "keep me"
+    assert "Is a directory" in index_warning(place.run)["problem"]
+    assert resumed_from(place.run) == str(place.root / "step-00000004")
+    assert ckpt.scan_checkpoints(place.root)[:3] == ["step-00000002", "step-00000003", "step-00000004"]
+    place.assert_outside_untouched()
+
+
 # -- links and foreign entries in checkpoints/ --------------------------------------------------------------
 @pytest.mark.parametrize("indexed", [True, False], ids=["indexed", "unindexed"])
 def test_a_checkpoint_name_that_links_out_of_the_run_is_not_a_checkpoint(place, indexed):

@@ -624,7 +624,11 @@ class CheckpointPlugin:
             run.log.warning("checkpoint_index_rebuilt", path=str(root / INDEX), problem=problem,
                             action="using the checkpoint directories found there instead", checkpoints=names)
             if rewrite and run.rank == 0:
-                write_json_atomic(root / INDEX, {"checkpoints": names})
+                try:
+                    write_json_atomic(root / INDEX, {"checkpoints": names})
+                except OSError as e:  # the next save reports it (CheckpointWriteError); resuming needs none
+                    run.log.warning("checkpoint_index_not_rewritten", path=str(root / INDEX),
+                                    error=e.strerror or str(e))
         return names
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
