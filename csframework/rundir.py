@@ -24,6 +24,24 @@ LOCK_NAME = ".csframework.lock"
 _HOLDER_BYTES = 4096  # what the holder record may take; more is not ours and is not read
 
 
+_held: set[int] = set()  # lock descriptors this process holds
+
+
+def _close_in_child() -> None:
+    """A forked child (a data-loader worker) must not keep the lock alive: flock belongs to the open file,
+    which fork shares, so a worker outliving a SIGKILLed run would hold it (O_CLOEXEC covers exec only).
+    Closing the child's copy leaves the parent's lock in place."""
+    for fd in _held:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
 class RunDirInUse(ConfigError):
     """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
 
@@ -61,6 +79,8 @@ def run_dir_lock(run_dir: Path):
                              "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
         os.ftruncate(fd, 0)
         os.pwrite(fd, record.encode(), 0)
+        _held.add(fd)
         yield path
     finally:
+        _held.discard(fd)
         os.close(fd)  # releases the lock; the file stays (removing it would race with a process opening it)

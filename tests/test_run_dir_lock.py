@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,20 @@ def test_a_lock_file_that_is_a_link_is_refused_naming_it(tmp_path):
         csf.Run(fixtures.compose("loop.max_steps=2"), output_dir=run_dir).fit()
     assert info.value.exit_code == 2 and elsewhere.read_text() == "keep me"
     assert not (run_dir / "events.jsonl").exists()
+
+
+def test_a_forked_child_such_as_a_loader_worker_does_not_keep_the_lock(tmp_path):
+    with run_dir_lock(tmp_path):
+        child = os.fork()
+        if child == 0:  # a worker that outlives its run (as after a SIGKILL of the run) holds nothing
+            time.sleep(60)
+            os._exit(0)
+    try:
+        with run_dir_lock(tmp_path):  # the run ended; its worker is still alive
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 HOLD = ("import sys, time\nfrom csframework.rundir import run_dir_lock\n"
