@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import contextlib
 import datetime
 import os
 import random
@@ -22,6 +23,7 @@ from .config.readonly import freeze
 from .data import make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError
 from .plugins import Hooks, build_manager
+from .rundir import run_dir_lock
 from .schedule import build_optimizer, build_scheduler
 
 STATE_VERSION = 1
@@ -175,7 +177,7 @@ class Run:
 
         from .signals import stop_on_signals
 
-        with stop_on_signals(self):
+        with self._writer_lock(), stop_on_signals(self):
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -196,13 +198,20 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return metrics
 
-        return self._guarded(body)
+        with self._writer_lock():
+            return self._guarded(body)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
         if hasattr(self.backend, "check"):
             self.backend.check(self)
         return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
+
+    def _writer_lock(self):
+        """Rank 0 holds the run directory's lock (``csframework.rundir``) while it runs: taken before any
+        hook writes there; a run refused for it never reaches ``on_exception``, so the holder's
+        ``summary.json`` is left alone."""
+        return run_dir_lock(self.output_dir) if self.rank == 0 else contextlib.nullcontext()
 
     def _guarded(self, body):
         try:
