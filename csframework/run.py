@@ -1,8 +1,8 @@
 """``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``."""
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 import datetime
 import os
 import random
