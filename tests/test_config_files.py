@@ -61,6 +61,11 @@ def test_interpolation_errors_name_the_key(overrides, key, says, monkeypatch):
     assert message.startswith(f"{key}: ") and says in message and "\n" not in message, message
 
 
+def test_a_run_directory_made_of_hydra_resolvers_still_composes():
+    """``hydra.run.dir`` is resolved at compose time as Hydra resolves it in a run: ``${hydra:...}`` works."""
+    assert compose("hydra.run.dir=outputs/${hydra:job.name}/${now:%Y}/${hydra.job.override_dirname}").seed == 0
+
+
 def test_an_interpolation_in_a_user_file_names_the_key(tmp_path, monkeypatch):
     monkeypatch.delenv(UNSET, raising=False)
     conf = _user_conf(tmp_path, "data/envsized.yaml", f"defaults:\n  - blobs\n  - _self_\nbatch_size: ${{oc.env:{UNSET}}}\n")

@@ -172,7 +172,7 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
                               hint=", or null to disable clipping")
                 + check_range("optimizer.momentum", o.momentum, 0.0)
                 + check_range("optimizer.eps", o.eps, 0.0, open_low=True))
-    if o.nesterov and not (o.momentum or 0) > 0:
+    if name == "sgd" and o.nesterov and not (o.momentum or 0) > 0:
         problems.append("optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0; set it "
                         "(e.g. optimizer.momentum=0.9) or set nesterov to false")
     for field_name in sorted({f for fs in FIELDS_BY_OPTIMIZER.values() for f in fs} - set(FIELDS_BY_OPTIMIZER[name])):

@@ -192,6 +192,19 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
         raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
 
 
+def _resolve_run_dir(cfg: DictConfig) -> None:
+    """Resolve ``hydra.run.dir`` as a run does before anything else (with ``HydraConfig`` set, for
+    ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""
+    from hydra.core.hydra_config import HydraConfig
+
+    saved = HydraConfig.instance().cfg
+    try:
+        HydraConfig.instance().set_config(cfg)
+        OmegaConf.select(cfg, "hydra.run.dir")
+    finally:
+        HydraConfig.instance().cfg = saved
+
+
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
             config_name: str = "config") -> RunConfig:
     """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
@@ -218,7 +231,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
     try:
         with initialize_config_module("csframework.conf", version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-            OmegaConf.select(cfg, "hydra.run.dir")  # a run resolves it before anything else: name its errors
+            _resolve_run_dir(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise ConfigError(describe_error(e)) from e
     finally:
