@@ -10,11 +10,17 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 class ResumableSampler(Sampler[int]):
     """Indices of one epoch for one rank: permuted by ``seed + epoch`` when shuffling, sharded by rank,
-    starting at ``start`` (samples already consumed in this epoch)."""
+    starting at ``start`` (samples already consumed in this epoch).
 
-    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1):
+    Every rank gets the same number of samples, so all take the same steps: training drops the remainder
+    of ``size / world_size``; with ``pad`` (evaluation) the order wraps around to fill the last round
+    instead, so every sample is seen; sample ``i`` of rank ``r`` is position ``i * world_size + r`` of the
+    order, and positions from ``size`` on are the padding (the output collector drops them)."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                 pad: bool = False):
         self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad = rank, world_size, pad
         self.epoch = 0
         self.start = 0
 
@@ -27,12 +33,20 @@ class ResumableSampler(Sampler[int]):
             order = torch.randperm(self.size, generator=g)
         else:
             order = torch.arange(self.size)
-        per_rank = self.size // self.world_size  # equal shards, so every rank takes the same steps
-        order = order[self.rank: per_rank * self.world_size: self.world_size]
+        total = self.per_rank * self.world_size
+        if total > self.size:
+            order = order.repeat(-(-total // self.size))
+        order = order[self.rank: total: self.world_size]
         return iter(order[self.start:].tolist())
 
+    @property
+    def per_rank(self) -> int:
+        if self.pad and self.size:
+            return -(-self.size // self.world_size)
+        return self.size // self.world_size
+
     def __len__(self) -> int:
-        return self.size // self.world_size - self.start
+        return self.per_rank - self.start
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -69,13 +83,14 @@ def _seed_worker(worker_id: int) -> None:
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int,
-                drop_last: bool, rank: int = 0, world_size: int = 1, pin_memory: bool = False):
+                drop_last: bool, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
+                pad: bool = False):
     """A ``DataLoader`` over ``dataset`` with a ``ResumableSampler`` (reachable as ``loader.sampler``)."""
     try:
         size = len(dataset)
     except TypeError as e:
         raise TypeError(f"{type(dataset).__name__} is not a map-style dataset with __len__") from e
-    sampler = ResumableSampler(size, shuffle, seed, rank, world_size)
+    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, pad)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=_seed_worker,
                       generator=torch.Generator().manual_seed(seed))

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from .collect import Collector
 from .data import epoch_batches
 from .errors import NonFiniteLossError
 from .signals import Interrupted
@@ -148,22 +149,39 @@ def evaluate(run) -> dict:
     hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
     sums: dict[str, torch.Tensor] = {}
     count = 0
-    for batch_idx, batch in enumerate(run.val_loader):
-        if limit is not None and batch_idx >= limit:
-            break
-        batch = backend.to_device(batch)
-        hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
-        outputs = backend.eval_batch(run, batch)
-        hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-        for key, value in outputs.items():
-            if isinstance(value, torch.Tensor) and value.ndim == 0:
-                sums[key] = sums[key] + value.float() if key in sums else value.float()
-        count += 1
-    if run.world_size > 1:  # every rank evaluated its shard: average over all of them
-        sums, count = _all_reduce(sums, count)
-    metrics = {f"val/{k}": float(v) / max(count, 1) for k, v in sums.items()}
-    hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
-    hooks.on_eval_end(run=run, metrics=metrics)
+    collect = run.stage_config.loop
+    collector = Collector(run, collect.collect, collect.collect_max_memory_mb) if collect.collect else None
+    try:
+        for batch_idx, batch in enumerate(run.val_loader):
+            if limit is not None and batch_idx >= limit:
+                break
+            batch = backend.to_device(batch)
+            hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+            outputs = backend.eval_batch(run, batch)
+            hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            for key, value in outputs.items():
+                if isinstance(value, torch.Tensor) and value.ndim == 0:
+                    sums[key] = sums[key] + value.float() if key in sums else value.float()
+            if collector is not None:
+                collector.add(outputs)
+            count += 1
+        if run.world_size > 1:  # every rank evaluated its shard: average over all of them
+            sums, count = _all_reduce(sums, count)
+        metrics = {f"val/{k}": float(v) / max(count, 1) for k, v in sums.items()}
+        if collector is not None:
+            run.eval_outputs = collector.finish()
+            run.log.info("eval_outputs_collected", keys=list(run.eval_outputs), spilled=collector.spilled,
+                         rows=len(next(iter(run.eval_outputs.values()), ())),
+                         peak_mb=round(collector.peak / 2**20, 3))
+            if collect.collect_save and run.rank == 0:
+                collector.save(run.eval_outputs,
+                               run.output_dir / "eval_outputs" / f"step_{run.global_step}.safetensors")
+        hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
+        hooks.on_eval_end(run=run, metrics=metrics)
+    finally:
+        run.eval_outputs = {}
+        if collector is not None:
+            collector.cleanup()
     run.report(metrics)
     run.module.train(was_training)
     return metrics

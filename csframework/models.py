@@ -12,7 +12,8 @@ LOSSES = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss}
 
 class Supervised(nn.Module):
     """``Supervised(net=..., loss="cross_entropy")``: ``forward((inputs, targets))`` returns
-    ``{"loss", "logits"}``, plus ``accuracy`` for classification losses.
+    ``{"loss", "logits", "labels"}`` (``labels``: the targets), plus ``preds`` (the predicted classes) and
+    ``accuracy`` for classification losses. ``loop.collect=[preds,labels]`` collects a whole evaluation.
 
     ``loss`` is a name in ``LOSSES`` or a callable ``loss(outputs, targets)``.
     """
@@ -29,6 +30,8 @@ class Supervised(nn.Module):
         inputs, targets = batch
         logits = self.net(inputs)
         out = {"loss": self.loss_fn(logits, targets), "logits": logits}
+        out["labels"] = targets
         if self.classify:
-            out["accuracy"] = (logits.detach().argmax(-1) == targets).float().mean()
+            out["preds"] = logits.detach().argmax(-1)
+            out["accuracy"] = (out["preds"] == targets).float().mean()
         return out

@@ -57,7 +57,9 @@ class Run:
     ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
     ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
     ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
-    (set at the step boundary where the run stops for it: the checkpoint plugin saves then).
+    (set at the step boundary where the run stops for it: the checkpoint plugin saves then), and during
+    ``on_eval_end`` ``eval_outputs`` (the outputs named in ``loop.collect``, name -> CPU tensor in dataset
+    order; complete on rank 0, empty on the other ranks; see ``csframework.collect``).
     """
 
     def __init__(self, config: RunConfig | DictConfig | Sequence[str] | None = None,
@@ -89,6 +91,7 @@ class Run:
         self.stopping = False  # set by the loop: the step that just ended is the last before stopping
         self._pending: dict[str, list] = {}  # the loop's per-step outputs since the last log
         self.metrics: dict[str, float] = {}
+        self.eval_outputs: dict[str, torch.Tensor] = {}  # loop.collect's outputs, during on_eval_end
         self.global_step = 0
         self.stage_index, self.stage_step = 0, 0
         self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
@@ -155,7 +158,7 @@ class Run:
         val_loader = None
         if val is not None:
             val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
-                                     drop_last=False, **common)
+                                     drop_last=False, pad=True, **common)
         return train_loader, val_loader
 
     def total_steps(self, cfg: RunConfig) -> int:

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ..data import move_to
 from ..precision import Precision
+from .distributed import init_process_group, timeout
 
 
 def model_outputs(out) -> dict:
@@ -49,10 +50,11 @@ class EagerBackend:
         self.rank, self.world_size = 0, 1
         if self.distributed:
             if not dist.is_initialized():
-                dist.init_process_group("nccl" if self.kind == "GPU" else "gloo")
+                init_process_group("nccl" if self.kind == "GPU" else "gloo", backend.timeout_s)
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             # host-side flags travel over gloo: no device synchronisation for them under NCCL
-            self.host_group = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
+            self.host_group = (dist.new_group(backend="gloo", timeout=timeout(backend.timeout_s))
+                               if dist.get_backend() == "nccl" else None)
         self._signal_flag = None  # (tensor, pending all-reduce) of any_rank_signal
 
     def any_rank_signal(self, signum: int | None) -> int | None:

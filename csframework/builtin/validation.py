@@ -23,6 +23,10 @@ MAX_PARALLEL = 1024
 #: Seeds: the range of NumPy's seed; ``seed * 1_000_003 + epoch`` (data order) then stays below 2**64,
 #: the limit of ``torch.Generator.manual_seed``.
 MAX_SEED = 2**32 - 1
+#: Collective timeouts (a ``datetime.timedelta``): a year is more than any run waits for a peer.
+MAX_TIMEOUT_S = 365 * 86400.0
+#: ``loop.collect_max_memory_mb``: a bound in bytes that stays a float64-exact count.
+MAX_MEMORY_MB = float(2**33)
 #: Loss scales live in float32 tensors.
 MAX_SCALE = float(torch.finfo(torch.float32).max)
 #: The dynamic loss scaler counts towards ``growth_interval`` in an int32 tensor.
@@ -126,6 +130,7 @@ def backend_rules(cfg: RunConfig) -> list[str]:
             problems.append("backend.compile_only, backend.validate_only: choose one of them")
         return problems
     problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
+    problems += check_range("backend.timeout_s", b.timeout_s, 0.0, MAX_TIMEOUT_S, open_low=True)
     if kind == "GPU":
         count = torch.cuda.device_count()
         problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
@@ -198,6 +203,15 @@ def loop_rules(cfg: RunConfig) -> list[str]:
                         "(e.g. loop.max_steps=100 loop.max_epochs=null)")
     for key in ("max_steps", "max_epochs", "eval_every", "eval_steps", "grad_accum_steps", "log_every"):
         problems += check_range(f"loop.{key}", getattr(lp, key), 1, MAX_COUNT)
+    problems += check_range("loop.collect_max_memory_mb", lp.collect_max_memory_mb, 0.0, MAX_MEMORY_MB,
+                            open_low=True)
+    if lp.collect and cfg.data.val is None:
+        problems.append("loop.collect: it collects evaluation outputs, and this run has no data.val; "
+                        "set data.val or remove loop.collect")
+    if lp.collect_save and not lp.collect:
+        problems.append("loop.collect_save: there is nothing to save; name the outputs in loop.collect")
+    if len(set(lp.collect)) != len(lp.collect):
+        problems.append(f"loop.collect: {list(lp.collect)} names a key twice; name each once")
     return problems
 
 

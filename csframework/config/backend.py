@@ -38,6 +38,9 @@ class BackendConfig(ReadOnly):
     """CPU/GPU: torch intra-op threads on the host; 0 keeps torch's default."""
     device_index: Optional[int] = None
     """GPU: the CUDA device index for single-process runs (DDP uses LOCAL_RANK)."""
+    timeout_s: Optional[float] = None
+    """CPU/GPU under torchrun: seconds a rank waits for the others in a collective (and at start-up) before
+    it fails; a dead or stopped rank then ends the run instead of hanging it."""
 
     # -- CSX --------------------------------------------------------------------------------------------
     retrace_every_iteration: Optional[bool] = None
@@ -56,8 +59,8 @@ class BackendConfig(ReadOnly):
 
 #: Which backend fields each device type understands.
 FIELDS_BY_TYPE = {
-    "CPU": ("strategy", "threads"),
-    "GPU": ("strategy", "threads", "device_index"),
+    "CPU": ("strategy", "threads", "timeout_s"),
+    "GPU": ("strategy", "threads", "device_index", "timeout_s"),
     "CSX": ("retrace_every_iteration", "compile_only", "validate_only", "num_csx",
             "num_workers_per_csx", "compile_dir"),
 }

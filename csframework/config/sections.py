@@ -41,6 +41,13 @@ class LoopConfig(ReadOnly):
     """Batches whose gradients are accumulated into one optimizer step."""
     log_every: int = 10
     """Log training metrics every this many steps; the only host-device synchronisation of the loop."""
+    collect: List[str] = field(default_factory=list)
+    """Evaluation output keys to collect (non-scalar tensors, one row per sample): gathered across steps and
+    ranks in dataset order into ``run.eval_outputs`` for ``on_eval_end`` hooks (``csframework.collect``)."""
+    collect_max_memory_mb: float = 256.0
+    """Collected outputs held in memory past this size spill to files in the run directory (memory-mapped)."""
+    collect_save: bool = False
+    """Also write the collected outputs to ``eval_outputs/step_<N>.safetensors`` in the run directory."""
 
 
 @dataclass

@@ -1,0 +1,36 @@
+"""The process group of a run under ``torchrun`` (one node or many, elastic restarts included).
+
+Ranks, world size and the rendezvous address come from the environment torchrun sets (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT``); this
+module only adds two things to ``torch.distributed.init_process_group``:
+
+- every collective (and the start-up rendezvous) is bounded by ``backend.timeout_s``: a rank that died or
+  stopped answering (SIGSTOP, a hung node) makes the others fail with torch's error instead of waiting
+  forever; torchrun then ends (or, with ``--max-restarts``, restarts) the whole group;
+- the rendezvous store is keyed by the restart count: after an elastic restart the new group reads none of
+  the keys (the dead workers' addresses) the previous group left in torchrun's store, which otherwise makes
+  gloo connect to a dead rank or hang.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch.distributed as dist
+
+#: ``backend.timeout_s`` when not set: long enough for a slow checkpoint or evaluation on one rank.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def timeout(timeout_s: float | None) -> datetime.timedelta:
+    return datetime.timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S)
+
+
+def init_process_group(backend: str, timeout_s: float | None) -> None:
+    """Join the group torchrun describes in the environment, every collective bounded by ``timeout_s``."""
+    limit = timeout(timeout_s)
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=limit))
+    store.set_timeout(limit)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"csframework/restart-{restart}/", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=limit)
