@@ -39,6 +39,10 @@ class ReadOnlyConfigError(CsfError, AttributeError):
     Raised in a hook, it fails the run as a ``PluginError`` naming the plugin (exit 1)."""
 
 
+class RankLostError(CsfError):
+    """Under torchrun: another rank died or stopped answering (a collective failed or timed out)."""
+
+
 class TracingError(CsfError):
     """CSX: the traced step did something a static graph cannot express (names the user's line)."""
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import loop
 from .backends import build_backend
+from .backends.distributed import peer_lost
 from .config import RunConfig, compose, stage_config, to_run_config
 from .config.readonly import freeze
 from .data import make_loader
@@ -228,6 +229,10 @@ class Run:
             # every plugin cleans up, whichever fails doing so; the original error is the one raised
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
                 self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
+            if self.world_size > 1:
+                lost = peer_lost(e, self.rank, self.stage_config.backend.timeout_s)
+                if lost is not None:
+                    raise lost from e
             raise
 
     def check_finite(self) -> None:

@@ -7,6 +7,7 @@ of a run chosen by the environment, so a test can kill a run deterministically a
     CSF_TEST_SIGNAL=KILL|TERM|INT          (default KILL); TERM2 / INT2 send the signal twice
     CSF_TEST_SECOND_AT=<point>@<step>      with TERM/INT: send the second signal there instead
     CSF_TEST_KILL_RANK=<rank>              under DDP: only that rank signals itself (default: every rank)
+    CSF_TEST_KILL_ATTEMPT=<n>              under torchrun --max-restarts: only in attempt n (0: the first)
 
 Points are hooks (batch_start, after_backward, before_optimizer_step, batch_end, epoch_end, eval, log,
 checkpoint_save, train_end; ``<step>`` is ``run.global_step`` when the hook runs) and moments inside a
@@ -48,6 +49,9 @@ class Killer:
         self.run = None
         rank = os.environ.get("CSF_TEST_KILL_RANK")
         if rank is not None and rank != os.environ.get("RANK", "0"):
+            self.target = None
+        attempt = os.environ.get("CSF_TEST_KILL_ATTEMPT")
+        if attempt is not None and attempt != os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"):
             self.target = None
 
     def hit(self, point: str, step: int) -> None:

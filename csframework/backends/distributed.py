@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 
 import torch.distributed as dist
+
+from ..errors import CsfError, RankLostError
 
 #: ``backend.timeout_s`` when not set: long enough for a slow checkpoint or evaluation on one rank.
 DEFAULT_TIMEOUT_S = 600.0
@@ -34,3 +37,21 @@ def init_process_group(backend: str, timeout_s: float | None) -> None:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"csframework/restart-{restart}/", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=limit)
+
+
+#: What torch's collectives say when a peer is gone (gloo, NCCL, the TCP store) rather than a model's bug.
+_LOST = re.compile(r"pair closure|closed by peer|connection reset|broken pipe|timed? ?out|timeout|"
+                   r"socket|nccl|gloo", re.IGNORECASE)
+
+
+def peer_lost(error: BaseException, rank: int, timeout_s: float | None) -> RankLostError | None:
+    """The error to report when ``error`` (raised in a distributed run) is torch's word that another rank
+    died or stopped answering, else ``None``."""
+    if isinstance(error, CsfError) or not isinstance(error, (RuntimeError, dist.DistError)):
+        return None
+    text = " ".join(str(error).split())
+    if not (isinstance(error, dist.DistError) or _LOST.search(text)):
+        return None
+    return RankLostError(f"rank {rank}: another rank died or stopped answering within backend.timeout_s="
+                         f"{timeout_s or DEFAULT_TIMEOUT_S:g} ({type(error).__name__}: {text[:300]}); the last "
+                         "complete checkpoint is intact: continue with checkpoint.resume=auto")
