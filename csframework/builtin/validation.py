@@ -4,6 +4,7 @@ Every rule returns problem lines that name the key and say how to fix it; all ar
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -176,6 +177,8 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"data.eval_batch_size: {d.eval_batch_size} must be >= 1")
     if d.num_workers < 0:
         problems.append(f"data.num_workers: {d.num_workers} must be >= 0")
+    if not math.isfinite(d.timeout_s) or d.timeout_s < 0:
+        problems.append(f"data.timeout_s: {d.timeout_s} must be a finite number of seconds >= 0 (0 waits forever)")
     if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
         problems.append("model: needs a _target_ that builds a torch.nn.Module")
     return problems
