@@ -136,8 +136,9 @@ class Batches:
         return None, None
 
     def close(self, hung: int | None = None) -> None:
-        """Stop this pass's workers: torch's orderly shutdown, after killing the ``hung`` one (the
-        shutdown would wait for it, and SIGTERM does not reach workers, which ignore it)."""
+        """Stop this pass's workers: torch's orderly shutdown, after killing the ``hung`` one (the shutdown
+        would wait for it), then kill any worker still running (stuck in ``__getitem__``: torch gives up on
+        it after 2 x 5 s, and its SIGTERM does not reach workers, which ignore it)."""
         it, self._iterator = self._iterator, iter(())
         workers = list(getattr(it, "_workers", ()))
         if not workers:
@@ -148,10 +149,18 @@ class Batches:
                 if w.pid == hung and w.is_alive():
                     w.kill()
         it._shutdown_workers()
+        if not getattr(it, "_shutdown", False):  # the interpreter is exiting: multiprocessing stops them
+            return
         for w in workers:
-            if w.is_alive():  # still in __getitem__ after torch's shutdown gave up on it
+            if w.is_alive():
                 w.kill()
                 w.join(timeout=5)
+
+    def __del__(self):  # a pass dropped unfinished (a break, an error): torch's shutdown alone may leave one
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - nothing to report to during garbage collection
+            pass
 
 
 def _forget_worker_pids(iterator) -> None:
