@@ -27,8 +27,8 @@ MAX_TIMEOUT_S = 365 * 86400
 MAX_SEED = 2**32 - 1
 #: Collective timeouts (a ``datetime.timedelta``): a year is more than any run waits for a peer.
 MAX_TIMEOUT_S = 365 * 86400.0
-#: ``loop.collect_max_memory_mb``: a bound in bytes that stays a float64-exact count.
-MAX_MEMORY_MB = float(2**33)
+#: ``loop.collect_max_memory_mb``: up to a tebibyte.
+MAX_MEMORY_MB = 2**20
 #: Loss scales live in float32 tensors.
 MAX_SCALE = float(torch.finfo(torch.float32).max)
 #: The dynamic loss scaler counts towards ``growth_interval`` in an int32 tensor.
