@@ -256,9 +256,15 @@ class Run:
         parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving, so no
         checkpoint holds the state of a run that has gone non-finite."""
         loop.check_finite(self)
-        flags = [torch.isfinite(p).all() for p in self.model.parameters()]
-        if flags and not bool(torch.stack(flags).all()):
-            names = [n for (n, _), ok in zip(self.model.named_parameters(), flags) if not ok]
+        # sharded (fsdp): each rank checks its own shards, and all ranks agree (all of them save or none)
+        flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in self.model.parameters()]
+        finite = not flags or bool(torch.stack(flags).all())
+        if getattr(self.backend, "sharded", False):
+            from .backends.fsdp import all_ranks_agree
+
+            finite = all_ranks_agree(finite, getattr(self.backend, "host_group", None))
+        if not finite:
+            names = [n for (n, _), ok in zip(self.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
             raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {self.global_step}; "
                                      "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
 
@@ -276,11 +282,13 @@ class Run:
     # -- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything that decides the rest of the run, as tensors and plain values
-        (loadable with ``torch.load(weights_only=True)``)."""
+        (loadable with ``torch.load(weights_only=True)``). Under ``strategy=fsdp`` the model and optimizer
+        are not in it (``sharded``): every rank writes its shards of them (``backends.fsdp``)."""
+        sharded = getattr(self.backend, "sharded", False)
         return {
             "version": STATE_VERSION,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **({"sharded": True} if sharded else {"model": self.model.state_dict(),
+                                                  "optimizer": self.optimizer.state_dict()}),
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
             "loop": {"global_step": self.global_step, "stage_index": self.stage_index, "stage": self.stage,
@@ -297,11 +305,12 @@ class Run:
                               f"does not have at that position (stages: {[n for n, _ in self.stages]})")
         if position["stage_index"] != self.stage_index:
             self.enter_stage(position["stage_index"])
-        try:
-            self.model.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise ConfigError(f"checkpoint: the model does not match this run's model: {e}") from e
-        self.optimizer.load_state_dict(state["optimizer"])
+        if not state.get("sharded"):  # sharded: the checkpoint plugin loads them with backends.fsdp.load
+            try:
+                self.model.load_state_dict(state["model"])
+            except RuntimeError as e:
+                raise ConfigError(f"checkpoint: the model does not match this run's model: {e}") from e
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.backend.load_state_dict(state["backend"])
         for key in ("global_step", "stage_step", "epoch", "batch_in_epoch", "micro_step"):

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import move_to
+from ..errors import ConfigError
 from ..precision import Precision
 from .distributed import init_process_group, timeout
 
@@ -49,7 +50,10 @@ class EagerBackend:
         cfg = run.stage_config
         self.kind = cfg.device.type
         backend = cfg.backend
-        self.distributed = getattr(backend.strategy, "value", backend.strategy) == "ddp"
+        strategy = getattr(backend.strategy, "value", backend.strategy)
+        self.sharded = strategy == "fsdp"  # checkpoints: every rank writes its shards (backends.fsdp)
+        self.distributed = strategy in ("ddp", "fsdp")
+        self.wrap = list(backend.fsdp_wrap or ())
         if self.kind == "GPU":
             if not torch.cuda.is_available():
                 raise RuntimeError("device=gpu: CUDA is not available on this machine; use device=cpu")
@@ -61,6 +65,8 @@ class EagerBackend:
         if backend.threads:
             torch.set_num_threads(backend.threads)
         self.precision = Precision(cfg.precision, self.device.type)
+        if self.sharded:  # FSDP casts the parameters itself (MixedPrecisionPolicy): no autocast
+            self.param_dtype, self.precision.dtype = self.precision.dtype, None
         self.max_grad_norm = cfg.optimizer.max_grad_norm
         self.accum = cfg.loop.grad_accum_steps
         self.rank, self.world_size = 0, 1
@@ -110,8 +116,20 @@ class EagerBackend:
 
     # -- assembly -----------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move the model to the device; returns the module to call (a DDP wrapper under ``ddp``)."""
+        """Move the model to the device; returns the module to call (a DDP wrapper under ``ddp``; the model
+        itself, sharded in place, under ``fsdp``)."""
         model.to(self.device)
+        if self.sharded:
+            from torch.distributed.fsdp import FSDPModule
+
+            from .fsdp import shard
+
+            if isinstance(model, FSDPModule):
+                return model
+            if not any(True for _ in model.parameters()):
+                raise ConfigError("backend.strategy=fsdp: the model has no parameters to shard; use "
+                                  "backend.strategy=ddp or single")
+            return shard(model, self.wrap, self.param_dtype)
         if self.distributed and not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             ids = [self.device.index] if self.device.type == "cuda" else None
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -125,7 +143,11 @@ class EagerBackend:
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
         module, hooks, precision = run.module, run.hooks, self.precision
-        sync = contextlib.nullcontext() if (last or not self.distributed) else module.no_sync()
+        if self.sharded:  # FSDP2: reduce-scatter the gradients only on the step's last micro-batch
+            module.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext()
+        else:
+            sync = contextlib.nullcontext() if (last or not self.distributed) else module.no_sync()
         with sync:
             with precision.autocast():
                 outputs = model_outputs(module(batch))

@@ -47,6 +47,9 @@ from .metrics import write_json_atomic
 
 INDEX = "index.json"
 FORMAT = 2
+#: strategy=fsdp: the sub-directory of a checkpoint holding the shards every rank wrote (DCP's files).
+SHARDED = "sharded"
+SHARD_NAME = re.compile(rf"{SHARDED}/(\.metadata|__\d+_\d+\.distcp)")
 _CHUNK = 1 << 24
 #: The names the framework gives checkpoint directories: ``step-`` and the global step, 8 digits or more.
 NAME = re.compile(r"step-(?:\d{8}|[1-9]\d{8,})")
@@ -295,8 +298,16 @@ def _commit(tmp: Path, final: Path) -> None:
     _fsync_dir(final.parent)
 
 
-def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str) -> Path:
-    """Write one checkpoint atomically into ``root/name``; returns its path.
+def shards_dir(root: Path, name: str) -> Path:
+    """The temporary directory of checkpoint ``name`` (rank 0's pid) and, in it, where every rank writes
+    its shards under ``strategy=fsdp`` before rank 0 completes and commits it (``write_checkpoint``)."""
+    return root / f".tmp-{name}-{os.getpid()}" / SHARDED
+
+
+def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str,
+                     sharded: bool = False) -> Path:
+    """Write one checkpoint atomically into ``root/name``; returns its path. ``sharded``: the ranks have
+    written their shards into ``shards_dir(root, name)``; they are listed and checksummed with the rest.
 
     Raises ``CheckpointWriteError`` (naming the path) when the disk refuses; the temporary directory is
     removed and the existing checkpoints are untouched.
@@ -305,11 +316,16 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
     tmp = root / f".tmp-{name}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _remove_path(tmp)
-        tmp.mkdir()
+        if not sharded:
+            _remove_path(tmp)
+            tmp.mkdir()
         files = {"state.pt": _write_file(tmp / "state.pt", lambda f: _save_state(state, f), checksum=False),
                  "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
         files["state.pt"]["records"] = _zip_records(tmp / "state.pt")
+        if sharded:
+            for shard in sorted((tmp / SHARDED).iterdir()):
+                files[f"{SHARDED}/{shard.name}"] = {"bytes": shard.stat().st_size, "crc32": file_crc32(shard)}
+            _fsync_dir(tmp / SHARDED)
         write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
         _fsync_dir(tmp)
         _commit(tmp, final)
@@ -385,8 +401,12 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
     path = Path(path)
     meta = read_meta(path)
     files = meta["files"]
-    if "state.pt" not in files or not set(files) <= {"state.pt", "config.yaml"}:
-        raise DamagedCheckpoint(f"checkpoint {path}: meta.json lists other files than state.pt and config.yaml")
+    shards = {name for name in files if name.startswith(SHARDED + "/")}
+    if ("state.pt" not in files or not set(files) - shards <= {"state.pt", "config.yaml"}
+            or not all(SHARD_NAME.fullmatch(name) for name in shards)
+            or (shards and f"{SHARDED}/.metadata" not in shards)):
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json lists other files than state.pt, config.yaml "
+                                f"and {SHARDED}/ (.metadata and __<rank>_<n>.distcp)")
     for name, expected in files.items():
         if name != "state.pt":
             _check_file(path / name, expected)
@@ -418,8 +438,17 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
     if load_error is not None:
         raise DamagedCheckpoint(f"checkpoint {path}: refused to load state.pt "
                                 f"({type(load_error).__name__}: {str(load_error).splitlines()[0]})") from load_error
-    if not isinstance(state, dict) or "model" not in state:
+    if not isinstance(state, dict) or ("model" not in state and not (shards and state.get("sharded"))):
         raise DamagedCheckpoint(f"checkpoint {path}: state.pt holds no run state")
+    if shards:  # DCP's metadata is a pickle: only its own types may be in it
+        import pickle
+
+        from ..backends.fsdp import read_metadata
+
+        try:
+            read_metadata(path / SHARDED / ".metadata")
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+            raise DamagedCheckpoint(f"checkpoint {path}: refused to load {SHARDED}/.metadata ({e})") from e
     return state, meta
 
 
@@ -632,7 +661,12 @@ class CheckpointPlugin:
         return names
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
-        problems = model_mismatch(run.model, state["model"])
+        sharded = bool(state.get("sharded"))
+        if sharded != getattr(run.backend, "sharded", False):
+            raise ConfigError(f"checkpoint {path} does not fit this run: it was written "
+                              f"{'sharded (strategy=fsdp)' if sharded else 'whole (strategy single or ddp)'}; "
+                              "resume it with the same kind of strategy")
+        problems = [] if sharded else model_mismatch(run.model, state["model"])
         if problems:
             why = _config_differences(read_config_yaml(path), run.config, "model")
             raise ConfigError(f"checkpoint {path} does not fit this run: {'; '.join(problems)}"
@@ -650,6 +684,15 @@ class CheckpointPlugin:
         except (ValueError, KeyError, RuntimeError) as e:  # e.g. an optimizer with other parameter groups
             raise ConfigError(f"checkpoint {path} does not fit this run: {type(e).__name__}: "
                               f"{str(e).splitlines()[0]}") from e
+        if sharded:  # every rank loads its shards (DCP reshards to this run's number of ranks)
+            from ..backends import fsdp
+
+            try:
+                fsdp.load(run.model, run.optimizer, path / SHARDED,
+                          {n.split("/", 1)[1] for n in meta["files"] if n.startswith(SHARDED + "/")})
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise ConfigError(f"checkpoint {path} does not fit this run: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0]}") from e
         check_optimizer()  # the stage it was saved in is entered now
         run.metrics.update(meta.get("metrics") or {})
         run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
@@ -677,22 +720,61 @@ class CheckpointPlugin:
             self.save(run)
 
     def save(self, run) -> Path | None:
-        """Write a checkpoint of ``run`` now (rank 0 only) and prune to ``keep_last``.
+        """Write a checkpoint of ``run`` now (rank 0; under fsdp every rank writes its shards first) and prune
+        to ``keep_last``.
 
         Refuses (``NonFiniteLossError``) when the run has gone non-finite since the last log, so the last
         good checkpoint is never replaced by a non-finite state.
         """
-        if run.rank != 0:
+        sharded = getattr(run.backend, "sharded", False)
+        if run.rank != 0 and not sharded:
             return None
         run.check_finite()
         root = self._root(run)
+        name = f"step-{run.global_step:08d}"
+        if sharded:  # every rank writes its shards (DCP) into rank 0's temporary directory, then rank 0
+            self._write_shards(run, root, name)  # completes the checkpoint and says whether it committed
+            if run.rank != 0:
+                error = run.backend.broadcast(None)
+                if error:
+                    raise CheckpointWriteError(f"checkpoint: rank 0 failed to complete it: {error}")
+                self.saved_step = run.global_step
+                return None
+            try:
+                path = self._complete(run, root, name, sharded)
+            except BaseException as e:
+                run.backend.broadcast(f"{type(e).__name__}: {e}")
+                raise
+            run.backend.broadcast(None)
+            return path
+        return self._complete(run, root, name, sharded)
+
+    def _write_shards(self, run, root: Path, name: str) -> None:
+        """Every rank: write this rank's shards of the model and optimizer into rank 0's temporary directory."""
+        from ..backends import fsdp
+
+        where = None
+        if run.rank == 0:
+            try:
+                _remove_path(shards_dir(root, name).parent)
+                shards_dir(root, name).mkdir(parents=True)
+                where = str(shards_dir(root, name))
+            except OSError:
+                pass
+        where = run.backend.broadcast(where)  # also a barrier: the directory exists from here on
+        if where is None:
+            raise CheckpointWriteError(f"checkpoint: could not create a temporary directory in {root}; the "
+                                       "previous checkpoints are intact")
+        fsdp.save(run.model, run.optimizer, Path(where))
+
+    def _complete(self, run, root: Path, name: str, sharded: bool) -> Path:
+        """Rank 0: write the checkpoint (around the shards, if ``sharded``), index it, prune to keep_last."""
         plugin_state = plugin_checkpoint_state(run)
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
         if self.config_yaml is None:  # a plugin instance serves one run, whose config does not change
             self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
-        name = f"step-{run.global_step:08d}"
-        path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml)
+        path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml, sharded=sharded)
         kept = [n for n in self._checkpoints(run, root, rewrite=False) if n != name] + [name]
         keep = run.stage_config.checkpoint.keep_last
         try:

@@ -133,11 +133,24 @@ def backend_rules(cfg: RunConfig) -> list[str]:
         return problems
     problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
     problems += check_range("backend.timeout_s", b.timeout_s, 0.0, MAX_TIMEOUT_S, open_low=True)
+    problems += fsdp_rules(cfg)
     if kind == "GPU":
         count = torch.cuda.device_count()
         problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
                                 hint=f" (this machine has {count} CUDA devices)" if count else "")
     return problems
+
+
+def fsdp_rules(cfg: RunConfig) -> list[str]:
+    """What ``strategy=fsdp`` cannot do here (a model without parameters is refused when it is built)."""
+    strategy = getattr(cfg.backend.strategy, "value", cfg.backend.strategy)
+    if strategy != "fsdp":
+        return ([f"backend.fsdp_wrap: it applies to backend.strategy=fsdp only (strategy is {strategy}); "
+                 "remove it or set backend.strategy=fsdp"] if cfg.backend.fsdp_wrap else [])
+    if cfg.precision.name == "float16" or cfg.precision.loss_scaling not in (None, "none"):
+        return ["precision: backend.strategy=fsdp computes in FSDP's mixed precision, without loss scaling; "
+                "use precision=bfloat16 or float32 (loss_scaling null)"]
+    return []
 
 
 def precision_rules(cfg: RunConfig) -> list[str]:
@@ -251,6 +264,10 @@ def across_stages(config: RunConfig, stages: list[tuple[str, RunConfig]]) -> lis
         if cfg.device.type != config.device.type:
             problems.append(f"{prefix}device: {cfg.device.type} differs from the run's device "
                             f"{config.device.type}; all stages of a run use one device type")
+        if "fsdp" in {getattr(c.backend.strategy, "value", c.backend.strategy) for c in (cfg, config)} \
+                and cfg.backend.strategy != config.backend.strategy:
+            problems.append(f"{prefix}backend.strategy: {cfg.backend.strategy} differs from the run's "
+                            f"{config.backend.strategy}; sharded (fsdp) and unsharded stages cannot mix")
         for key in ("num_csx", "num_workers_per_csx"):
             if getattr(cfg.backend, key) != getattr(config.backend, key):
                 problems.append(f"{prefix}backend.{key}: {getattr(cfg.backend, key)} differs from the run's "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import List, Optional
 
 from .readonly import ReadOnly
 
@@ -18,6 +18,7 @@ DEVICE_TYPES = ("CPU", "GPU", "CSX")
 class Strategy(str, Enum):
     single = "single"
     ddp = "ddp"
+    fsdp = "fsdp"
 
 
 @dataclass
@@ -33,7 +34,11 @@ class BackendConfig(ReadOnly):
 
     # -- CPU and GPU ------------------------------------------------------------------------------------
     strategy: Optional[Strategy] = None
-    """CPU/GPU: ``single`` process, or ``ddp`` (data parallel under torchrun; gloo on CPU, NCCL on GPU)."""
+    """CPU/GPU: ``single`` process, ``ddp`` (data parallel under torchrun; gloo on CPU, NCCL on GPU) or
+    ``fsdp`` (parameters, gradients and optimizer state sharded over the ranks: FSDP2 ``fully_shard``)."""
+    fsdp_wrap: Optional[List[str]] = None
+    """CPU/GPU with ``strategy=fsdp``: class names of the sub-modules sharded as their own units (e.g. the
+    transformer block); the rest is sharded at the root."""
     threads: Optional[int] = None
     """CPU/GPU: torch intra-op threads on the host; 0 keeps torch's default."""
     device_index: Optional[int] = None
@@ -59,8 +64,8 @@ class BackendConfig(ReadOnly):
 
 #: Which backend fields each device type understands.
 FIELDS_BY_TYPE = {
-    "CPU": ("strategy", "threads", "timeout_s"),
-    "GPU": ("strategy", "threads", "device_index", "timeout_s"),
+    "CPU": ("strategy", "threads", "timeout_s", "fsdp_wrap"),
+    "GPU": ("strategy", "threads", "device_index", "timeout_s", "fsdp_wrap"),
     "CSX": ("retrace_every_iteration", "compile_only", "validate_only", "num_csx",
             "num_workers_per_csx", "compile_dir"),
 }

@@ -1,0 +1,145 @@
+"""``backend.strategy=fsdp`` (issue 13 item 2): FSDP2 training that matches DDP, sharded checkpoints written
+by every rank with torch.distributed.checkpoint, resumed after SIGKILL and with another number of ranks, and
+never executable (DCP's pickled ``.metadata`` is read with a restricted unpickler)."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+import csframework as csf
+import fixtures
+from csframework.backends.fsdp import _SafePlanner, _SafeReader, read_metadata
+from csframework.builtin import checkpoint as ckpt
+from csframework.errors import ValidationError
+from test_distributed import TORCHRUN, assert_same_params, torchrun
+
+COMMON = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs", "loop.max_steps=20", "loop.log_every=4",
+          "optimizer=adamw", "optimizer.lr=0.01", "data.batch_size=8", "checkpoint.every_steps=5",
+          "checkpoint.keep_last=4", "backend.timeout_s=30"]
+FSDP = ["backend.strategy=fsdp", "backend.fsdp_wrap=[Linear]"]
+
+
+def sharded_params(checkpoint) -> dict:
+    """The full model parameters of a sharded checkpoint, read in this process through the safe reader."""
+    state, meta = ckpt.read_checkpoint(checkpoint)
+    assert state["sharded"] and "model" not in state
+    model = csf.Run(fixtures.compose()).model
+    wanted = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
+    files = {n.split("/", 1)[1] for n in meta["files"] if n.startswith("sharded/")}
+    torch.distributed.checkpoint.load(wanted, storage_reader=_SafeReader(checkpoint / "sharded", files),
+                                      planner=_SafePlanner())
+    return wanted["model"]
+
+
+def newest(run_dir):
+    index = json.loads((run_dir / "checkpoints" / "index.json").read_text())
+    return run_dir / "checkpoints" / index["checkpoints"][-1]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    """An uninterrupted 2-rank fsdp run of 20 steps (checkpoints every 5)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    run_dir = tmp_path_factory.mktemp("fsdp")
+    done = torchrun(["--nproc_per_node=2"], [*COMMON, *FSDP, f"hydra.run.dir={run_dir}"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+needs_torchrun = pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun not found")
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_fsdp_trains_like_ddp_and_every_rank_writes_its_shards(tmp_path, cli_env, fsdp_run):
+    ddp_dir = tmp_path / "ddp"
+    done = torchrun(["--nproc_per_node=2"], [*COMMON, "backend.strategy=ddp", f"hydra.run.dir={ddp_dir}"], cli_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ddp = torch.load(newest(ddp_dir) / "state.pt", weights_only=True)["model"]
+    assert newest(fsdp_run).name == "step-00000020"
+    assert sorted(p.name for p in (newest(fsdp_run) / "sharded").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert_same_params(sharded_params(newest(fsdp_run)), ddp, exact=False)
+    summary = json.loads((fsdp_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 20
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_fsdp_killed_then_resumed_ends_like_the_uninterrupted_run(tmp_path, cli_env, fsdp_run):
+    run_dir = tmp_path / "run"
+    args = [*COMMON, *FSDP, "checkpoint.resume=auto", "plugins.enable=[durability_plugin:Killer]",
+            f"hydra.run.dir={run_dir}"]
+    killed = torchrun(["--nproc_per_node=2"], args, dict(cli_env, CSF_TEST_KILL="after_backward@12"))
+    assert killed.returncode != 0
+    assert newest(run_dir).name == "step-00000010"  # complete, and the newest
+    resumed = torchrun(["--nproc_per_node=2"], args, cli_env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_params(sharded_params(newest(run_dir)), sharded_params(newest(fsdp_run)))
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_a_checkpoint_of_two_ranks_resumes_with_one(tmp_path, cli_env, fsdp_run):
+    run_dir = tmp_path / "one"
+    done = torchrun(["--nproc_per_node=1"], [*COMMON, *FSDP, "data.batch_size=16",
+                                             f"checkpoint.resume={fsdp_run / 'checkpoints' / 'step-00000010'}",
+                                             f"hydra.run.dir={run_dir}"], cli_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed" in done.stderr
+    assert sorted(p.name for p in (newest(run_dir) / "sharded").iterdir()) == [".metadata", "__0_0.distcp"]
+    assert_same_params(sharded_params(newest(run_dir)), sharded_params(newest(fsdp_run)), exact=False)
+
+
+class Boom:
+    """Unpickling this runs ``os.system`` (what a malicious ``.metadata`` would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_malicious_dcp_metadata_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "pwned"
+    root, name = tmp_path / "checkpoints", "step-00000004"
+    shards = ckpt.shards_dir(root, name)
+    shards.mkdir(parents=True)
+    (shards / ".metadata").write_bytes(pickle.dumps(Boom(marker)))
+    (shards / "__0_0.distcp").write_bytes(b"\0" * 16)
+    state = {"sharded": True, "loop": {"global_step": 4}}
+    ckpt.write_checkpoint(root, name, state, {"global_step": 4}, "{}\n", sharded=True)
+    with pytest.raises(ckpt.DamagedCheckpoint, match=r"refused to load sharded/.metadata \(os.system|posix.system"):
+        ckpt.read_checkpoint(root / name)
+    with pytest.raises(pickle.UnpicklingError):
+        read_metadata(root / name / "sharded" / ".metadata")
+    assert not marker.exists()
+
+
+def test_a_sharded_checkpoint_listing_a_foreign_file_is_refused(tmp_path):
+    root, name = tmp_path / "checkpoints", "step-00000004"
+    ckpt.shards_dir(root, name).mkdir(parents=True)
+    (ckpt.shards_dir(root, name) / ".metadata").write_bytes(b"")
+    ckpt.write_checkpoint(root, name, {"sharded": True}, {}, "{}\n", sharded=True)
+    meta = json.loads((root / name / "meta.json").read_text())
+    meta["files"]["sharded/../../evil"] = {"bytes": 0, "crc32": "00000000"}
+    (root / name / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ckpt.DamagedCheckpoint, match="lists other files"):
+        ckpt.read_checkpoint(root / name)
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (["backend.strategy=fsdp", "precision=float16"], "precision: backend.strategy=fsdp computes in FSDP's mixed"),
+    (["backend.fsdp_wrap=[Linear]"], "backend.fsdp_wrap: it applies to backend.strategy=fsdp only"),
+    (["device=csx", "backend.strategy=fsdp"], "backend.strategy: only CPU/GPU understands it"),
+])
+def test_what_fsdp_cannot_do_here_is_refused_before_launch(overrides, problem):
+    with pytest.raises(ValidationError) as info:
+        csf.Run(fixtures.compose(*overrides))
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
