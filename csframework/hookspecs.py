@@ -135,7 +135,9 @@ def on_eval_start(run):
 
 @hookspec
 def on_eval_end(run, metrics):
-    """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats."""
+    """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats; ``run.eval_outputs``
+    holds the outputs named in ``loop.collect`` (name -> CPU tensor, every sample once in dataset order;
+    complete on global rank 0, empty elsewhere; possibly memory-mapped, valid during this hook)."""
 
 
 @hookspec
