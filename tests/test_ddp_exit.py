@@ -1,7 +1,8 @@
 """Every rank of a completed DDP run exits 0 (issue 9, item 6): left to interpreter finalisation, gloo's
 threads could abort a rank after ``fit_end`` ("terminate called without an active exception", SIGABRT), so
-torchrun exited 1 although ``summary.json`` said completed; the CLI now ends each rank itself
-(barrier, process group destroyed, ``os._exit``). The abort came in about one run of three to five, so the test runs twenty."""
+torchrun exited 1 although ``summary.json`` said completed; the CLI now ends each rank itself (barrier,
+process group destroyed, ``os._exit``). The abort came in about one run of three to five, so the test runs
+twenty."""
 import json
 import shutil
 import subprocess
