@@ -4,6 +4,7 @@ never executable (DCP's pickled ``.metadata`` is read with a restricted unpickle
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import warnings
@@ -146,3 +147,16 @@ def test_what_fsdp_cannot_do_here_is_refused_before_launch(overrides, problem):
         csf.Run(fixtures.compose(*overrides))
     assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
 
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_fsdp_mixed_precision_keeps_float32_master_weights(tmp_path, cli_env):
+    run_dir = tmp_path / "bf16"
+    done = torchrun(["--nproc_per_node=2"], [*COMMON, *FSDP, "precision=bfloat16", "loop.max_steps=8",
+                                             f"hydra.run.dir={run_dir}"], cli_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["metrics"]["train/loss"] < math.log(4)  # below chance
+    params = sharded_params(newest(run_dir))
+    assert all(p.dtype == torch.float32 and bool(torch.isfinite(p).all()) for p in params.values())
