@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from .config import explicit_groups, register_schemas, to_run_config
-from .errors import CsfError, ValidationError
+from . import api
+from .config import explicit_groups, with_searchpath
+from .errors import CsfError, ValidationError, one_line
 
 EXIT_INTERRUPTED = 130
-_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
-
-
-def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(text)).splitlines() if part.strip())
 
 
 def error_lines(error: CsfError) -> list[str]:
@@ -51,8 +46,6 @@ def precompose(argv: list[str]) -> None:
     line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
     from hydra._internal.utils import get_args_parser
 
-    from .config import compose
-
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             args = get_args_parser().parse_args(argv)
@@ -62,14 +55,14 @@ def precompose(argv: list[str]) -> None:
             or args.experimental_rerun or args.config_path or args.resolve
             or any(o.startswith("hydra.mode=") for o in args.overrides)):
         return
-    compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
+    api.compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
     """Compose, validate, build and run one job; returns the final validation loss for sweepers."""
     from .run import Run
 
-    config = to_run_config(cfg, explicit_groups(overrides))
+    config = api.to_run_config(cfg, explicit_groups(overrides))
     run = Run(config)
     mode = config.mode.value
     if mode == "check":
@@ -99,11 +92,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
-    from .plugins import register_configs_from_entry_points
-
-    register_schemas()
     try:
-        register_configs_from_entry_points()
+        found = api.composition()  # the plugins' schemas, configs and backends' config directories
+        sys.argv[1:] = with_searchpath(sys.argv[1:], found.searchpath)
         precompose(sys.argv[1:])
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:

@@ -18,6 +18,7 @@ from csframework.builtin import checkpoint as ckpt
 from csframework.builtin.checkpoint import (DamagedCheckpoint, list_checkpoints, read_checkpoint,
                                             write_checkpoint)
 from csframework.signals import Interrupted, stop_on_signals
+from csframework.state import RunState
 
 import fixtures
 
@@ -391,11 +392,8 @@ def test_signal_handlers_are_left_alone_outside_the_main_thread():
 
     seen = []
 
-    class FakeRun:
-        stop_signal = None
-
     def body():
-        with stop_on_signals(FakeRun()):
+        with stop_on_signals(RunState()):
             seen.append(signal.getsignal(signal.SIGTERM))
 
     thread = threading.Thread(target=body)
@@ -407,7 +405,7 @@ def test_signal_handlers_are_left_alone_outside_the_main_thread():
 # -- bounded memory -----------------------------------------------------------------------------------------
 def test_nothing_per_step_accumulates_in_the_run(tmp_path):
     run, _ = fit(tmp_path, "loop.max_steps=40", "loop.log_every=5", "checkpoint.every_steps=10")
-    assert all(len(v) == 0 for v in run._pending.values())
+    assert all(len(v) == 0 for v in run.state.pending.values())
     assert len(run.metrics) < 20
     assert len(list_checkpoints(tmp_path / "checkpoints")) == 2
 

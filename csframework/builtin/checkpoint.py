@@ -32,21 +32,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, CsfError
-from ..plugins import hookimpl
-from .metrics import write_json_atomic
+from ..errors import CheckpointWriteError, ConfigError, DamagedCheckpoint
+from ..files import fsync_dir, write_json_atomic
+from ..hookspecs import hookimpl
 
 INDEX = "index.json"
 FORMAT = 2
 _CHUNK = 1 << 24
-
-
-class CheckpointWriteError(CsfError):
-    """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
-
-
-class DamagedCheckpoint(ValueError):
-    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
 
 
 # -- files ----------------------------------------------------------------------------------------------
@@ -189,14 +181,6 @@ def file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _commit(tmp: Path, final: Path) -> None:
     """Rename the complete temporary directory into place (replacing a checkpoint of the same step)."""
     if final.exists():
@@ -206,7 +190,7 @@ def _commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str) -> Path:
@@ -226,7 +210,7 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
                  "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
         files["state.pt"]["records"] = _zip_records(tmp / "state.pt")
         write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _commit(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -501,7 +485,7 @@ class CheckpointPlugin:
 def _remove_stale(root: Path) -> None:
     """Temporary directories left by a process killed while writing (never part of a checkpoint)."""
     if root.is_dir():
-        for stale in list(root.glob(".tmp-*")) + list(root.glob(".old-*")) + list(root.glob(f"{INDEX}.tmp-*")):
+        for stale in list(root.glob(".tmp-*")) + list(root.glob(".old-*")) + list(root.glob(f".{INDEX}.tmp-*")):
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
             else:

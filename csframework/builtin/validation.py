@@ -1,35 +1,29 @@
 """The validation plugin: rejects bad runs before anything is built (DESIGN section 4).
 
-Every rule returns problem lines that name the key and say how to fix it; all are reported together.
+Every rule returns problem lines that name the key and say how to fix it; all are reported together. These
+are the rules of the core; each backend plugin validates its own settings (``backends/eager.py``,
+``backends/csx/schema.py``), and composition refuses a backend setting of another device type.
 """
 from __future__ import annotations
 
 import os
 
-import torch
-
-from ..config import FIELDS_BY_OPTIMIZER, FIELDS_BY_TYPE, PRECISIONS, RunConfig, stage_config
-from ..config.backend import DEVICE_TYPES
+from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage, stage_config, stage_configs
 from ..errors import ConfigError
-from ..plugins import hookimpl
+from ..hookspecs import hookimpl
 
 
 @hookimpl
 def csframework_validate(config: RunConfig) -> list[str]:
     problems = device_choice(config)
-    stages = [("", config)]
     for name, partial in config.stages.items():
         try:
-            stages.append((f"stages.{name}.", stage_config(config, name, partial)))
-        except ConfigError as e:
+            stage_config(config, name, partial)
+        except ConfigError as e:  # a stage that does not merge (the other rules skip it)
             problems.append(str(e))
-    base = run_rules(config, skip_device_pair=bool(problems))
-    problems += base
-    for prefix, cfg in stages[1:]:  # a stage inherits the base's problems: name only its own
-        if cfg.device.type == config.device.type:
-            problems += [prefix + p for p in run_rules(cfg) if p not in base]
-    problems += across_stages(config, stages[1:])
-    return problems
+    skip = bool(problems)  # when both groups chose the device, that is the one problem to report of it
+    problems += for_each_stage(config, lambda cfg: run_rules(cfg, skip_device_pair=skip and cfg is config))
+    return problems + across_stages(config, stage_configs(config))
 
 
 def device_choice(cfg: RunConfig) -> list[str]:
@@ -42,55 +36,18 @@ def device_choice(cfg: RunConfig) -> list[str]:
 
 
 def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
-    """The rules of one (stage) config. Backend settings are only judged when the backend's type is the
-    device's; otherwise the disagreement is the one problem to report."""
+    """The core rules of one (stage) config (composition already checked the device and backend types)."""
     problems = device_rules(cfg, skip_device_pair)
-    if cfg.backend.type == cfg.device.type:
-        problems += backend_rules(cfg)
     return (problems + precision_rules(cfg) + optimizer_rules(cfg) + loop_rules(cfg) + data_rules(cfg)
             + checkpoint_rules(cfg))
 
 
 def device_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
     kind, backend = cfg.device.type, cfg.backend.type
-    problems = []
-    if kind not in DEVICE_TYPES:
-        problems.append(f"device.type: '{kind}' is not a device type; use device=cpu, device=gpu or device=csx")
-    if backend not in DEVICE_TYPES:
-        problems.append(f"backend.type: '{backend}' is not a device type; use CPU, GPU or CSX")
-    elif backend != kind and kind in DEVICE_TYPES and not skip_device_pair:
-        problems.append(f"device, backend.type: the backend is {backend} but the device is {kind}; "
-                        f"set only one of them (device={kind.lower()} picks its own backend)")
-    if kind == "GPU" and not torch.cuda.is_available():
-        problems.append("device: gpu needs CUDA, which is not available on this machine; use device=cpu "
-                        "(or device=csx to emulate a Cerebras system)")
-    return problems
-
-
-def backend_rules(cfg: RunConfig) -> list[str]:
-    """DESIGN 4.4 and 4.5: settings of another device type are errors, never ignored."""
-    kind, b = cfg.device.type, cfg.backend
-    if kind not in FIELDS_BY_TYPE:
-        return []
-    problems = []
-    own = FIELDS_BY_TYPE[kind]
-    for field_name in sorted({f for fields in FIELDS_BY_TYPE.values() for f in fields} - set(own)):
-        if getattr(b, field_name) is not None:
-            owners = "/".join(t for t, fields in FIELDS_BY_TYPE.items() if field_name in fields)
-            problems.append(f"backend.{field_name}: only {owners} understands it, and this run's device is "
-                            f"{kind}; remove it or use device={owners.split('/')[0].lower()}")
-    if kind == "CSX":
-        num_csx = b.num_csx if b.num_csx is not None else 1
-        if not 1 <= num_csx <= cfg.data.batch_size:
-            problems.append(f"backend.num_csx: {num_csx} must be between 1 and the batch size "
-                            f"({cfg.data.batch_size}); each system needs at least one sample")
-        if b.num_workers_per_csx is not None and b.num_workers_per_csx < 0:
-            problems.append("backend.num_workers_per_csx: must be >= 0")
-        if b.compile_only and b.validate_only:
-            problems.append("backend.compile_only, backend.validate_only: choose one of them")
-    elif b.threads is not None and b.threads < 0:
-        problems.append("backend.threads: must be >= 0 (0 keeps torch's default)")
-    return problems
+    if backend != kind and not skip_device_pair:
+        return [f"device, backend.type: the backend is {backend} but the device is {kind}; "
+                f"set only one of them (device={kind.lower()} picks its own backend)"]
+    return []
 
 
 def precision_rules(cfg: RunConfig) -> list[str]:
@@ -106,10 +63,7 @@ def precision_rules(cfg: RunConfig) -> list[str]:
                 raise ValueError
         except (TypeError, ValueError):
             problems.append(f"precision.loss_scaling: '{scaling}' is not dynamic, null or a positive number")
-    if p.name == "cbfloat16":
-        if cfg.device.type != "CSX":
-            problems.append(f"precision: cbfloat16 needs device=csx (this run's device is {cfg.device.type}); "
-                            "use precision=bfloat16 or float16 on CPU/GPU")
+    if p.name == "cbfloat16":  # which device it needs is the CSX plugin's rule
         if scaling != "dynamic":
             problems.append("precision.loss_scaling: cbfloat16 needs dynamic loss scaling; set it to dynamic")
     if p.name == "float16" and scaling in (None, "none"):
@@ -195,14 +149,6 @@ def checkpoint_rules(cfg: RunConfig) -> list[str]:
 
 
 def across_stages(config: RunConfig, stages: list[tuple[str, RunConfig]]) -> list[str]:
-    """DESIGN 4.3 and 4.5: one device type per run; CSX global settings equal in every stage."""
-    problems = []
-    for prefix, cfg in stages:
-        if cfg.device.type != config.device.type:
-            problems.append(f"{prefix}device: {cfg.device.type} differs from the run's device "
-                            f"{config.device.type}; all stages of a run use one device type")
-        for key in ("num_csx", "num_workers_per_csx"):
-            if getattr(cfg.backend, key) != getattr(config.backend, key):
-                problems.append(f"{prefix}backend.{key}: {getattr(cfg.backend, key)} differs from the run's "
-                                f"{getattr(config.backend, key)}; it is global across the stages of a run")
-    return problems
+    """DESIGN 4.3: one device type per run (a backend's own global settings are its plugin's rule)."""
+    return [f"{prefix}device: {cfg.device.type} differs from the run's device {config.device.type}; all stages "
+            "of a run use one device type" for prefix, cfg in stages if cfg.device.type != config.device.type]

@@ -1,16 +1,22 @@
-"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``."""
+"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``.
+
+Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
+schema of each device type; ``searchpath``: the config directories of backend plugins).
+``csframework.api`` asks the plugins for these and passes them in.
+"""
 from __future__ import annotations
 
 import copy
 import os
-from typing import Iterable, Sequence
+from dataclasses import fields
+from typing import Callable, Iterable, Mapping, Sequence
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..errors import ConfigError
-from .backend import BackendConfig, DeviceConfig, FIELDS_BY_TYPE, Strategy
+from ..errors import ConfigError, ValidationError
+from .backend import BackendConfig, DeviceConfig
 from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
 from .run import STAGE_KEYS, Mode, RunConfig
@@ -18,17 +24,27 @@ from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
 __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
-    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
-    "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
-    "to_run_config", "stage_config", "explicit_groups", "describe_error",
+    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
+    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas", "to_run_config", "stage_config",
+    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "with_searchpath",
 ]
 
 SCHEMA_NAME = "csframework_schema"
 
 
+def _schema() -> DictConfig:
+    """``RunConfig`` as Hydra composes it: typed, except the ``backend`` node, which takes any key until
+    ``to_run_config`` types it with the schema of its device type."""
+    schema = OmegaConf.structured(RunConfig)
+    with open_dict(schema):
+        schema.backend = {"type": "CPU"}
+    OmegaConf.set_struct(schema.backend, False)
+    return schema
+
+
 def register_schemas() -> None:
     """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema())
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -81,11 +97,14 @@ def _describe_known(error: BaseException) -> str | None:
     return None
 
 
-def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type]) -> RunConfig:
     """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved).
 
-    When only the ``backend`` group was chosen, the device type follows it (``backend=csx`` alone means a
-    CSX run); choosing both groups is left for the validation plugin to refuse.
+    ``backends`` maps each device type to its ``backend`` schema: ``backend`` becomes an instance of the
+    schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
+    only another device type's backend has is refused naming that type. When only the ``backend`` group was
+    chosen, the device type follows it (``backend=csx`` alone means a CSX run); choosing both groups is left
+    for the validation plugin to refuse.
     """
     try:
         cfg = copy.deepcopy(cfg)
@@ -95,11 +114,41 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
             cfg.device.type = cfg.backend.type
         cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg, resolve=False))
+        typed = OmegaConf.merge(_schema(), OmegaConf.to_container(cfg, resolve=False))
         OmegaConf.resolve(typed)
-        return OmegaConf.to_object(typed)
+        run = OmegaConf.to_object(typed)
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e)) from e
+    run.backend = _typed_backend(run.backend, run.device.type, backends)
+    return run
+
+
+def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type]):
+    """``values`` (the ``backend`` node) as an instance of its type's schema."""
+    known = ", ".join(f"device={t.lower()}" for t in backends)
+    problems = []
+    if device_type not in backends:
+        problems.append(f"device.type: '{device_type}' is not a device type; use {known}")
+    kind = values.get("type", device_type)
+    schema = backends.get(kind)
+    if schema is None:
+        problems.append(f"backend.type: '{kind}' is not a device type; use {', '.join(backends)}")
+        raise ValidationError(problems)
+    own = {f.name for f in fields(schema)}
+    for key in sorted(set(values) - own):
+        owners = [t for t, other in backends.items() if key in {f.name for f in fields(other)}]
+        if owners:
+            problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
+                            f"{kind}; remove it or use device={owners[0].lower()}")
+        else:
+            problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
+                            f"{', '.join(sorted(own - {'type'}))})")
+    if problems:
+        raise ValidationError(problems)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"backend.{describe_error(e)}") from e
 
 
 def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
@@ -120,27 +169,27 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
         raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
 
 
-def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
-            config_name: str = "config") -> RunConfig:
-    """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+            backends: Mapping[str, type], searchpath: Iterable[str] = ()) -> RunConfig:
+    """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
-    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``).
-    Raises ``ConfigError`` naming the offending key.
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``); ``searchpath``
+    the config directories of backend plugins; ``backends`` as in ``to_run_config``. Raises ``ConfigError``
+    naming the offending key. (``csf.compose`` is this with the plugins' backends.)
     """
     import yaml
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    from ..plugins import register_configs_from_entry_points
-
     register_schemas()
-    register_configs_from_entry_points()
     overrides = list(overrides)
+    paths = list(searchpath)
     if config_dir is not None:
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
-        overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
+        paths.append(f"file://{os.path.abspath(config_dir)}")
+    overrides = with_searchpath(overrides, paths)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("csframework.conf", version_base="1.3"):
@@ -149,4 +198,42 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    return to_run_config(cfg, explicit_groups(overrides))
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends)
+
+
+def with_searchpath(overrides: Sequence[str], paths: Iterable[str]) -> list[str]:
+    """``overrides`` with ``paths`` added to Hydra's config search path (``hydra.searchpath=[...]``, merged
+    into the one given, if any)."""
+    overrides, paths = list(overrides), [p for p in paths if p]
+    if not paths:
+        return overrides
+    key = "hydra.searchpath="
+    given = [i for i, o in enumerate(overrides) if o.startswith(key)]
+    if given:
+        theirs = overrides[given[-1]][len(key):].strip().strip("[]")
+        paths = [p for p in paths if p not in theirs] + ([theirs] if theirs else [])
+        del overrides[given[-1]]
+    return overrides + [f"{key}[{','.join(paths)}]"]
+
+
+def stage_configs(config: RunConfig) -> list[tuple[str, RunConfig]]:
+    """``(prefix, config)`` of every stage that merges (``stages.<name>.``); the validation plugin reports
+    the ones that do not."""
+    found = []
+    for name, partial in config.stages.items():
+        try:
+            found.append((f"stages.{name}.", stage_config(config, name, partial)))
+        except ConfigError:
+            continue
+    return found
+
+
+def for_each_stage(config: RunConfig, rule: Callable[[RunConfig], list[str]]) -> list[str]:
+    """``rule``'s problems with the run's config and with each stage's of the same device type, each problem
+    once: a stage's own are prefixed with ``stages.<name>.`` (a stage inherits the run's problems)."""
+    base = rule(config)
+    problems = list(base)
+    for prefix, cfg in stage_configs(config):
+        if cfg.device.type == config.device.type:
+            problems += [prefix + p for p in rule(cfg) if p not in base]
+    return problems

@@ -12,15 +12,11 @@ import torch
 from ...errors import TracingError
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+#: The framework's directory, from this package's location: its code between the user's step and torch is
+#: never "the user's line" ...
 _CSF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-#: Framework code between the user's step and torch: never "the user's line".
-_INTERNAL = (
-    os.path.join(_CSF_DIR, "backends") + os.sep,
-    os.path.join(_CSF_DIR, "lowlevel.py"),
-    os.path.join(_CSF_DIR, "plugins.py"),
-    os.path.join(_CSF_DIR, "loop.py"),
-    os.path.join(_CSF_DIR, "run.py"),
-)
+#: ... except the models it ships, which are the user's code of a run.
+_MODELS = (os.path.join(_CSF_DIR, "models.py"), os.path.join(_CSF_DIR, "defaults") + os.sep)
 _STDLIB_SKIP = ("contextlib.py", "functools.py", "typing.py")
 
 
@@ -28,7 +24,7 @@ def is_internal(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         return True
     filename = os.path.abspath(filename)
-    if filename.startswith(_TORCH_DIR) or filename.startswith(_INTERNAL):
+    if filename.startswith(_TORCH_DIR) or (filename.startswith(_CSF_DIR) and not filename.startswith(_MODELS)):
         return True
     if os.sep + "pluggy" + os.sep in filename:
         return True

@@ -1,19 +1,19 @@
 """The low-level API for custom training loops, mirroring ``cerebras.pytorch``:
 
-    import csframework as csf
+    import csframework.csx as csx
 
-    backend = csf.backend("CSX", retrace_every_iteration=False)   # or "CPU" / "GPU": same code, eager
-    compiled_model = csf.compile(model, backend)
+    backend = csx.backend("CSX", retrace_every_iteration=False)   # or "CPU" / "GPU": same code, eager
+    compiled_model = csx.compile(model, backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    @csf.trace
+    @csx.trace
     def training_step(inputs, targets):
         outputs = compiled_model(inputs)
         loss = loss_fn(outputs, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        log_loss(loss)                  # a @csf.step_closure: runs after each step with the real value
+        log_loss(loss)                  # a @csx.step_closure: runs after each step with the real value
         return loss
 
     for inputs, targets in loader:
@@ -31,16 +31,18 @@ from typing import Any, Callable
 
 import torch
 
-from .backends.csx.compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
-from .backends.csx.tracer import active, step_closure
-from .errors import CompileError, ConfigError, CsfError
+from ...errors import CompileError, ConfigError, CsfError
+from ..eager import missing_cuda
+from .compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
+from .schema import CsxConfig, num_csx_problem
+from .tracer import active, step_closure
 
-__all__ = ["backend", "compile", "trace", "step_closure", "Backend", "CsxBackendHandle", "CompiledModel"]
+__all__ = ["backend", "compile", "trace", "step_closure", "Backend", "EagerHandle", "CsxBackendHandle",
+           "CompiledModel"]
 
-#: Settings each device type understands (the low-level mirror of ``FIELDS_BY_TYPE``).
+#: Settings each device type understands here (CSX: every ``backend`` setting; ``type`` is the argument).
 SETTINGS = {
-    "CSX": {"retrace_every_iteration": False, "compile_only": False, "validate_only": False, "num_csx": 1,
-            "num_workers_per_csx": 0, "compile_dir": None},
+    "CSX": {k: v for k, v in vars(CsxConfig()).items() if k != "type"},
     "CPU": {"threads": 0},
     "GPU": {"threads": 0, "device_index": 0},
 }
@@ -65,14 +67,15 @@ class Backend:
         return f"csf.backend({self.device_type!r}, {', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
 
 
-class EagerBackend(Backend):
+class EagerHandle(Backend):
     """CPU/GPU: ``csf.compile`` moves the model, ``@csf.trace`` runs the function as it is."""
 
     def __init__(self, device_type: str, **settings):
         super().__init__(device_type, **settings)
         if device_type == "GPU":
-            if not torch.cuda.is_available():
-                raise ConfigError("csf.backend('GPU'): CUDA is not available on this machine; use 'CPU' or 'CSX'")
+            problem = missing_cuda("csf.backend('GPU')", "use 'CPU' or 'CSX'")
+            if problem:
+                raise ConfigError(problem)
             self.device = torch.device("cuda", settings.get("device_index") or 0)
         if settings.get("threads"):
             torch.set_num_threads(settings["threads"])
@@ -90,8 +93,9 @@ class CsxBackendHandle(Backend):
         if self.compile_only and self.validate_only:
             raise ConfigError("csf.backend('CSX'): compile_only and validate_only: choose one of them")
         self.num_csx = int(settings["num_csx"])
-        if self.num_csx < 1:
-            raise ConfigError(f"csf.backend('CSX'): num_csx={self.num_csx} must be at least 1")
+        why = num_csx_problem(self.num_csx)
+        if why:
+            raise ConfigError(f"csf.backend('CSX'): num_csx={self.num_csx} {why}")
         self.num_workers_per_csx = int(settings["num_workers_per_csx"])
         self.compile_dir = settings["compile_dir"] or DEFAULT_COMPILE_DIR
         self.cache = CompileCache(self.compile_dir)
@@ -150,9 +154,9 @@ class CsxBackendHandle(Backend):
         if self.num_csx <= 1:
             return
         leaves = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        if leaves and leaves[0].ndim and leaves[0].shape[0] < self.num_csx:
-            raise CompileError(f"num_csx={self.num_csx} is larger than the batch size {leaves[0].shape[0]}; "
-                               "each system needs at least one sample: lower num_csx or raise the batch size")
+        why = num_csx_problem(self.num_csx, leaves[0].shape[0]) if leaves and leaves[0].ndim else None
+        if why:
+            raise CompileError(f"num_csx={self.num_csx} {why}")
 
 
 def _to_device(tree, device: torch.device):
@@ -209,7 +213,7 @@ def backend(backend_type: str, **settings) -> Backend:
                               "one process uses one device type (drop the other backend and its compiled models "
                               "first, or run the other device type in its own process)")
     values = {**own, **settings}
-    made = CsxBackendHandle(**values) if kind == "CSX" else EagerBackend(kind, **values)
+    made = CsxBackendHandle(**values) if kind == "CSX" else EagerHandle(kind, **values)
     _LIVE.add(made)
     _CURRENT = weakref.ref(made)
     return made
