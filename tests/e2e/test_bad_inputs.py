@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import fixtures
 from fixtures import CONF
 from forkrun import run_chains
 
@@ -141,8 +142,7 @@ def corpus(tmp_path_factory, user_files):
     """Every case, and the commands that are not runs, through one ``forkrun`` driver."""
     conf, plugins = user_files
     tmp = tmp_path_factory.mktemp("corpus")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), str(Path(__file__).parent),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=fixtures.pythonpath(str(plugins)))
     env.pop("HYDRA_FULL_ERROR", None)
     chains = [[{"argv": _argv(conf, tmp / case, extra)}] for case, extra, _ in CASES]
     chains += [[{"argv": argv}] for argv, _ in NOT_RUNS]

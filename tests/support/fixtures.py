@@ -2,6 +2,7 @@
 PYTHONPATH)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -34,6 +35,13 @@ def mlp(dim: int = 8, hidden: int = 16, classes: int = 4, dropout: float = 0.0) 
 #: The test config directory (``compose(..., config_dir=CONF)``, ``--config-dir``) and overrides for a fast
 #: run on the Blobs set with a small MLP (add loop.max_steps etc. as needed).
 CONF = str(Path(__file__).parent / "conf")
+#: Where subprocesses find the test helpers and the test modules (models named by ``_target_``).
+TEST_PATHS = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "unit"), str(Path(__file__).parents[1] / "e2e")]
+
+
+def pythonpath(*first: str) -> str:
+    """``PYTHONPATH`` for a ``python -m csframework`` subprocess: ``first``, the test paths, then the caller's."""
+    return os.pathsep.join([*first, *TEST_PATHS, os.environ.get("PYTHONPATH", "")])
 TINY = ["model=blobs_mlp", "data=blobs", "loop.max_steps=8", "loop.eval_every=null", "loop.eval_steps=null",
         "loop.log_every=2", "optimizer=sgd", "optimizer.lr=0.1"]
 

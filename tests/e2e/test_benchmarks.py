@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "loop_overhead.py"
 
 
 def test_loop_overhead_benchmark_runs(tmp_path):

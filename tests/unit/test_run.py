@@ -1,4 +1,4 @@
-"""The spine, in process: hook order, plugins failing, resume, stages, precision, clipping, epochs, config
+"""Run, in process: hook order, plugins failing, resume, stages, precision, clipping, epochs, config
 errors and the run directory's logs (issue 2). Every run is the tiny Blobs/MLP config of ``fixtures``."""
 import json
 import shutil

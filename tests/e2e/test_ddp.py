@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import fixtures
+
 pytestmark = pytest.mark.slow
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-COMMON = ["--config-dir", str(Path(__file__).parent / "conf"), "model=blobs_mlp", "data=blobs",
+COMMON = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs",
           "loop.max_steps=12", "loop.log_every=4", "optimizer=sgd", "optimizer.lr=0.1", "data.shuffle=true"]
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
+import fixtures
 from fixtures import CONF
 from forkrun import run_chains
 
@@ -54,7 +55,7 @@ WORKER_KILL_POINTS = ["after_backward@10", "state_write@15"]
 @pytest.fixture(scope="module")
 def cli_env_module():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = fixtures.pythonpath()
     env.pop("HYDRA_FULL_ERROR", None)
     return env
 

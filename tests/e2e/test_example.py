@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "classify"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "classify"
 README = (EXAMPLE / "README.md").read_text()
 RUN = "python -m csframework --config-dir conf +experiment=spirals hydra.run.dir=outputs/spirals"
 RESUME = RUN + " loop.max_steps=900 checkpoint.resume=auto"

@@ -16,7 +16,7 @@ import csframework as csf
 import fixtures
 from csframework.models import Supervised
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_on(device: str, tmp_path: Path, *overrides: str, name: str | None = None, plugins=()):
@@ -157,7 +157,7 @@ def test_one_trace_without_retrace_and_one_per_step_with_it(tmp_path):
 @pytest.mark.parametrize("device, retrace, expected", [("csx", False, 1), ("csx", True, 5), ("cpu", False, 5)])
 def test_python_side_effects_run_once_per_trace(tmp_path, capsys, device, retrace, expected):
     Counting.calls = 0
-    overrides = ["loop.max_steps=5", "model._target_=test_csx.Counting", "data.val=null"]
+    overrides = ["loop.max_steps=5", "model._target_=test_csx_backend.Counting", "data.val=null"]
     if retrace:
         overrides.append("backend.retrace_every_iteration=true")
     _, summary = run_on(device, tmp_path, *overrides)
@@ -208,7 +208,7 @@ def test_hooks_inside_the_step_run_at_trace_time_only(tmp_path):
     ("cpu", "READ-CPU", ".cpu()"), ("mask", "READ-MASK", "output shape depends on tensor values")])
 def test_reading_tensor_values_is_a_tracing_error_naming_the_line(tmp_path, mode, marker, needle):
     Reading.read = mode
-    overrides = ["loop.max_steps=3", "model._target_=test_csx.Reading"]
+    overrides = ["loop.max_steps=3", "model._target_=test_csx_backend.Reading"]
     with pytest.raises(csf.TracingError) as info:
         run_on("csx", tmp_path, *overrides)
     message = str(info.value)
@@ -221,7 +221,7 @@ def test_reading_tensor_values_is_a_tracing_error_naming_the_line(tmp_path, mode
 
 def test_a_graph_that_changes_under_retrace_is_a_compile_error_naming_the_iteration(tmp_path):
     Changing.calls = 0
-    overrides = ["loop.max_steps=5", "model._target_=test_csx.Changing", "data.val=null"]
+    overrides = ["loop.max_steps=5", "model._target_=test_csx_backend.Changing", "data.val=null"]
     cfg = fixtures.compose("device=csx", f"backend.compile_dir={tmp_path}/c", "backend.retrace_every_iteration=true",
                            *overrides)
     run = csf.Run(cfg, output_dir=tmp_path / "re")
@@ -278,7 +278,7 @@ def test_validate_only_traces_and_executes_nothing(tmp_path):
 def test_validate_only_still_finds_tracing_errors(tmp_path):
     Reading.read = "item"
     cfg = fixtures.compose("device=csx", f"backend.compile_dir={tmp_path}/c", "backend.validate_only=true",
-                           "model._target_=test_csx.Reading")
+                           "model._target_=test_csx_backend.Reading")
     with pytest.raises(csf.TracingError, match="READ-ITEM|loss.item"):
         csf.Run(cfg, output_dir=tmp_path / "v").fit()
 
@@ -403,7 +403,7 @@ def test_cli_headline_command_retraces_every_step(tmp_path, cli_env):
 @pytest.mark.slow
 def test_cli_tracing_error_is_one_clean_line(tmp_path, cli_env):
     result = cli(cli_env, tmp_path, "--config-dir", fixtures.CONF, *fixtures.TINY, "device=csx",
-                 "model._target_=test_csx.Reading", f"backend.compile_dir={tmp_path / 'compile'}")
+                 "model._target_=test_csx_backend.Reading", f"backend.compile_dir={tmp_path / 'compile'}")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("csframework: error:")]

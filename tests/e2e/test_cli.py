@@ -1,4 +1,4 @@
-"""The spine from the command line (issue 2): the headline commands, refused runs (exit status, the key
+"""The command line: the headline commands, refused runs (exit status, the key
 named, no traceback, nothing written), entry-point plugins, ``--cfg job``, multirun, ``mode=check`` and
 what reaches the console."""
 import json

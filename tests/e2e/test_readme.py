@@ -1,7 +1,7 @@
 """The README's quick start stays true: CI runs exactly its test command, and the commands it shows exist."""
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ci_runs_the_readme_test_command():

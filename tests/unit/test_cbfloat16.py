@@ -10,7 +10,7 @@ import torch
 try:
     from csframework.backends.csx import cbfloat16 as cb
 except Exception:  # package half-written elsewhere: load the module by path
-    _path = pathlib.Path(__file__).resolve().parents[1] / "csframework/backends/csx/cbfloat16.py"
+    _path = pathlib.Path(__file__).resolve().parents[2] / "csframework/backends/csx/cbfloat16.py"
     _spec = importlib.util.spec_from_file_location("_cbfloat16_under_test", _path)
     cb = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(cb)

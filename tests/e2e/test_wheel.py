@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IGNORE = shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "dist", "outputs", "multirun",
                                 "__pycache__", ".pytest_cache", "checkpoints", ".csx_cache")
 
