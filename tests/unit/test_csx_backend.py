@@ -107,7 +107,7 @@ class WithClosure(Supervised):
         return out
 
 
-@csf.step_closure
+@csf.csx.step_closure
 def record(loss, stat):
     assert isinstance(loss, torch.Tensor) and not loss.requires_grad
     WithClosure.seen.append((loss.item(), stat.item()))
