@@ -67,8 +67,8 @@ def train_stage(run: Run) -> None:
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
-            if last and _stop_requested(run):  # SIGINT/SIGTERM: this step is the last one
-                state.stopping = True  # the checkpoint plugin saves in on_train_batch_end
+            if last and (signum := _stop_requested(run)) is not None:  # SIGINT/SIGTERM: this step is the last
+                state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             if run.stopping:
                 raise Interrupted(run.stop_signal, run.global_step)
@@ -86,15 +86,10 @@ def train_stage(run: Run) -> None:
     hooks.on_train_end(run=run)
 
 
-def _stop_requested(run: Run) -> bool:
-    """Whether a stop signal reached this process; under DDP, whether one had reached any rank by the
-    previous step boundary (every rank then stops after this same step)."""
-    if run.world_size > 1:
-        agreed = run.backend.any_rank_signal(run.stop_signal)
-        if agreed is not None:
-            run.state.stop_signal = agreed
-        return agreed is not None
-    return run.stop_signal is not None
+def _stop_requested(run: Run) -> int | None:
+    """The stop signal that reached this process; under DDP, the one that had reached any rank by the
+    previous step boundary (every rank then stops after this same step); ``None``: go on."""
+    return run.backend.any_rank_signal(run.stop_signal)
 
 
 def _log_train_metrics(run: Run, timer: list) -> None:

@@ -78,6 +78,12 @@ class RunState:
         self.stop_signal = signum
         return True
 
+    def stop_after_this_step(self, signum: int | None = None) -> None:
+        """The step that just ended is the last (``signum``: the signal the ranks agreed on, under DDP)."""
+        if signum is not None:
+            self.stop_signal = signum
+        self.stopping = True
+
     # -- checkpoints ----------------------------------------------------------------------------------------
     def position(self) -> dict[str, int]:
         return {key: getattr(self, key) for key in POSITION}

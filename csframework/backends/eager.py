@@ -87,7 +87,7 @@ class EagerBackend(BackendBase):
         Called at every step boundary with this rank's signal: it reads the small all-reduce started at the
         previous boundary and starts the next, so the collective runs while the step computes.
         """
-        if not self.distributed:
+        if self.world_size == 1:
             return signum
         agreed = None
         if self._signal_flag is not None:
@@ -99,7 +99,7 @@ class EagerBackend(BackendBase):
         return agreed
 
     def broadcast(self, value: Any) -> Any:
-        if not self.distributed:
+        if self.world_size == 1:
             return value
         box = [value]
         dist.broadcast_object_list(box, src=0)
@@ -157,7 +157,7 @@ class EagerPlugin:
     def csframework_device_types(self) -> list[str]:
         return list(self.specs)
 
-    @hookimpl
+    @hookimpl(trylast=True)  # asked after every other plugin: a package may replace it
     def csframework_backend(self, device_type: str) -> BackendSpec | None:
         return self.specs.get(device_type)
 

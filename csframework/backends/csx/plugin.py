@@ -23,7 +23,7 @@ class CsxPlugin:
     def csframework_device_types(self) -> list[str]:
         return ["CSX"]
 
-    @hookimpl
+    @hookimpl(trylast=True)  # asked after every other plugin: a package may replace it
     def csframework_backend(self, device_type: str) -> BackendSpec | None:
         return self.spec if device_type == "CSX" else None
 
