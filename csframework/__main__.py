@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from . import api
-from .config import explicit_groups, with_searchpath
+from .config import explicit_groups
 from .errors import CsfError, ValidationError, one_line
 
 EXIT_INTERRUPTED = 130
@@ -93,8 +93,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
     try:
-        found = api.composition()  # the plugins' schemas, configs and backends' config directories
-        sys.argv[1:] = with_searchpath(sys.argv[1:], found.searchpath)
+        api.composition()  # the plugins' configs and the backends' config files, into Hydra's ConfigStore
         precompose(sys.argv[1:])
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:

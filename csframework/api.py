@@ -27,16 +27,20 @@ class Composition:
         return {t: spec.schema for t, spec in self.backends.items()}
 
     @property
-    def searchpath(self) -> list[str]:
-        return [spec.config_path for spec in self.backends.values() if spec.config_path]
+    def config_files(self) -> list[str]:
+        """The backends' config directories."""
+        return list(dict.fromkeys(spec.config_path for spec in self.backends.values() if spec.config_path))
 
 
 def composition(plugins: Iterable[Any] = ()) -> Composition:
-    """Ask the entry-point plugins, ``plugins`` and the built-ins; lets them register configs first."""
+    """Ask the entry-point plugins, ``plugins`` and the built-ins; puts the schema, the backends' config
+    files and the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore."""
     hooks = Hooks(build_manager(builtin_plugins(), extra=plugins))
+    found = Composition(backend_specs(hooks))
     config.register_schemas()
+    config.register_config_files(found.config_files)
     hooks.csframework_register_configs(config_store=ConfigStore.instance())
-    return Composition(backend_specs(hooks))
+    return found
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config",
@@ -48,8 +52,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     Raises ``ConfigError`` naming the offending key.
     """
     found = composition(plugins)
-    return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
-                          searchpath=found.searchpath)
+    return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas)
 
 
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterable[Any] = ()) -> config.RunConfig:

@@ -110,5 +110,6 @@ class BackendSpec:
     """Builds the backend of the current stage (``run.stage_config``); ``run.backend`` is the previous
     stage's backend, if any."""
     config_path: str | None = None
-    """A Hydra search path (``pkg://package`` or ``file://dir``) holding ``device/<type>.yaml`` and
-    ``backend/<type>.yaml``, so ``device=<type>`` and ``backend=<type>`` compose."""
+    """A directory (``pkg://package`` or ``file://dir``) holding ``device/<type>.yaml`` and
+    ``backend/<type>.yaml``; they are put into Hydra's ConfigStore before composition, so ``device=<type>``
+    and ``backend=<type>`` compose."""

@@ -1,13 +1,14 @@
 """Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``.
 
 Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
-schema of each device type; ``searchpath``: the config directories of backend plugins).
+schema of each device type; ``config_files``: the config directories of backend plugins).
 ``csframework.api`` asks the plugins for these and passes them in.
 """
 from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 from dataclasses import fields
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -26,7 +27,7 @@ __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
     "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas", "to_run_config", "stage_config",
-    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "with_searchpath",
+    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
 ]
 
 SCHEMA_NAME = "csframework_schema"
@@ -170,12 +171,13 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
-            backends: Mapping[str, type], searchpath: Iterable[str] = ()) -> RunConfig:
+            backends: Mapping[str, type], config_files: Iterable[str] = ()) -> RunConfig:
     """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
-    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``); ``searchpath``
-    the config directories of backend plugins; ``backends`` as in ``to_run_config``. Raises ``ConfigError``
-    naming the offending key. (``csf.compose`` is this with the plugins' backends.)
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``);
+    ``config_files`` are the config directories of backend plugins (``register_config_files``);
+    ``backends`` as in ``to_run_config``. Raises ``ConfigError`` naming the offending key.
+    (``csf.compose`` is this with the plugins' backends.)
     """
     import yaml
     from hydra import compose as hydra_compose, initialize_config_module
@@ -183,13 +185,12 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     from hydra.errors import HydraException
 
     register_schemas()
+    register_config_files(config_files)
     overrides = list(overrides)
-    paths = list(searchpath)
     if config_dir is not None:
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
-        paths.append(f"file://{os.path.abspath(config_dir)}")
-    overrides = with_searchpath(overrides, paths)
+        overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("csframework.conf", version_base="1.3"):
@@ -201,19 +202,27 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     return to_run_config(cfg, explicit_groups(overrides), backends=backends)
 
 
-def with_searchpath(overrides: Sequence[str], paths: Iterable[str]) -> list[str]:
-    """``overrides`` with ``paths`` added to Hydra's config search path (``hydra.searchpath=[...]``, merged
-    into the one given, if any)."""
-    overrides, paths = list(overrides), [p for p in paths if p]
-    if not paths:
-        return overrides
-    key = "hydra.searchpath="
-    given = [i for i, o in enumerate(overrides) if o.startswith(key)]
-    if given:
-        theirs = overrides[given[-1]][len(key):].strip().strip("[]")
-        paths = [p for p in paths if p not in theirs] + ([theirs] if theirs else [])
-        del overrides[given[-1]]
-    return overrides + [f"{key}[{','.join(paths)}]"]
+def register_config_files(directories: Iterable[str]) -> None:
+    """Put the config files of each directory (``pkg://package`` or ``file://path``, holding
+    ``<group>/<option>.yaml``) into Hydra's ConfigStore, so their group options compose wherever Hydra
+    composes (the CLI's ``@hydra.main`` and ``compose``), e.g. a backend plugin's ``device/toy.yaml``."""
+    import importlib.resources
+
+    import yaml
+
+    for directory in directories:
+        scheme, _, where = directory.partition("://")
+        try:
+            root = Path(str(importlib.resources.files(where))) if scheme == "pkg" else Path(where)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"{directory}: no such package; a backend plugin's config_path must name one") from e
+        for file in sorted(root.rglob("*.yaml")):
+            group = file.parent.relative_to(root).as_posix()
+            try:
+                node = OmegaConf.load(file)
+            except (yaml.YAMLError, OmegaConfBaseException) as e:
+                raise ConfigError(f"{file}: {describe_error(e)}") from e
+            ConfigStore.instance().store(group=None if group == "." else group, name=file.stem, node=node)
 
 
 def stage_configs(config: RunConfig) -> list[tuple[str, RunConfig]]:
