@@ -45,7 +45,7 @@ def line_of(marker: str) -> int:
     raise AssertionError(marker)
 
 
-# -- models used by the tests (importable as test_csx.<name> by Hydra) ------------------------------------
+# -- models used by the tests (importable as test_csx_backend.<name> by Hydra) ------------------------------------
 
 class Counting(Supervised):
     """Counts and prints every Python execution of its training forward."""
@@ -212,7 +212,7 @@ def test_reading_tensor_values_is_a_tracing_error_naming_the_line(tmp_path, mode
     with pytest.raises(csf.TracingError) as info:
         run_on("csx", tmp_path, *overrides)
     message = str(info.value)
-    assert f"test_csx.py:{line_of(marker)}" in message, message
+    assert f"test_csx_backend.py:{line_of(marker)}" in message, message
     assert needle in message
     assert "torch.where" in message or "step_closure" in message
     _, summary = run_on("cpu", tmp_path, *overrides)  # the same code runs eagerly
@@ -229,7 +229,7 @@ def test_a_graph_that_changes_under_retrace_is_a_compile_error_naming_the_iterat
         run.fit()
     message = str(info.value)
     assert "iteration 3" in message and "aten.mul" in message, message
-    assert f"test_csx.py:{line_of('CHANGES')}" in message
+    assert f"test_csx_backend.py:{line_of('CHANGES')}" in message
     assert run.global_step == 2  # stopped before executing the changed graph
     assert run.backend.train_step.executions == 2
     Changing.calls = 0  # without retrace the first graph runs every step
@@ -240,7 +240,7 @@ def test_a_graph_that_changes_under_retrace_is_a_compile_error_naming_the_iterat
 # -- step closures -------------------------------------------------------------------------------------------
 
 def test_step_closures_get_each_steps_values_as_on_cpu(tmp_path):
-    overrides = ["loop.max_steps=7", "loop.log_every=1", "model._target_=test_csx.WithClosure",
+    overrides = ["loop.max_steps=7", "loop.log_every=1", "model._target_=test_csx_backend.WithClosure",
                  "optimizer.lr=0.2"]
     WithClosure.seen = []
     cpu, _ = run_on("cpu", tmp_path, *overrides)
@@ -408,7 +408,7 @@ def test_cli_tracing_error_is_one_clean_line(tmp_path, cli_env):
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("csframework: error:")]
     assert len(errors) == 1 and "TracingError" not in errors[0]
-    assert f"test_csx.py:{line_of('READ-IF')}" in errors[0] and "torch.where" in errors[0]
+    assert f"test_csx_backend.py:{line_of('READ-IF')}" in errors[0] and "torch.where" in errors[0]
 
 
 @pytest.mark.slow
