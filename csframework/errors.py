@@ -34,7 +34,8 @@ class ValidationError(ConfigError):
 
 
 class PluginError(CsfError):
-    """A plugin failed to import, or raised inside a hook. Names the plugin and the hook."""
+    """A plugin failed to import, or raised inside a hook (``SystemExit`` included), or returned or stored
+    something the framework cannot use. Names the plugin and the hook."""
 
     def __init__(self, plugin: str, hook: str | None, error: BaseException):
         self.plugin, self.hook, self.error = plugin, hook, error
@@ -42,6 +43,11 @@ class PluginError(CsfError):
             self.exit_code = error.exit_code
         where = f"plugin '{plugin}'" + (f" in hook '{hook}'" if hook else "")
         super().__init__(f"{where} failed: {type(error).__name__}: {error}")
+
+
+class ReadOnlyConfigError(CsfError, AttributeError):
+    """A setting of a running run's config was changed (``run.config`` is read-only from validation on).
+    Raised in a hook, it fails the run as a ``PluginError`` naming the plugin (exit 1)."""
 
 
 class TracingError(CsfError):
@@ -62,3 +68,11 @@ class CheckpointWriteError(CsfError):
 
 class DamagedCheckpoint(ValueError):
     """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+
+
+class UnreadableCheckpoints(ConfigError):
+    """``checkpoints/`` exists but cannot be listed (permissions, or a file where the directory should be)."""
+
+
+class RunDirInUse(ConfigError):
+    """Another process holds the run directory's lock; the message names it (PID, host, start time)."""

@@ -1,6 +1,7 @@
 """Atomic file writes: a file csframework writes is either its old version or its complete new one.
 
-Every file is written under a temporary name in the same directory, flushed and fsynced, then renamed over
+Every file is written under a temporary name in the same directory (``<name>.tmp-<pid>``, never through a
+symbolic link planted there), flushed and fsynced, then renamed over
 the target (``os.replace`` is atomic on POSIX and Windows); ``fsync_dir`` makes a rename itself durable.
 """
 from __future__ import annotations
@@ -17,8 +18,9 @@ def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) 
     ``durable=False`` skips the fsync for files that may be lost on a power cut but must never be torn
     (caches, reports)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)  # a planted link: refused
+    with open(fd, "w", encoding="utf-8") as f:
         f.write(text)
         if durable:
             f.flush()

@@ -3,6 +3,21 @@
 All hooks take keyword arguments only; an implementation may accept any subset of the arguments listed in
 its spec (pluggy matches them by name). Hooks return ``None`` unless stated otherwise.
 
+What a misbehaving plugin gets (exit statuses of the CLI):
+
+- an implementation of a hook that does not exist (``on_train_batch_ends``), or with an argument its hook
+  lacks, is refused when the run is built: ``ConfigError`` naming the plugin and the hook, with the hook
+  probably meant or the hook's arguments; exit 2, nothing built. ``@hookimpl(optionalhook=True)`` marks an
+  implementation of a hook that may not exist (it is then never called);
+- an exception raised in a hook, ``sys.exit()`` / ``SystemExit`` included, fails the run: ``PluginError``
+  naming the plugin and the hook, ``on_exception`` runs, ``summary.json`` says ``failed``; exit 1.
+  ``KeyboardInterrupt`` is not a plugin failure: it stops the run as an interruption;
+- ``run.config`` and ``run.stage_config`` are read-only from validation on: changing a setting
+  (``run.config.optimizer.lr = 1``, ``run.config.model["net"]["hidden"] = 8``) raises
+  ``csframework.errors.ReadOnlyConfigError`` (an ``AttributeError``), so the run fails as above. Change the
+  config before the run, or in ``csframework_configure``. Its dicts and lists are read-only OmegaConf
+  containers; ``copy.deepcopy(run.config)`` is an ordinary, mutable config.
+
 Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consumes k batches)::
 
     on_train_batch_start(batch, batch_idx)            # every batch (micro-batch)
@@ -72,9 +87,9 @@ def csframework_device_types() -> list[str]:
 @hookspec(firstresult=True)
 def csframework_backend(device_type: str) -> BackendSpec | None:
     """The backend of ``device_type``: a ``csframework.backends.base.BackendSpec`` (its config schema, a
-    factory of the ``Backend`` and the Hydra search path of its ``device/`` and ``backend/`` config files),
+    factory of the ``Backend`` and the directory of its ``device/`` and ``backend/`` config files),
     or ``None`` for a type this plugin does not supply. The first non-``None`` answer wins (user plugins
-    are asked before the built-ins, so a package may replace a built-in backend). Its validation rules are
+    are asked before the built-in backends, which answer last, so a package may replace one). Its validation rules are
     the same plugin's ``csframework_validate``. See docs/backends.md.
 
     :param device_type: the device type, upper case (``device.type``).
@@ -83,7 +98,9 @@ def csframework_backend(device_type: str) -> BackendSpec | None:
 
 @hookspec
 def csframework_configure(config: RunConfig) -> None:
-    """Called after composition, before validation. May adjust the config in place.
+    """Called after composition, before validation. May adjust the config in place: the last chance, since
+    the run's config is read-only from validation on. ``Run(config)`` works on its own copy of a
+    ``RunConfig``, so the caller's object is not changed.
 
     :param config: the run's typed ``RunConfig``.
     """
@@ -94,8 +111,10 @@ def csframework_validate(config: RunConfig) -> list[str] | None:
     """Check the config before anything is built.
 
     Return a list of problems (or ``None``). A problem is a plain string naming the key and the fix, e.g.
-    ``"backend.num_csx: 0 must be at least 1"``. Problems from every plugin are reported together and the
-    run is refused (exit status 2) when there is any.
+    ``"backend.num_csx: 0 must be between 1 and 16 (data.batch_size)"``; a string returned alone is one
+    problem. Problems from every plugin are reported together and the run is refused (exit status 2) when
+    there is any. Any other result (a dict, a number, ``True``, a list holding a non-string) is the
+    plugin's error: ``PluginError`` naming it (exit 1), since its verdict cannot be read.
 
     :param config: the run's typed ``RunConfig`` (each stage's with ``config.stage_configs``).
     """
@@ -276,11 +295,18 @@ def on_log_metrics(run: Run, metrics: dict[str, float], step: int) -> None:
 
 @hookspec
 def on_checkpoint_save(run: Run, state: dict) -> None:
-    """A checkpoint is being written. Put JSON-able values into ``state[your_plugin_name]``;
-    they come back in ``on_checkpoint_load`` on resume.
+    """A checkpoint is being written. Put JSON values (dicts with string keys, lists, strings, numbers,
+    booleans, ``None``) into ``state[your_plugin_name]``; they come back in ``on_checkpoint_load`` on
+    resume, as ``json`` reads them (tuples as lists; NaN and infinities as themselves).
+
+    The state is checked after each plugin's call: anything else (a tensor, an object, a circular
+    reference) is a ``PluginError`` naming the plugin whose call put it there and where it is
+    (``state['best']['history'][3] is of type Tensor``), raised before anything is written: no checkpoint
+    of that step exists, the previous ones stay complete and indexed, the run fails (exit 1) with
+    ``summary.json`` at the true step.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
-    :param state: the plugins' checkpoint state: ``{plugin name: JSON-able value}``.
+    :param state: the plugins' checkpoint state: ``{plugin name: JSON value}``.
     """
 
 
@@ -296,7 +322,8 @@ def on_checkpoint_load(run: Run, state: dict) -> None:
 @hookspec
 def on_exception(run: Run, error: BaseException) -> None:
     """The run is stopping on ``error`` (any exception, including ``KeyboardInterrupt``). Clean up here;
-    the error propagates after all implementations ran.
+    the error propagates after all implementations ran. An implementation that raises is logged
+    (``on_exception_failed``, naming the plugin); the others still run and ``error`` is what propagates.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
     :param error: the exception that stops the run.

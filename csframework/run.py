@@ -2,6 +2,8 @@
 exposes them and the run's position (``run.state``, which the loop owns) to plugins."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import datetime
 import os
 import uuid
@@ -17,9 +19,11 @@ from . import api, loop
 from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
+from .config.readonly import freeze
 from .data import make_loader
-from .errors import ConfigError, NonFiniteLossError, ValidationError, one_line
+from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
 from .plugins import Hooks, backend_specs, build_manager
+from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
 from .signals import stop_on_signals
@@ -51,8 +55,9 @@ def _quiet_logger():
 class Run:
     """One run: ``Run(config, plugins=[...]).fit()``.
 
-    Attributes plugins rely on: ``config`` (the run's ``RunConfig``), ``stage`` / ``stage_config`` (the
-    current stage's name and merged config), ``model``, ``module`` (what the steps call: a DDP wrapper under
+    Attributes plugins rely on: ``config`` (the run's ``RunConfig``, a copy of the one given, read-only
+    once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
+    too), ``model``, ``module`` (what the steps call: a DDP wrapper under
     DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type`` (``"CPU"|"GPU"|"CSX"|...``),
     ``output_dir``, ``log`` (a structlog logger), ``status``, ``rank`` / ``world_size``, and ``state``
     (``RunState``: the position, the stop request and the metrics, written by the loop), whose fields are
@@ -71,14 +76,19 @@ class Run:
             config = api.compose(config or (), plugins=plugins)
         elif isinstance(config, DictConfig):
             config = api.to_run_config(config, plugins=plugins)
+        else:  # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
+            config = copy.deepcopy(config)
         self.config: RunConfig = config
         self.hooks = Hooks(build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable))
         self.backends = backend_specs(self.hooks)
         self.hooks.csframework_configure(config=config)
         self.stages = self._stage_configs()
-        problems = [p for found in self.hooks.csframework_validate(config=config) if found for p in found]
+        problems = validation_problems(self.hooks, config)
         if problems:
             raise ValidationError(problems)
+        freeze(config)  # from here on the run is what its config says: plugins may read it, not change it
+        for name, cfg in self.stages:
+            freeze(cfg, f"run.stage_config (stage {name})")
 
         self.output_dir = Path(output_dir) if output_dir is not None else default_output_dir()
         self.run_id = uuid.uuid4().hex[:12]
@@ -137,7 +147,10 @@ class Run:
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
         self.train_loader, self.val_loader = self._loaders(cfg)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        try:
+            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
+            raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
         self.backend.attach(self)
 
@@ -176,7 +189,7 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with stop_on_signals(self.state):
+        with self._writer_lock(), stop_on_signals(self.state):
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -197,21 +210,27 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return metrics
 
-        return self._guarded(body)
+        with self._writer_lock():
+            return self._guarded(body)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
         return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
+
+    def _writer_lock(self):
+        """Rank 0 holds the run directory's lock (``csframework.rundir``) while it runs: taken before any
+        hook writes there; a run refused for it never reaches ``on_exception``, so the holder's
+        ``summary.json`` is left alone."""
+        return run_dir_lock(self.output_dir) if self.rank == 0 else contextlib.nullcontext()
 
     def _guarded(self, body):
         try:
             return body()
         except BaseException as e:
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            try:
-                self.hooks.on_exception(run=self, error=e)
-            except Exception as hook_error:  # keep the original error; say the handler failed too
-                self.log.error("on_exception_failed", error=str(hook_error))
+            # every plugin cleans up, whichever fails doing so; the original error is the one raised
+            for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
+                self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
             raise
 
     def check_finite(self) -> None:
@@ -271,3 +290,25 @@ class Run:
         self.backend.load_state_dict(state["backend"])
         self.state.restore_position(position)
         set_rng_state(state["rng"])
+
+
+def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:
+    """The problems all ``csframework_validate`` implementations found. Each returns ``None`` or a list of
+    strings (a string alone is one problem); any other result is refused naming the plugin (``PluginError``:
+    a plugin whose verdict cannot be read must not let the run through)."""
+    problems: list[str] = []
+    for plugin, found in hooks.each("csframework_validate", config=config):
+        if found is None:
+            continue
+        found = [found] if isinstance(found, str) else found
+        if not isinstance(found, (list, tuple)):
+            wrong = f"a value of type {type(found).__name__} ({found!r:.60})"
+        else:
+            wrong = next((f"a list holding a value of type {type(p).__name__} ({p!r:.60})"
+                          for p in found if not isinstance(p, str)), None)
+        if wrong:
+            raise PluginError(plugin, "csframework_validate", TypeError(
+                f"it returned {wrong}; return None or a list of strings, one per problem"))
+        problems += found
+    return problems
+

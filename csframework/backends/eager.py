@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from .. import step
 from ..config import for_each_stage
+from ..config.ranges import MAX_PARALLEL, check_range
+from ..config.readonly import ReadOnly
 from ..data import move_to
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
@@ -26,7 +28,7 @@ class Strategy(str, Enum):
 
 
 @dataclass
-class CpuConfig:
+class CpuConfig(ReadOnly):
     """``backend.*`` on CPU."""
     type: str = "CPU"
     strategy: Strategy = Strategy.single
@@ -168,6 +170,11 @@ class EagerPlugin:
 
 def _rules(cfg) -> list[str]:
     problems = [missing_cuda("device")] if cfg.device.type == "GPU" else []
-    if isinstance(cfg.backend, CpuConfig) and cfg.backend.threads < 0:
-        problems.append("backend.threads: must be >= 0 (0 keeps torch's default)")
+    b = cfg.backend
+    if isinstance(b, CpuConfig) and b.type == cfg.device.type:
+        problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
+    if isinstance(b, GpuConfig) and cfg.device.type == "GPU":
+        count = torch.cuda.device_count()
+        problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
+                                hint=f" (this machine has {count} CUDA devices)" if count else "")
     return [p for p in problems if p]

@@ -1,14 +1,18 @@
 """The validation plugin: rejects bad runs before anything is built (DESIGN section 4).
 
-Every rule returns problem lines that name the key and say how to fix it; all are reported together. These
-are the rules of the core; each backend plugin validates its own settings (``backends/eager.py``,
+Every rule returns problem lines that name the key and say how to fix it; all are reported together.
+Every number is range-checked with ``check_range`` (NaN and infinities included) before anything is built.
+These are the rules of the core; each backend plugin validates its own settings (``backends/eager.py``,
 ``backends/csx/schema.py``), and composition refuses a backend setting of another device type.
 """
 from __future__ import annotations
 
+import math
 import os
 
 from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage, stage_config, stage_configs
+from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE, MAX_SEED,  # noqa: F401
+                             check_range)
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 
@@ -39,7 +43,8 @@ def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
     """The core rules of one (stage) config (composition already checked the device and backend types)."""
     problems = device_rules(cfg, skip_device_pair)
     return (problems + precision_rules(cfg) + optimizer_rules(cfg) + loop_rules(cfg) + data_rules(cfg)
-            + checkpoint_rules(cfg))
+            + checkpoint_rules(cfg) + check_range("seed", cfg.seed, 0, MAX_SEED,
+                                                  hint=" (the range of every generator seeded from it)"))
 
 
 def device_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
@@ -59,8 +64,8 @@ def precision_rules(cfg: RunConfig) -> list[str]:
     scaling = p.loss_scaling
     if scaling not in (None, "none", "dynamic"):
         try:
-            if float(scaling) <= 0:
-                raise ValueError
+            problems += check_range("precision.loss_scaling", float(scaling), 0.0, MAX_SCALE, open_low=True,
+                                    hint=", dynamic or null")
         except (TypeError, ValueError):
             problems.append(f"precision.loss_scaling: '{scaling}' is not dynamic, null or a positive number")
     if p.name == "cbfloat16":  # which device it needs is the CSX plugin's rule
@@ -70,35 +75,38 @@ def precision_rules(cfg: RunConfig) -> list[str]:
         problems.append("precision.loss_scaling: float16 needs loss scaling; set it to dynamic")
     if p.name in ("float32", "bfloat16") and scaling not in (None, "none"):
         problems.append(f"precision.loss_scaling: {p.name} does not use loss scaling; set it to null")
-    if p.min_scale <= 0 or p.init_scale < p.min_scale or p.growth_interval < 1:
-        problems.append("precision.init_scale, min_scale, growth_interval: need 0 < min_scale <= init_scale "
-                        "and growth_interval >= 1")
-    return problems
+    scales = (check_range("precision.init_scale", p.init_scale, 0.0, MAX_SCALE, open_low=True)
+              + check_range("precision.min_scale", p.min_scale, 0.0, MAX_SCALE, open_low=True))
+    if not scales and p.min_scale > p.init_scale:
+        scales.append(f"precision.min_scale: {p.min_scale} must be <= precision.init_scale ({p.init_scale})")
+    return (problems + scales
+            + check_range("precision.growth_interval", p.growth_interval, 1, MAX_GROWTH_INTERVAL))
 
 
 def optimizer_rules(cfg: RunConfig) -> list[str]:
     o = cfg.optimizer
     name = getattr(o.name, "value", o.name)
-    problems = []
-    if o.lr < 0:
-        problems.append(f"optimizer.lr: {o.lr} must be >= 0")
-    if o.weight_decay < 0:
-        problems.append(f"optimizer.weight_decay: {o.weight_decay} must be >= 0")
-    if o.max_grad_norm is not None and o.max_grad_norm <= 0:
-        problems.append("optimizer.max_grad_norm: must be > 0, or null to disable clipping")
+    problems = (check_range("optimizer.lr", o.lr, 0.0) + check_range("optimizer.weight_decay", o.weight_decay, 0.0)
+                + check_range("optimizer.max_grad_norm", o.max_grad_norm, 0.0, open_low=True,
+                              hint=", or null to disable clipping")
+                + check_range("optimizer.momentum", o.momentum, 0.0)
+                + check_range("optimizer.eps", o.eps, 0.0, open_low=True))
+    if name == "sgd" and o.nesterov and not (o.momentum or 0) > 0:
+        problems.append("optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0; set it "
+                        "(e.g. optimizer.momentum=0.9) or set nesterov to false")
     for field_name in sorted({f for fs in FIELDS_BY_OPTIMIZER.values() for f in fs} - set(FIELDS_BY_OPTIMIZER[name])):
         if getattr(o, field_name) is not None:
             owners = ", ".join(n for n, fs in FIELDS_BY_OPTIMIZER.items() if field_name in fs)
             problems.append(f"optimizer.{field_name}: only {owners} understands it (optimizer is {name}); "
                             "remove it or choose that optimizer")
-    if o.betas is not None and (len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas)):
+    if o.betas is not None and len(o.betas) != 2:
         problems.append(f"optimizer.betas: {list(o.betas)} must be two numbers in [0, 1)")
+    for i, beta in enumerate(o.betas or ()):
+        problems += check_range(f"optimizer.betas[{i}]", beta, 0.0, 1.0, open_high=True)
     s = o.schedule
-    if s.warmup_steps < 0:
-        problems.append("optimizer.schedule.warmup_steps: must be >= 0")
-    if s.min_lr < 0 or s.min_lr > o.lr:
-        problems.append(f"optimizer.schedule.min_lr: {s.min_lr} must be between 0 and optimizer.lr ({o.lr})")
-    return problems
+    return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
+            + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
+                          hint=" (optimizer.lr)" if math.isfinite(o.lr) else ""))
 
 
 def loop_rules(cfg: RunConfig) -> list[str]:
@@ -107,13 +115,8 @@ def loop_rules(cfg: RunConfig) -> list[str]:
     if (lp.max_steps is None) == (lp.max_epochs is None):
         problems.append("loop.max_steps, loop.max_epochs: set exactly one of them "
                         "(e.g. loop.max_steps=100 loop.max_epochs=null)")
-    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps"):
-        value = getattr(lp, key)
-        if value is not None and value < 1:
-            problems.append(f"loop.{key}: {value} must be >= 1 (or null)")
-    for key in ("grad_accum_steps", "log_every"):
-        if getattr(lp, key) < 1:
-            problems.append(f"loop.{key}: {getattr(lp, key)} must be >= 1")
+    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps", "grad_accum_steps", "log_every"):
+        problems += check_range(f"loop.{key}", getattr(lp, key), 1, MAX_COUNT)
     return problems
 
 
@@ -124,12 +127,9 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append("data.train: needs a _target_ that builds a torch Dataset")
     if d.val is not None and (not isinstance(d.val, dict) or "_target_" not in d.val):
         problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
-    if d.batch_size < 1:
-        problems.append(f"data.batch_size: {d.batch_size} must be >= 1")
-    if d.eval_batch_size is not None and d.eval_batch_size < 1:
-        problems.append(f"data.eval_batch_size: {d.eval_batch_size} must be >= 1")
-    if d.num_workers < 0:
-        problems.append(f"data.num_workers: {d.num_workers} must be >= 0")
+    problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
+                 + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
+                 + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL))
     if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
         problems.append("model: needs a _target_ that builds a torch.nn.Module")
     return problems
@@ -137,11 +137,8 @@ def data_rules(cfg: RunConfig) -> list[str]:
 
 def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
-    problems = []
-    if c.every_steps is not None and c.every_steps < 1:
-        problems.append(f"checkpoint.every_steps: {c.every_steps} must be >= 1 (or null)")
-    if c.keep_last < 1:
-        problems.append(f"checkpoint.keep_last: {c.keep_last} must be >= 1")
+    problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
+                + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
     if c.resume not in ("auto", "never") and not os.path.exists(c.resume):
         problems.append(f"checkpoint.resume: no checkpoint at '{c.resume}'; give an existing checkpoint "
                         "directory, or auto / never")

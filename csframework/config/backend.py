@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .readonly import ReadOnly
+
 
 @dataclass
-class DeviceConfig:
+class DeviceConfig(ReadOnly):
     type: str = "CPU"
     """Device type: ``CPU``, ``GPU`` (CUDA), ``CSX`` (the Cerebras emulator) or a backend plugin's type.
     Chosen with ``device=cpu|gpu|csx|...``."""
 
 
 @dataclass
-class BackendConfig:
+class BackendConfig(ReadOnly):
     """What every backend schema has (a backend's schema need not derive from it, only have ``type``)."""
     type: str = "CPU"
     """The backend's device type; must agree with ``device.type``."""

@@ -1,13 +1,16 @@
 """The ``backend`` settings of ``device=csx`` and the CSX validation rules (no torch, no tracer: importing
-this costs nothing)."""
+this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.csx.backend``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+from ...config.ranges import MAX_PARALLEL, check_range
+from ...config.readonly import ReadOnly
+
 
 @dataclass
-class CsxConfig:
+class CsxConfig(ReadOnly):
     """``backend.*`` on CSX."""
     type: str = "CSX"
     retrace_every_iteration: bool = False
@@ -48,11 +51,10 @@ def stage_rules(cfg) -> list[str]:
     b = cfg.backend
     if not isinstance(b, CsxConfig) or cfg.device.type != "CSX":
         return problems
-    why = num_csx_problem(b.num_csx, cfg.data.batch_size)
-    if why:
-        problems.append(f"backend.num_csx: {b.num_csx} {why}")
-    if b.num_workers_per_csx < 0:
-        problems.append("backend.num_workers_per_csx: must be >= 0")
+    problems += check_range("backend.num_csx", b.num_csx, 1, cfg.data.batch_size,
+                            hint=" (data.batch_size): each system needs at least one sample")
+    problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
+                            hint=" (0: the default)")
     if b.compile_only and b.validate_only:
         problems.append("backend.compile_only, backend.validate_only: choose one of them")
     return problems
