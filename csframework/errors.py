@@ -76,3 +76,7 @@ class UnreadableCheckpoints(ConfigError):
 
 class RunDirInUse(ConfigError):
     """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
+
+
+class DataTimeoutError(CsfError):
+    """A data-loader worker gave no batch within ``data.timeout_s``; the message names the worker."""

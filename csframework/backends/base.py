@@ -53,6 +53,9 @@ class Backend(Protocol):
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
 
+    def finish(self) -> None:
+        """The stage or fit ended (however): wait, bounded, for collectives still in flight."""
+
     def state_dict(self) -> dict:
         """The backend's part of a checkpoint (tensors and plain values)."""
 
@@ -86,6 +89,9 @@ class BackendBase:
 
     def broadcast(self, value: Any) -> Any:
         return value
+
+    def finish(self) -> None:
+        pass
 
     def state_dict(self) -> dict:
         return {}

@@ -3,6 +3,7 @@ built-in ``eager`` plugin supplies it for the device types CPU and GPU."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -52,6 +53,10 @@ def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate
     return f"{what}: gpu needs CUDA, which is not available on this machine; {fix}"
 
 
+#: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
+FINISH_WAIT_S = 30
+
+
 class EagerBackend(BackendBase):
     """CPU/GPU: each ``train_batch`` is a micro-batch of ``csframework.step``, run as it arrives."""
 
@@ -99,6 +104,17 @@ class EagerBackend(BackendBase):
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group, async_op=True)
         self._signal_flag = (flag, work)
         return agreed
+
+    def finish(self) -> None:
+        """Wait (bounded) for the stop-agreement all-reduce still in flight; the run's stage or fit ended.
+        Every rank started it at the same step boundary, so it completes unless a rank has died."""
+        pending, self._signal_flag = self._signal_flag, None
+        if pending is None:
+            return
+        try:
+            pending[1].wait(datetime.timedelta(seconds=FINISH_WAIT_S))
+        except RuntimeError:  # a rank died or hangs: nothing to agree on any more
+            pass
 
     def broadcast(self, value: Any) -> Any:
         if self.world_size == 1:

@@ -12,7 +12,7 @@ import os
 
 from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage, stage_config, stage_configs
 from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE, MAX_SEED,  # noqa: F401
-                             check_range)
+                             MAX_TIMEOUT_S, check_range)
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 
@@ -129,7 +129,9 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
     problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
                  + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
-                 + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL))
+                 + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL)
+                 + check_range("data.timeout_s", d.timeout_s, 0, MAX_TIMEOUT_S,
+                               hint=" seconds (0 waits forever)"))
     if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
         problems.append("model: needs a _target_ that builds a torch.nn.Module")
     return problems

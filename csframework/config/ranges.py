@@ -7,6 +7,8 @@ import math
 MAX_COUNT = 2**53
 #: Threads and loader worker processes: a sane ceiling (more would exhaust processes or memory).
 MAX_PARALLEL = 1024
+#: Longest wait a timeout may ask for: one year (a larger one overflows the waits underneath).
+MAX_TIMEOUT_S = 365 * 86400
 #: Seeds: the range of NumPy's seed; ``seed * 1_000_003 + epoch`` (data order) then stays below 2**64,
 #: the limit of ``torch.Generator.manual_seed``.
 MAX_SEED = 2**32 - 1
