@@ -1,52 +1,86 @@
-"""Eager execution on CPU or CUDA, single process or DDP (``backend.strategy``), any precision policy."""
+"""Eager execution on CPU or CUDA, single process, DDP or FSDP (``backend.strategy``), any precision policy;
+the built-in ``eager`` plugin supplies it for the device types CPU and GPU."""
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List
 
 import torch
 import torch.distributed as dist
 
+from .. import step
+from ..config import for_each_stage, stage_configs
+from ..config.ranges import MAX_PARALLEL, MAX_TIMEOUT_S, check_range
+from ..config.readonly import ReadOnly
 from ..data import move_to
 from ..errors import ConfigError
+from ..hookspecs import hookimpl
 from ..precision import Precision
-from .distributed import init_process_group, timeout
+from .base import BackendBase, BackendSpec
+from .distributed import DEFAULT_TIMEOUT_S, init_process_group, timeout
 
 
-def model_outputs(out) -> dict:
-    """The model contract: a loss tensor, or a dict with ``loss``."""
-    if isinstance(out, torch.Tensor):
-        return {"loss": out}
-    if isinstance(out, dict) and "loss" in out:
-        return out
-    raise TypeError("model.forward(batch) must return the loss tensor or a dict with a 'loss' key, "
-                    f"got {type(out).__name__}" + (f" with keys {sorted(out)}" if isinstance(out, dict) else ""))
+class Strategy(str, Enum):
+    single = "single"
+    ddp = "ddp"
+    fsdp = "fsdp"
 
 
-def detached(outputs: dict) -> dict:
-    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+@dataclass
+class CpuConfig(ReadOnly):
+    """``backend.*`` on CPU."""
+    type: str = "CPU"
+    strategy: Strategy = Strategy.single
+    """``single`` process, ``ddp`` (data parallel under torchrun; gloo on CPU, NCCL on GPU) or ``fsdp``
+    (parameters, gradients and optimizer state sharded over the ranks: FSDP2 ``fully_shard``)."""
+    fsdp_wrap: List[str] = field(default_factory=list)
+    """With ``strategy=fsdp``: class names of the sub-modules sharded as their own units (e.g. the
+    transformer block); the rest is sharded at the root."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Under torchrun: seconds a rank waits for the others in a collective (and at start-up) before it
+    fails; a dead or stopped rank then ends the run instead of hanging it."""
+    threads: int = 0
+    """torch intra-op threads on the host; 0 keeps torch's default."""
+
+
+@dataclass
+class GpuConfig(CpuConfig):
+    """``backend.*`` on GPU."""
+    type: str = "GPU"
+    device_index: int = 0
+    """The CUDA device index for single-process runs (DDP uses LOCAL_RANK)."""
+
+
+def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate a Cerebras system)") -> str | None:
+    """The one report of a missing CUDA device (``what`` names the setting), or ``None`` when present."""
+    if torch.cuda.is_available():
+        return None
+    return f"{what}: gpu needs CUDA, which is not available on this machine; {fix}"
 
 
 #: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
 FINISH_WAIT_S = 30
 
 
-class EagerBackend:
-    """CPU/GPU. ``train_batch`` does forward, backward and, on the last batch of a step, the optimizer step."""
+class EagerBackend(BackendBase):
+    """CPU/GPU: each ``train_batch`` is a micro-batch of ``csframework.step``, run as it arrives."""
 
     def __init__(self, run):
         cfg = run.stage_config
-        self.kind = cfg.device.type
+        self.device_type = cfg.device.type
         backend = cfg.backend
-        strategy = getattr(backend.strategy, "value", backend.strategy)
-        self.sharded = strategy == "fsdp"  # checkpoints: every rank writes its shards (backends.fsdp)
-        self.distributed = strategy in ("ddp", "fsdp")
-        self.wrap = list(backend.fsdp_wrap or ())
-        if self.kind == "GPU":
-            if not torch.cuda.is_available():
-                raise RuntimeError("device=gpu: CUDA is not available on this machine; use device=cpu")
-            index = int(os.environ.get("LOCAL_RANK", 0)) if self.distributed else (backend.device_index or 0)
+        self.sharded = backend.strategy == Strategy.fsdp  # checkpoints: every rank writes its shards
+        self.distributed = backend.strategy in (Strategy.ddp, Strategy.fsdp)
+        self.wrap = list(backend.fsdp_wrap)
+        if self.device_type == "GPU":
+            problem = missing_cuda("device")
+            if problem:
+                raise ConfigError(problem)
+            index = int(os.environ.get("LOCAL_RANK", 0)) if self.distributed else backend.device_index
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
         else:
@@ -58,10 +92,9 @@ class EagerBackend:
             self.param_dtype, self.precision.dtype = self.precision.dtype, None
         self.max_grad_norm = cfg.optimizer.max_grad_norm
         self.accum = cfg.loop.grad_accum_steps
-        self.rank, self.world_size = 0, 1
         if self.distributed:
             if not dist.is_initialized():
-                init_process_group("nccl" if self.kind == "GPU" else "gloo", backend.timeout_s)
+                init_process_group("nccl" if self.device_type == "GPU" else "gloo", backend.timeout_s)
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             # host-side flags travel over gloo: no device synchronisation for them under NCCL
             self.host_group = (dist.new_group(backend="gloo", timeout=timeout(backend.timeout_s))
@@ -75,6 +108,8 @@ class EagerBackend:
         Called at every step boundary with this rank's signal: it reads the small all-reduce started at the
         previous boundary and starts the next, so the collective runs while the step computes.
         """
+        if self.world_size == 1:
+            return signum
         agreed = None
         if self._signal_flag is not None:
             self._signal_flag[1].wait()
@@ -95,8 +130,9 @@ class EagerBackend:
         except RuntimeError:  # a rank died or hangs: nothing to agree on any more
             pass
 
-    def broadcast(self, value):
-        """Rank 0's ``value`` on every rank."""
+    def broadcast(self, value: Any) -> Any:
+        if self.world_size == 1:
+            return value
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -129,34 +165,22 @@ class EagerBackend:
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
-        module, hooks, precision = run.module, run.hooks, self.precision
-        if self.sharded:  # FSDP2: reduce-scatter the gradients only on the step's last micro-batch
+        module = run.module
+        if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
             module.set_requires_gradient_sync(last)
             sync = contextlib.nullcontext()
         else:
             sync = contextlib.nullcontext() if (last or not self.distributed) else module.no_sync()
-        with sync:
-            with precision.autocast():
-                outputs = model_outputs(module(batch))
-            loss = outputs["loss"]
-            hooks.on_before_backward(run=run, loss=loss)
-            precision.backward(loss / self.accum if self.accum > 1 else loss)
-        hooks.on_after_backward(run=run)
+        with sync:  # gradients are all-reduced in the backward of the step's last micro-batch only
+            outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
         if last:
-            optimizer = run.optimizer
-            precision.unscale(optimizer)
-            hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
-            if self.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(run.model.parameters(), self.max_grad_norm)
-            precision.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-            run.scheduler.step()
-        return detached(outputs)
+            step.apply_gradients(run, self.precision, self.max_grad_norm)
+        return step.detached(outputs)
 
     @torch.no_grad()
     def eval_batch(self, run, batch) -> dict:
         with self.precision.autocast():
-            return detached(model_outputs(run.module(batch)))
+            return step.detached(step.model_outputs(run.module(batch)))
 
     def loss_scale(self) -> float | None:
         """The current dynamic loss scale (one synchronisation), or ``None`` without dynamic scaling."""
@@ -169,5 +193,54 @@ class EagerBackend:
     def load_state_dict(self, state: dict) -> None:
         self.precision.load_state_dict(state.get("precision", {}))
 
-    def summary(self) -> dict:
-        return {}
+
+class EagerPlugin:
+    """The built-in plugin of the CPU and GPU device types (its config files are in csframework's own
+    ``conf/``, which names ``device: cpu`` as the default)."""
+
+    name = "eager"
+    specs = {"CPU": BackendSpec("CPU", CpuConfig, EagerBackend), "GPU": BackendSpec("GPU", GpuConfig, EagerBackend)}
+
+    @hookimpl
+    def csframework_device_types(self) -> list[str]:
+        return list(self.specs)
+
+    @hookimpl(trylast=True)  # asked after every other plugin: a package may replace it
+    def csframework_backend(self, device_type: str) -> BackendSpec | None:
+        return self.specs.get(device_type)
+
+    @hookimpl
+    def csframework_validate(self, config) -> list[str]:
+        return for_each_stage(config, _rules) + [
+            f"{prefix}backend.strategy: {cfg.backend.strategy.value} differs from the run's "
+            f"{config.backend.strategy.value}; sharded (fsdp) and unsharded stages cannot mix"
+            for prefix, cfg in stage_configs(config)
+            if isinstance(cfg.backend, CpuConfig) and isinstance(config.backend, CpuConfig)
+            and Strategy.fsdp in (cfg.backend.strategy, config.backend.strategy)
+            and cfg.backend.strategy != config.backend.strategy]
+
+
+def _rules(cfg) -> list[str]:
+    problems = [missing_cuda("device")] if cfg.device.type == "GPU" else []
+    b = cfg.backend
+    if isinstance(b, CpuConfig) and b.type == cfg.device.type:
+        problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
+        problems += check_range("backend.timeout_s", b.timeout_s, 0.0, MAX_TIMEOUT_S, open_low=True)
+        problems += _fsdp_rules(cfg)
+    if isinstance(b, GpuConfig) and cfg.device.type == "GPU":
+        count = torch.cuda.device_count()
+        problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
+                                hint=f" (this machine has {count} CUDA devices)" if count else "")
+    return [p for p in problems if p]
+
+
+def _fsdp_rules(cfg) -> list[str]:
+    """What ``strategy=fsdp`` cannot do here (a model without parameters is refused when it is built)."""
+    b = cfg.backend
+    if b.strategy != Strategy.fsdp:
+        return ([f"backend.fsdp_wrap: it applies to backend.strategy=fsdp only (strategy is {b.strategy.value}); "
+                 "remove it or set backend.strategy=fsdp"] if b.fsdp_wrap else [])
+    if cfg.precision.name == "float16" or cfg.precision.loss_scaling not in (None, "none"):
+        return ["precision: backend.strategy=fsdp computes in FSDP's mixed precision, without loss scaling; "
+                "use precision=bfloat16 or float32 (loss_scaling null)"]
+    return []

@@ -41,9 +41,9 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, CsfError, PluginError
-from ..plugins import hookimpl
-from .metrics import write_json_atomic
+from ..errors import CheckpointWriteError, ConfigError, DamagedCheckpoint, PluginError, UnreadableCheckpoints
+from ..files import fsync_dir, write_json_atomic
+from ..hookspecs import hookimpl
 
 INDEX = "index.json"
 FORMAT = 2
@@ -60,18 +60,6 @@ MAX_INDEX_BYTES = 1 << 20
 MAX_META_BYTES = 64 << 20
 MAX_CONFIG_BYTES = 16 << 20
 MAX_DEPTH = 64
-
-
-class CheckpointWriteError(CsfError):
-    """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
-
-
-class DamagedCheckpoint(ValueError):
-    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
-
-
-class UnreadableCheckpoints(ConfigError):
-    """``checkpoints/`` exists but cannot be listed (permissions, or a file where the directory should be)."""
 
 
 # -- untrusted files ------------------------------------------------------------------------------------
@@ -278,14 +266,6 @@ def file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _commit(tmp: Path, final: Path) -> None:
     """Rename the complete temporary directory into place (replacing a checkpoint of the same step)."""
     if os.path.lexists(final):
@@ -295,7 +275,7 @@ def _commit(tmp: Path, final: Path) -> None:
         _remove_path(old)
     else:
         os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def shards_dir(root: Path, name: str) -> Path:
@@ -325,9 +305,9 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
         if sharded:
             for shard in sorted((tmp / SHARDED).iterdir()):
                 files[f"{SHARDED}/{shard.name}"] = {"bytes": shard.stat().st_size, "crc32": file_crc32(shard)}
-            _fsync_dir(tmp / SHARDED)
+            fsync_dir(tmp / SHARDED)
         write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _commit(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -662,7 +642,7 @@ class CheckpointPlugin:
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
         sharded = bool(state.get("sharded"))
-        if sharded != getattr(run.backend, "sharded", False):
+        if sharded != run.backend.sharded:
             raise ConfigError(f"checkpoint {path} does not fit this run: it was written "
                               f"{'sharded (strategy=fsdp)' if sharded else 'whole (strategy single or ddp)'}; "
                               "resume it with the same kind of strategy")
@@ -726,7 +706,7 @@ class CheckpointPlugin:
         Refuses (``NonFiniteLossError``) when the run has gone non-finite since the last log, so the last
         good checkpoint is never replaced by a non-finite state.
         """
-        sharded = getattr(run.backend, "sharded", False)
+        sharded = run.backend.sharded
         if run.rank != 0 and not sharded:
             return None
         run.check_finite()
