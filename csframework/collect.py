@@ -28,7 +28,7 @@ class Collector:
         self.keys = list(keys)
         self.limit = max(1, int(max_memory_mb * MB))
         self.rank, self.world_size = run.rank, run.world_size
-        self.group = getattr(run.backend, "host_group", None)  # gloo beside NCCL: gathers stay on the host
+        self.group = run.backend.host_group  # gloo beside NCCL: gathers stay on the host
         self.size = len(run.val_loader.dataset)
         self.dir = Path(run.output_dir) / f".collect-rank{self.rank}-{os.getpid()}"
         self.parts: dict[str, list[torch.Tensor]] = {k: [] for k in self.keys}

@@ -267,7 +267,7 @@ class Run:
         if self.backend.sharded:
             from .backends.fsdp import all_ranks_agree
 
-            finite = all_ranks_agree(finite, getattr(self.backend, "host_group", None))
+            finite = all_ranks_agree(finite, self.backend.host_group)
         if not finite:
             names = [n for (n, _), ok in zip(self.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
             raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {self.global_step}; "

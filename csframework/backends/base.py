@@ -22,6 +22,9 @@ class Backend(Protocol):
     """This process's rank among ``world_size`` data-parallel processes (0 and 1 when not distributed)."""
     world_size: int
     sharded: bool
+    host_group: Any
+    """The process group of host-side (CPU tensor) collectives: a gloo group beside NCCL, ``None`` for the
+    default group."""
     """Whether the model and optimizer state are sharded over the ranks (``strategy=fsdp``): every rank then
     takes part in checkpointing (``backends.fsdp``)."""
     dry_run: str | None
@@ -74,6 +77,7 @@ class BackendBase:
     device_type = "CPU"
     rank, world_size = 0, 1
     sharded = False
+    host_group = None
     dry_run: str | None = None
 
     def attach(self, run: Run) -> None:
