@@ -57,6 +57,8 @@ def test_a_sharded_checkpoint_listing_a_foreign_file_is_refused(tmp_path):
     (["backend.strategy=fsdp", "precision=float16"], "precision: backend.strategy=fsdp computes in FSDP's mixed"),
     (["backend.fsdp_wrap=[Linear]"], "backend.fsdp_wrap: it applies to backend.strategy=fsdp only"),
     (["device=csx", "backend.strategy=fsdp"], "backend.strategy: only CPU/GPU understands it"),
+    (["+stages.a.loop.max_steps=2", "+stages.b.backend.strategy=fsdp"],
+     "stages.b.backend.strategy: fsdp differs from the run's single; sharded (fsdp) and unsharded stages"),
 ])
 def test_what_fsdp_cannot_do_here_is_refused_before_launch(overrides, problem):
     with pytest.raises(ValidationError) as info:
