@@ -16,12 +16,13 @@ import contextlib
 import io
 import re
 import sys
+from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from .config import explicit_groups, register_schemas, to_run_config
-from .errors import CsfError, ValidationError
+from .config import compose_dict, describe_error, explicit_groups, register_schemas, to_run_config
+from .errors import ConfigError, CsfError, ValidationError
 
 EXIT_INTERRUPTED = 130
 _HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
@@ -46,23 +47,95 @@ def report_error(error: CsfError) -> None:
     sys.stderr.flush()
 
 
-def precompose(argv: list[str]) -> None:
-    """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
-    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
+def precompose(argv: list[str]) -> Path | None:
+    """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
+    the key or file) if it does not compose: for a single run its config, for a sweep every value of every
+    swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
+    are left to Hydra."""
     from hydra._internal.utils import get_args_parser
-
-    from .config import compose
+    from hydra.core.hydra_config import HydraConfig
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             args = get_args_parser().parse_args(argv)
     except SystemExit:  # a usage error, or --version: Hydra reports it
+        return None
+    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+            or args.experimental_rerun or args.config_path or args.resolve):
+        return None
+    name = args.config_name or "config"
+    if args.multirun or any(o.startswith("hydra.mode=") for o in args.overrides):
+        if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
+            for job, swept in sweep_samples(args.overrides):
+                try:
+                    to_run_config(compose_dict(job, args.config_dir, name), explicit_groups(job))
+                except ConfigError as e:
+                    raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
+        return None
+    cfg = compose_dict(args.overrides, args.config_dir, name, with_hydra=True)
+    try:
+        HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in hydra.run.dir
+        run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).absolute()
+    finally:
+        HydraConfig.instance().cfg = None
+    to_run_config(cfg, explicit_groups(args.overrides))
+    return run_dir
+
+
+def sweep_samples(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Jobs of a sweep that together use every value of every swept key (the first job, then one more per
+    further value), as Hydra's basic sweeper spells them: ``(overrides, the swept ones among them)``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_discrete_sweep()
+                   else [f"{o.get_key_element()}={o.get_value_element_as_str()}"]
+                   for o in parsed if not o.is_sweep_override() or o.is_discrete_sweep()]
+    except HydraException as e:
+        raise ConfigError(describe_error(e)) from e
+    first = [values[0] for values in choices]
+    jobs = [first]
+    for i, values in enumerate(choices):
+        jobs += [first[:i] + [value] + first[i + 1:] for value in values[1:]]
+    swept = [i for i, values in enumerate(choices) if len(values) > 1]
+    return [(job, [job[i] for i in swept]) for job in jobs]
+
+
+def new_directories(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def remove_if_empty(directories: list[Path]) -> None:
+    """Remove the directories this process created for a run that then wrote nothing there (a rejected
+    run, ``mode=check``, a rank other than 0); ``rmdir`` refuses any directory that holds something."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+
+
+def save_hydra_record(output_dir: Path, cfg: DictConfig) -> None:
+    """Write what Hydra writes into ``.hydra/`` (the composed config, Hydra's config, the overrides), once
+    the run is accepted: ``conf/config.yaml`` sets ``hydra.output_subdir: null`` so that Hydra itself
+    writes nothing before the run is validated."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.output_subdir is not None:  # the user asked Hydra to write it (already done)
         return
-    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun
-            or args.experimental_rerun or args.config_path or args.resolve
-            or any(o.startswith("hydra.mode=") for o in args.overrides)):
-        return
-    compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
+    record = output_dir / ".hydra"
+    record.mkdir(parents=True, exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                       ("overrides.yaml", hydra_cfg.overrides.task)):
+        (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
@@ -76,7 +149,9 @@ def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
         result = run.check()
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
-    metrics = run.validate() if mode == "validate" else run.fit()["metrics"]
+    if run.rank == 0:
+        save_hydra_record(run.output_dir, cfg)
+    metrics = (run.validate() if mode == "validate" else run.fit())["metrics"]
     return metrics.get("val/loss", metrics.get("train/loss"))
 
 
@@ -104,13 +179,22 @@ def main() -> None:
     register_schemas()
     try:
         register_configs_from_entry_points()
-        precompose(sys.argv[1:])
+        run_dir = precompose(sys.argv[1:])
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise
         report_error(e)
         sys.exit(e.exit_code)
-    hydra_main()
+    created = []
+    if run_dir is not None:  # Hydra uses exactly this directory; what it creates for nothing is removed
+        created = new_directories(run_dir)
+        quoted = str(run_dir).replace("'", "\\'")
+        sys.argv = [a for a in sys.argv if a.lstrip("+").split("=", 1)[0] != "hydra.run.dir"]
+        sys.argv.append(f"hydra.run.dir='{quoted}'")
+    try:
+        hydra_main()
+    finally:
+        remove_if_empty(created)
 
 
 if __name__ == "__main__":
