@@ -1,7 +1,9 @@
 """The training and evaluation loop. It only computes and fires hooks; features live in plugins.
 
-The one host-device synchronisation is at ``loop.log_every`` (and evaluation), where the losses of the last
-steps are averaged; see ``hookspecs`` for the order of hooks.
+The one host-device synchronisation is at ``loop.log_every`` (and evaluation, and before a checkpoint),
+where the losses of the last steps are averaged; see ``hookspecs`` for the order of hooks. A loss in host
+memory (CPU, the CSX emulator) is also checked at every step, which costs nothing there, so a run stops at
+the step whose loss is not finite.
 """
 from __future__ import annotations
 
@@ -34,9 +36,9 @@ def train_stage(run) -> None:
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
     accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
     pending: dict[str, list] = {}
-    run._pending = pending  # read by run.check_finite(), which the checkpoint plugin calls before saving
+    run._pending = pending  # reported by run.flush_metrics(), which the checkpoint plugin calls before saving
+    run._timer = [time.perf_counter(), run.global_step]
     last_eval_step = -1
-    timer = [time.perf_counter(), run.global_step]
     run.module.train()
     hooks.on_train_start(run=run)
     while not _stage_done(run):
@@ -56,8 +58,11 @@ def train_stage(run) -> None:
                 for key, value in outputs.items():
                     if isinstance(value, torch.Tensor) and value.ndim == 0:
                         pending.setdefault(key, []).append(value)
+                loss = outputs.get("loss")
+                if isinstance(loss, torch.Tensor) and loss.device.type == "cpu" and not bool(loss.isfinite()):
+                    check_finite(run)  # free on the host: stop at this step (not an error under dynamic scaling)
                 if run.global_step % log_every == 0:
-                    _log_train_metrics(run, pending, timer)
+                    log_train_metrics(run)
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
@@ -74,8 +79,7 @@ def train_stage(run) -> None:
             run.batch_in_epoch = 0
             continue
         hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
-    if pending:
-        _log_train_metrics(run, pending, timer)
+    log_train_metrics(run)
     if run.val_loader is not None and last_eval_step != run.global_step:
         evaluate(run)
     hooks.on_train_end(run=run)
@@ -92,8 +96,9 @@ def _stop_requested(run) -> bool:
     return run.stop_signal is not None
 
 
-def _log_train_metrics(run, pending: dict, timer: list) -> None:
+def log_train_metrics(run) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
+    pending, timer = run._pending, run._timer
     if not pending.get("loss"):
         return
     values = {k: torch.stack(v).float() for k, v in pending.items()}

@@ -50,7 +50,8 @@ class Run:
     Attributes plugins rely on: ``config`` (the run's ``RunConfig``), ``stage`` / ``stage_config`` (the
     current stage's name and merged config), ``global_step``, ``epoch``, ``model``, ``optimizer``,
     ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
-    ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
+    ``metrics`` (latest value of every reported metric), ``mode`` (``"fit"`` or ``"validate"``: what the
+    run is doing), ``status``, ``rank`` / ``world_size``,
     ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
     (set at the step boundary where the run stops for it: the checkpoint plugin saves then).
     """
@@ -78,6 +79,8 @@ class Run:
         self.stop_signal: int | None = None  # set by SIGINT/SIGTERM during fit (see csframework.signals)
         self.stopping = False  # set by the loop: the step that just ended is the last before stopping
         self._pending: dict[str, list] = {}  # the loop's per-step outputs since the last log
+        self._timer = [0.0, 0]  # the time and global step of the last log (steps_per_sec)
+        self.mode = "fit"  # what the run is doing: "fit" or "validate"
         self.metrics: dict[str, float] = {}
         self.global_step = 0
         self.stage_index, self.stage_step = 0, 0
@@ -153,9 +156,9 @@ class Run:
 
     # -- running ----------------------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train every stage; returns the summary (``status``, ``global_step``, ``metrics`` ...)."""
+        """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does."""
         def body():
-            self.status = "running"
+            self.mode, self.status = "fit", "running"
             self.hooks.on_fit_start(run=self)
             dry_run = getattr(self.backend, "dry_run", None)  # CSX compile_only / validate_only: train nothing
             status = dry_run(self) if dry_run is not None else None
@@ -171,22 +174,24 @@ class Run:
             return self._guarded(body)
 
     def validate(self) -> dict:
-        """Evaluate on ``data.val`` once; returns the ``val/*`` metrics (``mode=validate``).
+        """Evaluate on ``data.val`` once (``mode=validate``); returns the run's summary (see ``summary``),
+        as ``fit`` does, whose ``metrics`` hold the ``val/*`` results.
 
         Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
-        ``status == "validating"`` meanwhile: logging, metrics and ``summary.json`` work as in a fit, and the
-        checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a trained run's weights).
+        ``mode == "validate"`` and ``status == "validating"`` meanwhile: logging, metrics and ``summary.json``
+        work as in a fit, and the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a
+        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights.
         """
         if self.val_loader is None:
             raise ConfigError("data.val: mode=validate needs a validation dataset")
 
         def body():
-            self.status = "validating"
+            self.mode, self.status = "validate", "validating"
             self.hooks.on_fit_start(run=self)
-            metrics = loop.evaluate(self)
+            loop.evaluate(self)
             self.status = "completed"
             self.hooks.on_fit_end(run=self)
-            return metrics
+            return self.summary()
 
         return self._guarded(body)
 
@@ -208,6 +213,13 @@ class Run:
                 self.log.error("on_exception_failed", error=str(hook_error))
             raise
 
+    def flush_metrics(self) -> None:
+        """Report the training metrics of the steps since the last log now (``on_log_metrics``), after
+        checking their losses (``NonFiniteLossError``). The checkpoint plugin calls it before saving, so a
+        checkpoint, like ``summary.json``, holds the metrics of the steps before it."""
+        if self._pending.get("loss"):
+            loop.log_train_metrics(self)
+
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
         infinite (under dynamic loss scaling: if the scale fell below ``precision.min_scale``), or if a
@@ -226,10 +238,13 @@ class Run:
         self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
     def summary(self) -> dict:
-        """What ``summary.json`` holds."""
-        return {"status": self.status, "global_step": self.global_step, "device_type": self.device_type,
-                "stage": self.stage, "metrics": dict(self.metrics), "run_id": self.run_id,
-                **self.backend.summary()}
+        """What ``fit`` and ``validate`` return and ``summary.json`` holds: ``status`` (``completed``,
+        ``failed``, ``interrupted``; on CSX ``compiled``/``validated`` for a dry run), ``mode`` (``fit`` or
+        ``validate``), ``global_step``, ``device_type``, ``stage``, ``metrics`` (the latest value of every
+        metric), ``run_id``, and the backend's figures (on CSX: traces, executions, compile cache)."""
+        return {"status": self.status, "mode": self.mode, "global_step": self.global_step,
+                "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
+                "run_id": self.run_id, **self.backend.summary()}
 
     # -- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
