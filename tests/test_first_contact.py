@@ -159,8 +159,9 @@ def test_the_command_line_of_a_new_user(tmp_path, cli_env, user_conf):
         "config-dir": ["--config-dir", str(user_conf), "model=blobs_mlp", "data=blobs", "loop.max_steps=3",
                        "loop.eval_steps=2", f"hydra.run.dir={work}/config-dir"],
     }
+    # one at a time: two runs started in the same second would share the default run directory
     results = dict(zip(cases, [c[0] for c in run_chains([[{"argv": argv}] for argv in cases.values()],
-                                                         cli_env, cwd=str(work))]))
+                                                         cli_env, parallel=1, cwd=str(work))]))
 
     for case in ("rejected", "compose-error", "missing-plugin", "missing-stage", "rejected-into-a-run"):
         assert results[case]["returncode"] == 2, (case, results[case]["stderr"])
