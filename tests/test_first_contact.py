@@ -140,6 +140,15 @@ def test_compose_with_a_user_primary_config_fits_with_its_values(tmp_path, user_
 def test_the_command_line_of_a_new_user(tmp_path, cli_env, user_conf):
     work = tmp_path / "work"
     work.mkdir()
+    (tmp_path / "chatty_plugin.py").write_text(textwrap.dedent("""\
+        import logging
+        from csframework import hookimpl
+
+        @hookimpl
+        def on_fit_start(run):
+            logging.getLogger("chatty_plugin").info("hello from the plugin")
+        """))
+    env = dict(cli_env, PYTHONPATH=os.pathsep.join([str(tmp_path), cli_env["PYTHONPATH"]]))
     existing = work / "existing"
     existing_record = b"# the record of an earlier run\n"
     (existing / ".hydra").mkdir(parents=True)
@@ -157,11 +166,11 @@ def test_the_command_line_of_a_new_user(tmp_path, cli_env, user_conf):
         "searchpath": ["model=blobs_mlp", "data=blobs", "loop.max_steps=3", "loop.eval_steps=2",
                        f"hydra.searchpath=[file://{user_conf}]", f"hydra.run.dir={work}/searchpath"],
         "config-dir": ["--config-dir", str(user_conf), "model=blobs_mlp", "data=blobs", "loop.max_steps=3",
-                       "loop.eval_steps=2", f"hydra.run.dir={work}/config-dir"],
+                       "loop.eval_steps=2", "plugins.enable=[chatty_plugin]", f"hydra.run.dir={work}/config-dir"],
     }
     # one at a time: two runs started in the same second would share the default run directory
     results = dict(zip(cases, [c[0] for c in run_chains([[{"argv": argv}] for argv in cases.values()],
-                                                         cli_env, parallel=1, cwd=str(work))]))
+                                                         env, parallel=1, cwd=str(work))]))
 
     for case in ("rejected", "compose-error", "missing-plugin", "missing-stage", "rejected-into-a-run"):
         assert results[case]["returncode"] == 2, (case, results[case]["stderr"])
@@ -187,6 +196,10 @@ def test_the_command_line_of_a_new_user(tmp_path, cli_env, user_conf):
         summary = json.loads((work / case / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["global_step"] == steps, case
         assert (work / case / ".hydra" / "config.yaml").is_file(), case
+    # one stream and format for the user's logging and csframework's; nothing on stdout
+    fit = results["config-dir"]
+    assert "][chatty_plugin][INFO] - hello from the plugin" in fit["stderr"]
+    assert "][csframework][INFO] - fit_start" in fit["stderr"] and fit["stdout"] == ""
     assert yaml.safe_load((work / "primary" / ".hydra" / "config.yaml").read_text())["optimizer"]["lr"] == 0.02
 
 
