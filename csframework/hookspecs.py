@@ -66,8 +66,9 @@ def csframework_validate(config):
 @hookspec
 def on_fit_start(run):
     """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.mode`` is ``"fit"`` or ``"validate"``,
-    ``run.status`` ``"running"`` or ``"validating"``), after the model, data and optimizer are built. The built-in checkpoint plugin loads
-    ``checkpoint.resume`` first, so ``run.global_step`` already tells where training resumes."""
+    ``run.status`` ``"running"`` or ``"validating"``), after the model, data and optimizer are built. The
+    built-in checkpoint plugin loads ``checkpoint.resume`` first, so ``run.global_step`` already tells where
+    training resumes."""
 
 
 @hookspec
