@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, CsfError
+from ..errors import ConfigError, CsfError, PluginError
 from ..plugins import hookimpl
 from .metrics import write_json_atomic
 
@@ -472,13 +472,7 @@ class CheckpointPlugin:
         run.flush_metrics()
         run.check_finite()
         root = self._root(run)
-        plugin_state: dict = {}
-        run.hooks.on_checkpoint_save(run=run, state=plugin_state)
-        try:
-            json.dumps(plugin_state)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"on_checkpoint_save: plugin state must be JSON-able ({e}); keys: "
-                              f"{', '.join(map(str, plugin_state))}") from e
+        plugin_state = plugin_checkpoint_state(run)
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
         if self.config_yaml is None:  # a plugin instance serves one run, whose config does not change
@@ -497,6 +491,48 @@ class CheckpointPlugin:
         self.saved_step = run.global_step
         run.log.info("checkpoint_saved", path=str(path))
         return path
+
+
+def plugin_checkpoint_state(run) -> dict:
+    """The ``on_checkpoint_save`` state, checked after each implementation's call: a value that JSON cannot
+    hold is a ``PluginError`` naming the plugin whose call put it there and where it is, raised before
+    anything is written (the run fails; the previous checkpoints stay complete and indexed). NaN and
+    infinities are allowed: Python's ``json`` writes and reads them back (``best = float("inf")``)."""
+    state: dict = {}
+    for plugin, _ in run.hooks.each("on_checkpoint_save", run=run, state=state):
+        problem = json_problem(state, "state")
+        if problem:
+            raise PluginError(plugin, "on_checkpoint_save", TypeError(
+                f"{problem}: put only JSON values (dicts with string keys, lists, strings, numbers, booleans, "
+                f"None) into the state; no checkpoint of step {run.global_step} was written, the previous "
+                "checkpoints are intact"))
+    return state
+
+
+def json_problem(value, where: str, _path: tuple = ()) -> str | None:
+    """``None`` if ``json.dumps`` can write ``value``, else which part of it cannot (``state['a'][2] is of
+    type Tensor ...``)."""
+    if id(value) in _path:
+        return f"{where} refers back to itself (a circular reference)"
+    try:
+        json.dumps(value)
+        return None
+    except (TypeError, ValueError, RecursionError):
+        pass
+    path = _path + (id(value),)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                return f"{where} has a key of type {type(key).__name__} ({key!r:.40})"
+            found = json_problem(item, f"{where}[{key!r}]", path)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = json_problem(item, f"{where}[{i}]", path)
+            if found:
+                return found
+    return f"{where} is of type {type(value).__name__} ({value!r:.40})"
 
 
 def _remove_stale(root: Path) -> None:
