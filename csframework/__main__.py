@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
 from pathlib import Path
@@ -22,8 +23,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from .config import compose_dict, describe_error, explicit_groups, register_schemas, to_run_config
+from .config import (check_config_files, compose_dict, describe_error, explicit_groups, register_schemas,
+                     resolve_run_dir, to_run_config, user_config_dirs)
 from .errors import ConfigError, CsfError, ValidationError
+from .plugins import hookimpl
 
 EXIT_INTERRUPTED = 130
 _HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
@@ -54,7 +57,6 @@ def precompose(argv: list[str]) -> Path | None:
     swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
     are left to Hydra."""
     from hydra._internal.utils import get_args_parser
-    from hydra.core.hydra_config import HydraConfig
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -63,9 +65,12 @@ def precompose(argv: list[str]) -> Path | None:
         return None
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
             or args.experimental_rerun or args.config_path or args.resolve):
+        config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
+        check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
         return None
     name = args.config_name or "config"
     if args.multirun or any(o.startswith("hydra.mode=") for o in args.overrides):
+        check_config_files(user_config_dirs(args.overrides, args.config_dir))
         if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
             for job, swept in sweep_samples(args.overrides):
                 try:
@@ -73,14 +78,9 @@ def precompose(argv: list[str]) -> Path | None:
                 except ConfigError as e:
                     raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
         return None
-    cfg = compose_dict(args.overrides, args.config_dir, name, with_hydra=True)
-    try:
-        HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in hydra.run.dir
-        run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).absolute()
-    finally:
-        HydraConfig.instance().cfg = None
+    cfg = compose_dict(args.overrides, args.config_dir, name)
     to_run_config(cfg, explicit_groups(args.overrides))
-    return run_dir
+    return Path(resolve_run_dir(cfg)).absolute()
 
 
 def sweep_samples(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
@@ -123,20 +123,28 @@ def remove_if_empty(directories: list[Path]) -> None:
             return
 
 
-def save_hydra_record(output_dir: Path, cfg: DictConfig) -> None:
-    """Write what Hydra writes into ``.hydra/`` (the composed config, Hydra's config, the overrides), once
-    the run is accepted: ``conf/config.yaml`` sets ``hydra.output_subdir: null`` so that Hydra itself
-    writes nothing before the run is validated."""
-    from hydra.core.hydra_config import HydraConfig
+class HydraRecord:
+    """Writes what Hydra writes into ``.hydra/`` (the composed config, Hydra's config, the overrides) when
+    the run starts writing, under the run directory's lock: ``conf/config.yaml`` sets
+    ``hydra.output_subdir: null`` so that Hydra itself writes nothing for a run that is then refused."""
 
-    hydra_cfg = HydraConfig.get()
-    if hydra_cfg.output_subdir is not None:  # the user asked Hydra to write it (already done)
-        return
-    record = output_dir / ".hydra"
-    record.mkdir(parents=True, exist_ok=True)
-    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
-                       ("overrides.yaml", hydra_cfg.overrides.task)):
-        (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+    name = "hydra_record"
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    @hookimpl(tryfirst=True)
+    def on_fit_start(self, run) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        if run.rank != 0 or hydra_cfg.output_subdir is not None:  # the user asked Hydra to write it: done
+            return
+        record = run.output_dir / ".hydra"
+        record.mkdir(parents=True, exist_ok=True)
+        for name, node in (("config.yaml", self.cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                           ("overrides.yaml", hydra_cfg.overrides.task)):
+            (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
@@ -144,14 +152,12 @@ def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
     from .run import Run
 
     config = to_run_config(cfg, explicit_groups(overrides))
-    run = Run(config)
+    run = Run(config, plugins=[HydraRecord(cfg)])
     mode = config.mode.value
     if mode == "check":
         result = run.check()
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
-    if run.rank == 0:
-        save_hydra_record(run.output_dir, cfg)
     metrics = (run.validate() if mode == "validate" else run.fit())["metrics"]
     return metrics.get("val/loss", metrics.get("train/loss"))
 

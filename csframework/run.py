@@ -1,6 +1,7 @@
 """``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
@@ -22,6 +23,7 @@ from .config.readonly import freeze
 from .data import make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError
 from .plugins import Hooks, build_manager
+from .rundir import run_dir_lock
 from .schedule import build_optimizer, build_scheduler
 
 STATE_VERSION = 1
@@ -132,7 +134,10 @@ class Run:
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
         self.train_loader, self.val_loader = self._loaders(cfg)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        try:
+            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
+            raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
         if hasattr(self.backend, "attach"):
             self.backend.attach(self)
@@ -178,7 +183,7 @@ class Run:
 
         from .signals import stop_on_signals
 
-        with stop_on_signals(self):
+        with self._writer_lock(), stop_on_signals(self):
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -201,13 +206,20 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        return self._guarded(body)
+        with self._writer_lock():
+            return self._guarded(body)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
         if hasattr(self.backend, "check"):
             self.backend.check(self)
         return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
+
+    def _writer_lock(self):
+        """Rank 0 holds the run directory's lock (``csframework.rundir``) while it runs: taken before any
+        hook writes there; a run refused for it never reaches ``on_exception``, so the holder's
+        ``summary.json`` is left alone."""
+        return run_dir_lock(self.output_dir) if self.rank == 0 else contextlib.nullcontext()
 
     def _guarded(self, body):
         try:
