@@ -2,9 +2,14 @@
 
 Errors csframework raises on purpose (bad config, a rejected run, a failing plugin, a tracing error) are
 printed without a traceback, one line per problem, with the exit status of the error (2 for config and
-validation errors); ``debug=true`` shows the traceback. Before Hydra starts a single run, the overrides
-are composed once here, so a composition error (unknown key, wrong type, missing group option, a broken
-YAML file, an unparsable override) is one line naming the key or file too.
+validation errors); ``debug=true`` shows the traceback. Before Hydra starts, the overrides are composed
+once here (a sweep's: every swept value), so a composition error (unknown key, wrong type, missing group
+option, a broken YAML file, an unparsable override) is one line naming the key or file too.
+
+A rejected run writes nothing: Hydra writes no ``.hydra/`` (``hydra.output_subdir: null``; ``HydraRecord``
+writes it once the run starts), and the run directory, resolved here and handed to Hydra, is removed again
+with the parents this process created for it when nothing was written there (``mode=check``, a refused
+run, a torchrun rank other than 0, which writes into rank 0's directory).
 
 Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
 rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
