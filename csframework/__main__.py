@@ -21,24 +21,19 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from .config import (check_config_files, compose_dict, describe_error, explicit_groups, register_schemas,
-                     resolve_run_dir, to_run_config, user_config_dirs)
-from .errors import ConfigError, CsfError, ValidationError
+from . import api
+from .config import (check_config_files, compose_dict, describe_error, explicit_groups, resolve_run_dir,
+                     to_run_config, user_config_dirs)
+from .errors import ConfigError, CsfError, ValidationError, one_line
 from .plugins import hookimpl
 
 EXIT_INTERRUPTED = 130
-_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
-
-
-def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(text)).splitlines() if part.strip())
 
 
 def error_lines(error: CsfError) -> list[str]:
@@ -56,11 +51,11 @@ def report_error(error: CsfError) -> None:
     sys.stderr.flush()
 
 
-def precompose(argv: list[str]) -> Path | None:
+def precompose(argv: list[str], backends: dict[str, type]) -> Path | None:
     """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
     the key or file) if it does not compose: for a single run its config, for a sweep every value of every
     swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
-    are left to Hydra."""
+    are left to Hydra. ``backends``: each device type's ``backend`` schema (``api.composition()``)."""
     from hydra._internal.utils import get_args_parser
 
     try:
@@ -79,12 +74,12 @@ def precompose(argv: list[str]) -> Path | None:
         if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
             for job, swept in sweep_samples(args.overrides):
                 try:
-                    to_run_config(compose_dict(job, args.config_dir, name), explicit_groups(job))
+                    to_run_config(compose_dict(job, args.config_dir, name), explicit_groups(job), backends=backends)
                 except ConfigError as e:
                     raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
         return None
     cfg = compose_dict(args.overrides, args.config_dir, name)
-    to_run_config(cfg, explicit_groups(args.overrides))
+    to_run_config(cfg, explicit_groups(args.overrides), backends=backends)
     return Path(resolve_run_dir(cfg)).absolute()
 
 
@@ -156,7 +151,7 @@ def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
     """Compose, validate, build and run one job; returns the final validation loss for sweepers."""
     from .run import Run
 
-    config = to_run_config(cfg, explicit_groups(overrides))
+    config = api.to_run_config(cfg, explicit_groups(overrides))
     run = Run(config, plugins=[HydraRecord(cfg)])
     mode = config.mode.value
     if mode == "check":
@@ -186,12 +181,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
-    from .plugins import register_configs_from_entry_points
-
-    register_schemas()
     try:
-        register_configs_from_entry_points()
-        run_dir = precompose(sys.argv[1:])
+        found = api.composition()  # the plugins' configs and the backends' config files, into Hydra's ConfigStore
+        run_dir = precompose(sys.argv[1:], found.schemas)
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise

@@ -16,7 +16,7 @@ import sys
 
 import structlog
 
-from ..plugins import hookimpl
+from ..hookspecs import hookimpl
 
 #: One console format for csframework and everything else under the CLI (also in the job-logging config).
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
