@@ -20,7 +20,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from .config import explicit_groups, register_schemas, to_run_config
+from .config import explicit_groups, prepare_schema, to_run_config
 from .errors import CsfError, ValidationError
 
 EXIT_INTERRUPTED = 130
@@ -46,17 +46,24 @@ def report_error(error: CsfError) -> None:
     sys.stderr.flush()
 
 
-def precompose(argv: list[str]) -> None:
-    """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
-    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
+def parse_args(argv: list[str]):
+    """Hydra's parse of the command line, or ``None`` for a usage error or ``--version`` (Hydra reports it)."""
     from hydra._internal.utils import get_args_parser
-
-    from .config import compose
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            args = get_args_parser().parse_args(argv)
-    except SystemExit:  # a usage error, or --version: Hydra reports it
+            return get_args_parser().parse_args(argv)
+    except SystemExit:
+        return None
+
+
+def precompose(argv: list[str]) -> None:
+    """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
+    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
+    from .config import compose
+
+    args = parse_args(argv)
+    if args is None:
         return
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun
             or args.experimental_rerun or args.config_path or args.resolve
@@ -99,11 +106,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
-    from .plugins import register_configs_from_entry_points
-
-    register_schemas()
     try:
-        register_configs_from_entry_points()
+        args = parse_args(sys.argv[1:])
+        prepare_schema(args.overrides if args is not None else [])  # plugin sections, for every mode
         precompose(sys.argv[1:])
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:

@@ -48,6 +48,19 @@ def csframework_register_configs(config_store):
 
 
 @hookspec
+def csframework_config_sections():
+    """Return ``{section_name: dataclass_type}``: config sections of this plugin's own.
+
+    Each section becomes a top-level key of the composed config holding the dataclass's defaults, set
+    like a built-in section (``early_stopping.patience=3`` on the command line, a user YAML, a stage) and
+    type-checked the same way; the plugin reads it as ``run.config.<section_name>``. Asked before
+    composition, so only plugins known then can declare one: installed entry points and the modules of
+    ``plugins.enable`` given on the command line or to ``csf.compose`` (not ``Run(plugins=[...])``).
+    A class plugin is instantiated (no arguments) to be asked.
+    """
+
+
+@hookspec
 def csframework_configure(config):
     """Called with the typed ``RunConfig`` after composition, before validation. May adjust it in place."""
 

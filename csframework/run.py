@@ -51,8 +51,10 @@ class Run:
     current stage's name and merged config), ``global_step``, ``epoch``, ``model``, ``optimizer``,
     ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
     ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
-    ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
-    (set at the step boundary where the run stops for it: the checkpoint plugin saves then).
+    ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``), ``stopping``
+    (set at the step boundary where the run stops for it: the checkpoint plugin saves then) and
+    ``stop_reason`` (set by ``request_stop``). Plugins may add entries to ``summary_extra`` (merged into
+    ``summary.json``).
     """
 
     def __init__(self, config: RunConfig | DictConfig | Sequence[str] | None = None,
@@ -77,6 +79,8 @@ class Run:
         self.error: BaseException | None = None
         self.stop_signal: int | None = None  # set by SIGINT/SIGTERM during fit (see csframework.signals)
         self.stopping = False  # set by the loop: the step that just ended is the last before stopping
+        self.stop_reason: str | None = None  # set by request_stop: training ends after the current step
+        self.summary_extra: dict[str, Any] = {}
         self._pending: dict[str, list] = {}  # the loop's per-step outputs since the last log
         self.metrics: dict[str, float] = {}
         self.global_step = 0
@@ -190,6 +194,14 @@ class Run:
 
         return self._guarded(body)
 
+    def request_stop(self, reason: str) -> None:
+        """Stop training after the current step as at a normal end: the final evaluation and checkpoint
+        run, later stages are skipped, ``summary.json`` says ``status: completed`` and ``stop_reason``.
+        Under DDP, call it on every rank (evaluation metrics are the same on every rank)."""
+        if self.stop_reason is None:
+            self.stop_reason = str(reason)
+            self.log.info("stop_requested", reason=self.stop_reason)
+
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
         if hasattr(self.backend, "check"):
@@ -227,9 +239,12 @@ class Run:
 
     def summary(self) -> dict:
         """What ``summary.json`` holds."""
-        return {"status": self.status, "global_step": self.global_step, "device_type": self.device_type,
-                "stage": self.stage, "metrics": dict(self.metrics), "run_id": self.run_id,
-                **self.backend.summary()}
+        summary = {"status": self.status, "global_step": self.global_step, "device_type": self.device_type,
+                   "stage": self.stage, "metrics": dict(self.metrics), "run_id": self.run_id,
+                   **self.backend.summary(), **self.summary_extra}
+        if self.stop_reason is not None:
+            summary["stop_reason"] = self.stop_reason
+        return summary
 
     # -- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -91,7 +91,8 @@ def test_an_entry_point_plugin_is_discovered_and_can_be_disabled(tmp_path, cli_e
     site.mkdir()
     install_entry_point_plugin(site)
     counter = tmp_path / "calls.txt"
-    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", STEP_COUNTER_FILE=str(counter))
+    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", STEP_COUNTER_FILE=str(counter),
+               CSFRAMEWORK_PLUGINS_AUTOLOAD="step_counter")
 
     r = cli("loop.max_steps=7", f"hydra.run.dir={tmp_path / 'on'}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]

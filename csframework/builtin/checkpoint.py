@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import struct
@@ -310,12 +311,22 @@ def read_config_yaml(path: Path) -> str:
         return ""
 
 
+def read_index(root: Path) -> dict | None:
+    """``checkpoints/index.json``: ``checkpoints`` (names, oldest first) and, with ``keep_best``, ``best``
+    (``name``, ``metric``, ``value``); ``None`` when missing or unreadable."""
+    try:
+        index = json.loads((root / INDEX).read_text(encoding="utf-8"))
+        return index if isinstance(index, dict) and isinstance(index.get("checkpoints"), list) else None
+    except (OSError, ValueError):
+        return None
+
+
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints, oldest first: from the index, else from the directory names."""
-    try:
-        names = json.loads((root / INDEX).read_text(encoding="utf-8"))["checkpoints"]
-        names = [n for n in names if isinstance(n, str)]
-    except (OSError, ValueError, KeyError, TypeError):
+    index = read_index(root)
+    if index is not None:
+        names = [n for n in index["checkpoints"] if isinstance(n, str)]
+    else:
         names = sorted(p.name for p in root.glob("step-*") if p.is_dir()) if root.is_dir() else []
     return [root / n for n in names if (root / n).is_dir()]
 
@@ -378,6 +389,7 @@ class CheckpointPlugin:
         self.saved_step = None
         self.seen_step = None
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
+        self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
 
     def _root(self, run) -> Path:
         return run.output_dir / "checkpoints"
@@ -387,6 +399,39 @@ class CheckpointPlugin:
         if not self.restore(run) and run.status == "validating":
             run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
                             fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
+        if run.rank == 0:
+            self._name_best(run, (read_index(self._root(run)) or {}).get("best"))
+
+    @hookimpl
+    def on_log_metrics(self, metrics, step):
+        for name in metrics:
+            self.reported[name] = step
+
+    def _best(self, run, root: Path, name: str) -> dict | None:
+        """The best checkpoint after saving ``name``: it, if ``keep_best.monitor`` was reported at this
+        step with a better value than the previous best, else the previous best (``None``: keep none)."""
+        keep_best = run.stage_config.checkpoint.keep_best
+        monitor = keep_best.monitor
+        previous = (read_index(root) or {}).get("best")
+        if not monitor:
+            return None
+        if not isinstance(previous, dict) or previous.get("metric") != monitor or not (root / previous["name"]).is_dir():
+            previous = None
+        value = run.metrics.get(monitor)
+        if self.reported.get(monitor) != run.global_step or value is None or not math.isfinite(value):
+            return previous
+        if previous is not None and (value >= previous["value"] if keep_best.mode.value == "min"
+                                     else value <= previous["value"]):
+            return previous
+        return {"name": name, "metric": monitor, "value": value}
+
+    @staticmethod
+    def _name_best(run, best: dict | None) -> None:
+        if best:
+            run.summary_extra["best_checkpoint"] = {"path": f"checkpoints/{best['name']}", "metric": best["metric"],
+                                                    "value": best["value"]}
+        else:
+            run.summary_extra.pop("best_checkpoint", None)
 
     def restore(self, run) -> bool:
         """Load ``checkpoint.resume`` into ``run``; ``True`` when a checkpoint was loaded."""
@@ -485,14 +530,21 @@ class CheckpointPlugin:
         name = f"step-{run.global_step:08d}"
         path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml)
         kept = [p.name for p in list_checkpoints(root) if p.name != name] + [name]
-        keep = run.stage_config.checkpoint.keep_last
+        retained = kept[-run.stage_config.checkpoint.keep_last:]
+        best = self._best(run, root, name)
+        index: dict = {"checkpoints": retained}
+        if best:
+            index["checkpoints"] = retained = sorted(set(retained) | {best["name"]})  # step-<zero-padded>
+            index["best"] = best
         try:
-            write_json_atomic(root / INDEX, {"checkpoints": kept[-keep:]})
+            write_json_atomic(root / INDEX, index)
         except OSError as e:
             raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
                                        f"{path} is complete and the previous checkpoints are intact") from e
-        for old in kept[:-keep]:
-            shutil.rmtree(root / old, ignore_errors=True)
+        for old in kept:
+            if old not in retained:
+                shutil.rmtree(root / old, ignore_errors=True)
+        self._name_best(run, best)
         self.saved_step = run.global_step
         run.log.info("checkpoint_saved", path=str(path))
         return path

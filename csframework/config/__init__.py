@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Iterable, Sequence
 
@@ -20,15 +21,61 @@ __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
     "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
-    "to_run_config", "stage_config", "explicit_groups", "describe_error",
+    "to_run_config", "stage_config", "explicit_groups", "describe_error", "run_config_type",
+    "prepare_schema", "plugin_sections",
 ]
 
 SCHEMA_NAME = "csframework_schema"
+_types: dict[tuple, type] = {}
+_active: type = RunConfig  # the schema registered last: what Hydra composes a job's config with
 
 
-def register_schemas() -> None:
-    """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+def run_config_type(sections: dict[str, type] | None = None) -> type:
+    """``RunConfig`` extended by plugin config sections (``{name: dataclass}``), each a typed top-level
+    field holding the dataclass's defaults; one class per set of sections."""
+    if not sections:
+        return RunConfig
+    key = tuple(sorted(sections.items(), key=lambda item: item[0]))
+    if key not in _types:
+        _types[key] = dataclasses.make_dataclass(
+            "RunConfig", [(name, schema, dataclasses.field(default_factory=schema)) for name, schema in key],
+            bases=(RunConfig,))
+    return _types[key]
+
+
+def register_schemas(config_type: type = RunConfig) -> None:
+    """Put the run schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
+    global _active
+    _active = config_type
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=config_type)
+
+
+def prepare_schema(overrides: Sequence[str]) -> tuple[type, list[str]]:
+    """Before Hydra composes ``overrides``: the plugins known then (entry points, ``plugins.enable``, minus
+    ``plugins.disable``) register configs and contribute their sections to the schema, which is registered.
+    Returns the schema and the disabled plugin names. Refuses (``ConfigError``) an override of the section
+    of a disabled plugin."""
+    from ..plugins import plugin_choices, precompose
+
+    enable, disable = plugin_choices(overrides)
+    config_type = run_config_type(precompose(enable, disable))
+    register_schemas(config_type)
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        problem = disabled_section(key, disable, config_type)
+        if problem:
+            raise ConfigError(problem)
+    return config_type, disable
+
+
+def disabled_section(key: str, disabled, config_type: type) -> str | None:
+    """The error for setting ``key`` when its section is that of a disabled plugin (a section named
+    after its plugin, as every first-party one is)."""
+    top = key.split(".", 1)[0]
+    if top in disabled and top not in {f.name for f in dataclasses.fields(config_type)}:
+        return (f"{key}: plugin '{top}' is disabled (plugins.disable), so its config section is gone; "
+                f"remove the setting or enable the plugin")
+    return None
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -81,12 +128,14 @@ def _describe_known(error: BaseException) -> str | None:
     return None
 
 
-def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
-    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved).
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), config_type: type | None = None) -> RunConfig:
+    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved); the schema is
+    ``config_type``, by default the one last registered (with the plugin sections of this composition).
 
     When only the ``backend`` group was chosen, the device type follows it (``backend=csx`` alone means a
     CSX run); choosing both groups is left for the validation plugin to refuse.
     """
+    config_type = config_type or _active
     try:
         cfg = copy.deepcopy(cfg)
         OmegaConf.set_struct(cfg, False)
@@ -95,11 +144,13 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
             cfg.device.type = cfg.backend.type
         cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg, resolve=False))
+        typed = OmegaConf.merge(OmegaConf.structured(config_type), OmegaConf.to_container(cfg, resolve=False))
         OmegaConf.resolve(typed)
         return OmegaConf.to_object(typed)
     except OmegaConfBaseException as e:
-        raise ConfigError(describe_error(e)) from e
+        disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
+        key = getattr(e, "full_key", None) or ""
+        raise ConfigError(disabled_section(key, disabled, config_type) or describe_error(e)) from e
 
 
 def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
@@ -107,9 +158,10 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
     partial = OmegaConf.create(partial if partial is not None else {})
     if not isinstance(partial, DictConfig):
         raise ConfigError(f"stages.{name}: must be a mapping of overrides, got {type(partial).__name__}")
+    allowed = STAGE_KEYS + plugin_sections(base)
     for key in partial:
-        if key not in STAGE_KEYS:
-            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(STAGE_KEYS)}")
+        if key not in allowed:
+            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(allowed)}")
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
         partial.device = {"type": partial.device.upper()}
     try:
@@ -118,6 +170,12 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
+
+
+def plugin_sections(config) -> tuple[str, ...]:
+    """The config sections plugins added to ``config`` (a stage may set them too)."""
+    builtin = {f.name for f in dataclasses.fields(RunConfig)}
+    return tuple(f.name for f in dataclasses.fields(config) if f.name not in builtin)
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
@@ -132,11 +190,8 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    from ..plugins import register_configs_from_entry_points
-
-    register_schemas()
-    register_configs_from_entry_points()
     overrides = list(overrides)
+    config_type, _ = prepare_schema(overrides)
     if config_dir is not None:
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
@@ -149,4 +204,4 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    return to_run_config(cfg, explicit_groups(overrides))
+    return to_run_config(cfg, explicit_groups(overrides), config_type)
