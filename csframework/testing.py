@@ -130,15 +130,20 @@ class CsfRunner:
         return RunResult.read(code, output_dir, error=error)
 
     def cli(self, args: Sequence[str] = (), output_dir=None, autoload: Iterable[str] | None = None,
-            env: dict[str, str] | None = None, timeout: float = 300) -> RunResult:
+            env: dict[str, str] | None = None, nproc: int = 1, timeout: float = 300) -> RunResult:
         """``python -m csframework TINY_RUN + args`` in a subprocess, in ``output_dir`` (with ``-m``, the
-        sweep directory: one numbered job directory each)."""
+        sweep directory: one numbered job directory each). ``nproc > 1``: under ``torchrun`` with that many
+        ranks and ``backend.strategy=ddp``."""
         output_dir = self._dir(output_dir)
+        launch = [sys.executable]
+        if nproc > 1:
+            launch += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+            args = [*args, "backend.strategy=ddp"]
         where = "hydra.sweep.dir" if {"-m", "--multirun"} & set(args) else "hydra.run.dir"
         full_env = dict(os.environ, **(env or {}))
         for key, value in _autoload_env(autoload).items():
             full_env[key] = value
-        done = subprocess.run([sys.executable, "-m", "csframework", *TINY_RUN, *args, f"{where}={output_dir}"],
+        done = subprocess.run([*launch, "-m", "csframework", *TINY_RUN, *args, f"{where}={output_dir}"],
                               env=full_env, capture_output=True, text=True, timeout=timeout)
         return RunResult.read(done.returncode, output_dir, stdout=done.stdout, stderr=done.stderr)
 
