@@ -143,9 +143,29 @@ class CsfRunner:
         full_env = dict(os.environ, **(env or {}))
         for key, value in _autoload_env(autoload).items():
             full_env[key] = value
-        done = subprocess.run([*launch, "-m", "csframework", *TINY_RUN, *args, f"{where}={output_dir}"],
+        options, overrides = _split_options(args)
+        done = subprocess.run([*launch, "-m", "csframework", *options, *TINY_RUN, *overrides,
+                               f"{where}={output_dir}"],
                               env=full_env, capture_output=True, text=True, timeout=timeout)
         return RunResult.read(done.returncode, output_dir, stdout=done.stdout, stderr=done.stderr)
+
+
+_VALUED_OPTIONS = {"--config-dir", "-cd", "--config-name", "-cn", "--cfg", "-c", "--package", "-p",
+                   "--config-path", "-cp", "--info", "-i"}
+
+
+def _split_options(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Command-line options (``-m``, ``--config-dir DIR`` ...) and overrides: Hydra wants options first."""
+    options, overrides, args = [], [], list(args)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        options.append(arg)
+        if arg in _VALUED_OPTIONS and args and "=" not in arg:
+            options.append(args.pop(0))
+    return options, overrides
 
 
 class HookRecorder:

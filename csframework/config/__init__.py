@@ -22,7 +22,7 @@ __all__ = [
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
     "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
     "to_run_config", "stage_config", "explicit_groups", "describe_error", "run_config_type",
-    "prepare_schema", "plugin_sections",
+    "prepare_schema", "plugin_sections", "flat_config",
 ]
 
 SCHEMA_NAME = "csframework_schema"
@@ -176,6 +176,24 @@ def plugin_sections(config) -> tuple[str, ...]:
     """The config sections plugins added to ``config`` (a stage may set them too)."""
     builtin = {f.name for f in dataclasses.fields(RunConfig)}
     return tuple(f.name for f in dataclasses.fields(config) if f.name not in builtin)
+
+
+def flat_config(config) -> dict:
+    """A run config as ``{"dotted.key": value}`` (plain values: enums as their value, lists as lists),
+    e.g. for loggers that record parameters."""
+    import enum
+
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node.value if isinstance(node, enum.Enum) else node
+
+    walk(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True), "")
+    return flat
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None,

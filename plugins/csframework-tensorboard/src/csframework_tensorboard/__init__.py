@@ -4,7 +4,6 @@ appends to the same log directory and TensorBoard drops the steps after the chec
 (``purge_step``), so no step appears twice."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -12,6 +11,7 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 import csframework as csf
+from csframework.config import flat_config
 
 __all__ = ["TensorBoardLogger", "TensorBoardConfig"]
 
@@ -24,20 +24,10 @@ class TensorBoardConfig:
     """How often the writer flushes to disk, in seconds (it also flushes when the run ends)."""
 
 
-def flat_config(config) -> dict:
+def hparams_of(config) -> dict:
     """The composed config as ``{dotted.key: value}`` with values TensorBoard's hparams accept."""
-    flat: dict = {}
-
-    def walk(node, prefix):
-        if isinstance(node, dict) and node:
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-            return
-        value = node.value if isinstance(node, enum.Enum) else node
-        flat[prefix[:-1]] = value if isinstance(value, (bool, int, float, str)) else str(value)
-
-    walk(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True), "")
-    return flat
+    return {key: value if isinstance(value, (bool, int, float, str)) else str(value)
+            for key, value in flat_config(config).items()}
 
 
 class TensorBoardLogger:
@@ -85,7 +75,7 @@ class TensorBoardLogger:
         if self.writer is not None:
             from torch.utils.tensorboard.summary import hparams
 
-            for summary in hparams(flat_config(run.config), dict(run.metrics)):
+            for summary in hparams(hparams_of(run.config), dict(run.metrics)):
                 self.writer.file_writer.add_summary(summary, run.global_step)
         self._close()
 
