@@ -155,7 +155,7 @@ def precompose(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> dict[
     builtin = {f.name for f in dataclasses.fields(RunConfig)}
     sections: dict[str, type] = {}
     owners: dict[str, str] = {}
-    for impl in reversed(pm.hook.csframework_config_sections.get_hookimpls()):  # registration order
+    for impl in pm.hook.csframework_config_sections.get_hookimpls():  # in registration order
         plugin = impl.plugin_name
         declared = _call(impl, "csframework_config_sections") or {}
         if not isinstance(declared, dict):
