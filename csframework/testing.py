@@ -65,22 +65,23 @@ class RunResult:
         return cls(exit_code, output_dir, summary, events, metrics, **extra)
 
 
+def _set_env(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @contextlib.contextmanager
 def _env(changes: dict[str, str | None]):
+    """``os.environ`` with ``changes`` (``None``: unset) while active."""
     saved = {key: os.environ.get(key) for key in changes}
+    _set_env(changes)
     try:
-        for key, value in changes.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_env(saved)
 
 
 def _autoload_env(autoload: Iterable[str] | None) -> dict[str, str | None]:
