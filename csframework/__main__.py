@@ -6,9 +6,10 @@ validation errors); ``debug=true`` shows the traceback. Before Hydra starts a si
 are composed once here, so a composition error (unknown key, wrong type, missing group option, a broken
 YAML file, an unparsable override) is one line naming the key or file too.
 
-Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config or a
-rejected run (nothing trained, no checkpoint); 130 stopped by SIGINT and 143 by SIGTERM (128 + the signal
-number: the step finished, a checkpoint was saved and ``summary.json`` says ``interrupted``).
+Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
+rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
+and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
+``summary.json`` says ``interrupted``).
 """
 from __future__ import annotations
 

@@ -223,6 +223,19 @@ def test_plugins_enable_declares_a_section_but_run_plugins_cannot(tmp_path, monk
            "without it" in str(late.error)
 
 
+def test_a_plugin_section_is_read_only_during_the_run(tmp_path, monkeypatch, runner):
+    mine = section_module(tmp_path, monkeypatch, "csf_changing_section", "changing")
+
+    class Changes:
+        @csf.hookimpl
+        def on_fit_start(self, run):
+            run.config.changing.value = 5
+
+    result = runner.run([f"plugins.enable=[{mine}]"], plugins=[Changes])
+    assert result.exit_code != 0
+    assert "run.config is read-only while the run runs: changing.value cannot be changed" in str(result.error)
+
+
 def test_a_disabled_plugin_has_no_section(installed, runner):
     result = runner.run(["plugins.disable=[greeter]", "greeter.times=2"])
     assert result.exit_code == 2

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from .backend import BackendConfig, DeviceConfig, FIELDS_BY_TYPE, Strategy
 from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
+from .readonly import ReadOnly
 from .run import STAGE_KEYS, Mode, RunConfig
 from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
@@ -37,10 +38,19 @@ def run_config_type(sections: dict[str, type] | None = None) -> type:
         return RunConfig
     key = tuple(sorted(sections.items(), key=lambda item: item[0]))
     if key not in _types:
+        typed = [(name, _read_only(schema)) for name, schema in key]
         _types[key] = dataclasses.make_dataclass(
-            "RunConfig", [(name, schema, dataclasses.field(default_factory=schema)) for name, schema in key],
+            "RunConfig", [(name, schema, dataclasses.field(default_factory=schema)) for name, schema in typed],
             bases=(RunConfig,))
     return _types[key]
+
+
+def _read_only(schema: type) -> type:
+    """A plugin's section dataclass with the ``ReadOnly`` mix-in of the built-in schemas (a subclass: the
+    plugin's own ``isinstance`` checks hold), so it is as read-only during a run as they are."""
+    if issubclass(schema, ReadOnly):
+        return schema
+    return dataclasses.make_dataclass(schema.__name__, [], bases=(ReadOnly, schema))
 
 
 def register_schemas(config_type: type = RunConfig) -> None:

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import List, Optional
 
+from .readonly import ReadOnly
+
 
 class OptimizerName(str, Enum):
     sgd = "sgd"
@@ -19,7 +21,7 @@ class ScheduleName(str, Enum):
 
 
 @dataclass
-class ScheduleConfig:
+class ScheduleConfig(ReadOnly):
     name: ScheduleName = ScheduleName.constant
     """``constant``, ``linear`` (decay to ``min_lr``) or ``cosine`` (to ``min_lr``), after the warm-up."""
     warmup_steps: int = 0
@@ -29,7 +31,7 @@ class ScheduleConfig:
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(ReadOnly):
     name: OptimizerName = OptimizerName.adamw
     """``sgd``, ``adam`` or ``adamw``."""
     lr: float = 1e-3
