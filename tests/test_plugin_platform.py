@@ -48,7 +48,7 @@ class Greeter:
     def on_train_batch_end(self, run):
         self.steps += 1
         cfg = run.stage_config.greeter
-        run.summary_extra["greeter"] = {"greeting": cfg.greeting, "times": cfg.times, "names": cfg.names,
+        run.summary_extra["greeter"] = {"greeting": cfg.greeting, "times": cfg.times, "names": list(cfg.names),
                                         "type": type(cfg.times).__name__, "steps": self.steps}
 
 
