@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
 
@@ -60,8 +61,9 @@ def parse_args(argv: list[str]):
 
 def precompose(argv: list[str]) -> None:
     """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
-    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
-    from .config import compose
+    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra,
+    once the user's config files are checked (``check_config_files``)."""
+    from .config import check_config_files, compose, user_config_dirs
 
     args = parse_args(argv)
     if args is None:
@@ -69,6 +71,8 @@ def precompose(argv: list[str]) -> None:
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun
             or args.experimental_rerun or args.config_path or args.resolve
             or any(o.startswith("hydra.mode=") for o in args.overrides)):
+        config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
+        check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
         return
     compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
 

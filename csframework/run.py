@@ -135,7 +135,10 @@ class Run:
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
         self.train_loader, self.val_loader = self._loaders(cfg)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        try:
+            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
+            raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
         if hasattr(self.backend, "attach"):
             self.backend.attach(self)
