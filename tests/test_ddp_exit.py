@@ -1,7 +1,8 @@
 """Every rank of a completed DDP run exits 0 (issue 9, item 6): left to interpreter finalisation, gloo's
 threads could abort a rank after ``fit_end`` ("terminate called without an active exception", SIGABRT), so
-torchrun exited 1 although ``summary.json`` said completed; csframework now destroys the process group it
-created at exit. The abort came in about one run of three to five, so the test runs twenty."""
+torchrun exited 1 although ``summary.json`` said completed; the CLI now ends each rank itself (barrier,
+process group destroyed, ``os._exit``). The abort came in about one run of three to five, so the test runs
+twenty."""
 import json
 import shutil
 import subprocess
@@ -18,8 +19,6 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 PAIRS = 10  # a fresh run, then a resumed one with more steps: 20 runs
 
 
-@pytest.mark.xfail(reason="OPEN (issue 9 item 6c): a completed rank still dies with SIGABRT at exit in some "
-                   "runs although csframework destroys its process group at exit", strict=False)
 @pytest.mark.skipif(not TORCHRUN.exists() and shutil.which("torchrun") is None, reason="torchrun not found")
 def test_twenty_completed_two_rank_runs_all_exit_0(tmp_path, cli_env):
     torchrun = str(TORCHRUN) if TORCHRUN.exists() else shutil.which("torchrun")

@@ -1,7 +1,6 @@
 """Eager execution on CPU or CUDA, single process or DDP (``backend.strategy``), any precision policy."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import os
@@ -29,16 +28,6 @@ def detached(outputs: dict) -> dict:
 
 #: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
 FINISH_WAIT_S = 30
-_group_settled = True  # False once a collective of this process was left unfinished
-
-
-def _destroy_process_group() -> None:
-    """At exit, destroy the process group csframework created, while the interpreter is still whole: left
-    to interpreter finalisation, gloo's threads abort the process ("terminate called without an active
-    exception", SIGABRT) and torchrun reports a completed run as failed. Skipped when a collective was left
-    unfinished (destroying would wait for it)."""
-    if dist.is_initialized() and _group_settled:
-        dist.destroy_process_group()
 
 
 class EagerBackend:
@@ -66,7 +55,6 @@ class EagerBackend:
         if self.distributed:
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if self.kind == "GPU" else "gloo")
-                atexit.register(_destroy_process_group)
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             # host-side flags travel over gloo: no device synchronisation for them under NCCL
             self.host_group = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
@@ -97,8 +85,7 @@ class EagerBackend:
         try:
             pending[1].wait(datetime.timedelta(seconds=FINISH_WAIT_S))
         except RuntimeError:  # a rank died or hangs: nothing to agree on any more
-            global _group_settled
-            _group_settled = False
+            pass
 
     def broadcast(self, value):
         """Rank 0's ``value`` on every rank."""
