@@ -99,7 +99,7 @@ ALL = "greeter,counter_module,counter_instance"
 
 def pip_install_target(source: Path, site: Path) -> None:
     """``pip install`` a source tree into ``site`` (a real install: dist-info, entry points)."""
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                            "--target", str(site), str(source)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
