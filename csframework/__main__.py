@@ -16,21 +16,16 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from .config import explicit_groups, prepare_schema, to_run_config
-from .errors import CsfError, ValidationError
+from . import api
+from .config import explicit_groups
+from .errors import CsfError, ValidationError, one_line
 
 EXIT_INTERRUPTED = 130
-_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
-
-
-def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(text)).splitlines() if part.strip())
 
 
 def error_lines(error: CsfError) -> list[str]:
@@ -63,7 +58,7 @@ def precompose(argv: list[str]) -> None:
     """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
     line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra,
     once the user's config files are checked (``check_config_files``)."""
-    from .config import check_config_files, compose, user_config_dirs
+    from .config import check_config_files, user_config_dirs
 
     args = parse_args(argv)
     if args is None:
@@ -74,14 +69,14 @@ def precompose(argv: list[str]) -> None:
         config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
         check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
         return
-    compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
+    api.compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
     """Compose, validate, build and run one job; returns the final validation loss for sweepers."""
     from .run import Run
 
-    config = to_run_config(cfg, explicit_groups(overrides))
+    config = api.to_run_config(cfg, explicit_groups(overrides))
     run = Run(config)
     mode = config.mode.value
     if mode == "check":
@@ -113,7 +108,9 @@ def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
     try:
         args = parse_args(sys.argv[1:])
-        prepare_schema(args.overrides if args is not None else [])  # plugin sections, for every mode
+        # the schema with the plugins' sections, their configs and the backends' config files, into Hydra's
+        # ConfigStore (plugins.enable / plugins.disable of the command line count)
+        api.command_line_composition(args.overrides if args is not None else [])
         precompose(sys.argv[1:])
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:

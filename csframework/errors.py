@@ -1,5 +1,16 @@
-"""The errors csframework raises on purpose. The CLI prints them without a traceback."""
+"""The errors csframework raises on purpose (the CLI prints them without a traceback), and ``one_line``,
+which puts any error's message on one line."""
 from __future__ import annotations
+
+import re
+
+_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
+
+
+def one_line(error: BaseException | str) -> str:
+    """An error's message on one line (Hydra's and instantiate's span several; Hydra's advice to set
+    ``HYDRA_FULL_ERROR`` is dropped: ``debug=true`` is csframework's switch)."""
+    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(error)).splitlines() if part.strip())
 
 
 class CsfError(Exception):
@@ -39,6 +50,14 @@ class ReadOnlyConfigError(CsfError, AttributeError):
     Raised in a hook, it fails the run as a ``PluginError`` naming the plugin (exit 1)."""
 
 
+class PluginImportError(PluginError):
+    """A plugin that could not be imported or instantiated: says where it came from and how to turn it off."""
+
+    def __init__(self, plugin: str, source: str, error: BaseException, fix: str):
+        super().__init__(plugin, None, error)
+        self.args = (f"plugin '{plugin}' ({source}) failed to load: {type(error).__name__}: {error}; {fix}",)
+
+
 class TracingError(CsfError):
     """CSX: the traced step did something a static graph cannot express (names the user's line)."""
 
@@ -49,6 +68,22 @@ class CompileError(CsfError):
 
 class NonFiniteLossError(CsfError):
     """The loss became NaN or infinite; the message names the step."""
+
+
+class CheckpointWriteError(CsfError):
+    """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+
+
+class UnreadableCheckpoints(ConfigError):
+    """``checkpoints/`` exists but cannot be listed (permissions, or a file where the directory should be)."""
+
+
+class RunDirInUse(ConfigError):
+    """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
 
 
 class DataTimeoutError(CsfError):

@@ -1,5 +1,6 @@
-"""The plugin manager: built-ins, entry points, ``plugins.enable`` and ``Run(plugins=...)``, with errors
-that name the failing plugin and hook."""
+"""The plugin manager: entry points, ``plugins.enable``, ``Run(plugins=...)`` and the built-ins its caller
+hands it, minus ``plugins.disable``; hooks called through ``Hooks``, whose errors name the failing plugin
+and hook. It imports no plugin itself (``csframework.api`` and ``Run`` pass the built-ins)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,32 +9,28 @@ import importlib
 import os
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import pluggy
 
 from . import hookspecs
 from .config.readonly import read_only_error
-from .errors import ConfigError, NonFiniteLossError, PluginError
+from .errors import ConfigError, NonFiniteLossError, PluginError, PluginImportError
+from .hookspecs import PROJECT, hookimpl
 
-PROJECT = "csframework"
+if TYPE_CHECKING:
+    from .backends.base import BackendSpec
+
+__all__ = ["ENTRY_POINT_GROUP", "AUTOLOAD_ENV", "COMPOSITION_HOOKS", "Hooks", "build_manager", "backend_specs",
+           "config_sections", "check_sections", "plugin_choices", "hookimpl", "plugin_name"]
+
 ENTRY_POINT_GROUP = "csframework.plugins"
 #: ``0``/``none``: load no entry-point plugin; ``a,b``: only those; unset, ``1`` or ``all``: every one
 #: (like ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``; keeps a test suite independent of what else is installed).
 AUTOLOAD_ENV = "CSFRAMEWORK_PLUGINS_AUTOLOAD"
-#: Hooks asked before composition, of entry points and ``plugins.enable`` modules.
-PRECOMPOSE_HOOKS = ("csframework_register_configs", "csframework_config_sections")
-hookimpl = pluggy.HookimplMarker(PROJECT)
-
-_configs_registered: set[str] = set()
-
-
-class PluginImportError(PluginError):
-    """A plugin that could not be imported (or instantiated); says where it came from and how to turn it off."""
-
-    def __init__(self, plugin: str, source: str, error: BaseException, fix: str):
-        super().__init__(plugin, None, error)
-        self.args = (f"plugin '{plugin}' ({source}) failed to load: {type(error).__name__}: {error}; {fix}",)
+#: The hooks asked before composition; a class plugin is instantiated then only if it implements one.
+COMPOSITION_HOOKS = ("csframework_register_configs", "csframework_config_sections", "csframework_device_types",
+                     "csframework_backend")
 
 
 def plugin_name(plugin: Any) -> str:
@@ -78,8 +75,8 @@ def installed_entry_points() -> list:
 
 
 def load_entry_points(disabled: Iterable[str] = ()) -> list[tuple[str, Any]]:
-    """Plugins of installed distributions (group ``csframework.plugins``) except ``disabled``, which are
-    never imported; the entry-point name is the plugin name."""
+    """Plugins of installed distributions except ``disabled``, which are never imported; the entry-point
+    name is the plugin name. One that fails to import is named with its distribution."""
     disabled = set(disabled)
     found = []
     for ep in installed_entry_points():
@@ -104,15 +101,8 @@ def load_module_path(path: str) -> Any:
         raise PluginImportError(path, "plugins.enable", e, "fix it or remove it from plugins.enable") from e
 
 
-def enabled_plugins(paths: Iterable[str], disabled: Iterable[str] = ()) -> list[tuple[str, Any]]:
-    """The plugins of ``plugins.enable``, named; a path that is itself disabled is not imported."""
-    disabled = set(disabled)
-    found = [(path, load_module_path(path)) for path in paths if path not in disabled]
-    return [(plugin_name(obj), obj) for _, obj in found]
-
-
 def plugin_choices(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``plugins.enable`` and ``plugins.disable`` as the overrides set them (sweeps and unparsable
+    """``plugins.enable`` and ``plugins.disable`` as command-line overrides set them (sweeps and unparsable
     overrides are left to Hydra)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -130,40 +120,63 @@ def plugin_choices(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return chosen["plugins.enable"], chosen["plugins.disable"]
 
 
-def precompose(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> dict[str, type]:
-    """What plugins contribute before composition: let installed entry points and ``plugins.enable``
-    modules (minus ``disable``) register configs (once per process), and collect their config sections.
+def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (), extra: Iterable[Any] = (),
+                  disable: Iterable[str] = (), asking: Sequence[str] | None = None) -> pluggy.PluginManager:
+    """All plugins: entry points, ``enable`` (module paths), ``extra`` (objects), then ``builtins``
+    (``(name, plugin)`` pairs), minus the names in ``disable`` (blocked: never imported or registered).
 
-    Returns ``{section: dataclass}``. A section that is a built-in key, or that two plugins declare, or
-    that is not a dataclass is a ``ConfigError`` naming the plugin(s) and the key.
+    pluggy calls the last registered first, so built-ins run before user plugins in each hook. A class is
+    instantiated here (no arguments), so each run has its own instance; with ``asking`` (hook names, before
+    composition) only a class that implements one of them is.
     """
-    from hydra.core.config_store import ConfigStore
-
-    from .config import RunConfig
-
-    pm = new_manager()
-    for name, plugin in load_entry_points(disable) + enabled_plugins(enable, disable):
-        if name in disable or pm.has_plugin(name):
+    disable = set(disable)
+    candidates = load_entry_points(disable)
+    candidates += [(plugin_name(obj), obj) for obj in (load_module_path(p) for p in enable if p not in disable)]
+    candidates += [(plugin_name(p), p) for p in extra] + list(builtins)
+    known = {n for n, _ in candidates} | {ep.name for ep in installed_entry_points()} | set(enable)
+    unknown = disable - known
+    if unknown:
+        raise ConfigError(f"plugins.disable: no plugin named {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(known))})")
+    pm = Manager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for name in disable:
+        pm.set_blocked(name)
+    for name, plugin in candidates:
+        if pm.is_blocked(name):
             continue
-        if isinstance(plugin, type) and not any(hasattr(plugin, h) for h in PRECOMPOSE_HOOKS):
-            continue  # a class is instantiated before composition only if it has something to say then
-        register(pm, name, instantiate(name, plugin))
-    fresh = [impl for impl in pm.hook.csframework_register_configs.get_hookimpls()
-             if impl.plugin_name not in _configs_registered]
-    for impl in fresh:
-        _call(impl, "csframework_register_configs", config_store=ConfigStore.instance())
-        _configs_registered.add(impl.plugin_name)
+        if asking is not None and isinstance(plugin, type) and not any(hasattr(plugin, h) for h in asking):
+            continue
+        if pm.has_plugin(name):
+            raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")
+        pm.register(instantiate(name, plugin), name=name)
+    return pm
+
+
+def _declared(impl) -> dict:
+    """What one implementation of ``csframework_config_sections`` declares (its plugin named if it raises)."""
+    try:
+        declared = impl.function() or {}
+    except Exception as e:  # noqa: BLE001
+        raise PluginError(impl.plugin_name, "csframework_config_sections", e) from e
+    if not isinstance(declared, dict):
+        raise ConfigError(f"plugin '{impl.plugin_name}': csframework_config_sections must return a dict "
+                          f"{{section: dataclass}}, got {type(declared).__name__}")
+    return declared
+
+
+def config_sections(pm: pluggy.PluginManager) -> dict[str, type]:
+    """The plugins' config sections (``csframework_config_sections``), ``{section: dataclass}``. A section
+    that is a built-in key, or that two plugins declare, or that is not a dataclass is a ``ConfigError``
+    naming the plugin(s) and the key."""
+    from .config import RunConfig
 
     builtin = {f.name for f in dataclasses.fields(RunConfig)}
     sections: dict[str, type] = {}
     owners: dict[str, str] = {}
     for impl in pm.hook.csframework_config_sections.get_hookimpls():  # in registration order
         plugin = impl.plugin_name
-        declared = _call(impl, "csframework_config_sections") or {}
-        if not isinstance(declared, dict):
-            raise ConfigError(f"plugin '{plugin}': csframework_config_sections must return a dict "
-                              f"{{section: dataclass}}, got {type(declared).__name__}")
-        for section, schema in declared.items():
+        for section, schema in _declared(impl).items():
             if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
                 raise ConfigError(f"{section}: plugin '{plugin}' declares it as {schema!r}; a config section "
                                   "must be a dataclass type")
@@ -177,57 +190,11 @@ def precompose(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> dict[
     return sections
 
 
-def _call(impl, hook_name: str, **kwargs):
-    """Call one hook implementation directly, naming its plugin if it raises."""
-    try:
-        return impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-    except Exception as e:  # noqa: BLE001
-        raise PluginError(impl.plugin_name, hook_name, e) from e
-
-
-def new_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(hookspecs)
-    return pm
-
-
-def build_manager(config, extra: Iterable[Any] = ()) -> pluggy.PluginManager:
-    """All plugins of a run, minus ``plugins.disable`` (blocked before they are imported or instantiated).
-
-    Registration order: user plugins (entry points, ``plugins.enable``, ``extra``), then the built-ins.
-    pluggy calls the last registered first, so built-ins run before user plugins in each hook. A class is
-    instantiated here, once per run, so no two runs (jobs of a sweep) share a plugin's state.
-    """
-    from .builtin import builtin_plugins
-
-    disabled = set(config.plugins.disable)
-    candidates = load_entry_points(disabled) + enabled_plugins(config.plugins.enable, disabled)
-    candidates += [(plugin_name(p), p) for p in extra]
-    candidates += builtin_plugins()
-    known = {name for name, _ in candidates} | {ep.name for ep in installed_entry_points()}
-    known |= set(config.plugins.enable)
-    unknown = disabled - known
-    if unknown:
-        raise ConfigError(f"plugins.disable: no plugin named {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(known))})")
-    pm = new_manager()
-    for name in disabled:
-        pm.set_blocked(name)
-    for name, plugin in candidates:
-        if pm.is_blocked(name):
-            continue
-        if pm.has_plugin(name):
-            raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")
-        register(pm, name, instantiate(name, plugin))
-    _check_sections(pm, config)
-    return pm
-
-
-def _check_sections(pm: pluggy.PluginManager, config) -> None:
+def check_sections(pm: pluggy.PluginManager, config) -> None:
     """A plugin that declares a section the composed config lacks was not known before composition."""
     have = {f.name for f in dataclasses.fields(config)}
     for impl in pm.hook.csframework_config_sections.get_hookimpls():
-        missing = sorted(set(_call(impl, "csframework_config_sections") or {}) - have)
+        missing = sorted(set(_declared(impl)) - have)
         if missing:
             raise ConfigError(f"{missing[0]}: plugin '{impl.plugin_name}' declares config section "
                               f"'{missing[0]}', but the config was composed without it; a plugin with a config "
@@ -235,8 +202,28 @@ def _check_sections(pm: pluggy.PluginManager, config) -> None:
                               "to Run(plugins=[...])")
 
 
-def register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
-    """Register ``plugin`` after checking each of its hook implementations against the hook specs.
+def backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:
+    """The backend of every device type the plugins supply (``csframework_backend``), by device type."""
+    types = dict.fromkeys(t for found in hooks.csframework_device_types() for t in found or ())
+    specs = {t: hooks.csframework_backend(device_type=t) for t in sorted(types)}
+    return {t: spec for t, spec in specs.items() if spec is not None}
+
+
+class Manager(pluggy.PluginManager):
+    """pluggy's manager, whose ``register`` (entry points' included) first checks each of a plugin's hook
+    implementations against the hook specs (``check_hookimpls``)."""
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        name = name or plugin_name(plugin)
+        check_hookimpls(self, name, plugin)
+        try:
+            return super().register(plugin, name=name)
+        except Exception as e:  # noqa: BLE001 - pluggy's other refusals (e.g. a wrapper that is no generator)
+            raise PluginError(name, None, e) from e
+
+
+def check_hookimpls(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
+    """Check each of ``plugin``'s hook implementations against the hook specs.
 
     pluggy would accept an implementation of a hook that does not exist (``check_pending`` finds it later,
     naming the plugin's repr) and refuses one with an unknown argument in a multi-line message; here both
@@ -265,10 +252,6 @@ def register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
             raise ConfigError(f"plugin '{name}': hook '{hook_name}' has no argument "
                               f"{', '.join(repr(a) for a in unknown)} (its arguments: {', '.join(allowed)}); "
                               "take any subset of them, by name")
-    try:
-        pm.register(plugin, name=name)
-    except Exception as e:  # noqa: BLE001 - pluggy's other refusals (e.g. a wrapper that is no generator)
-        raise PluginError(name, None, e) from e
 
 
 def _hook_names(pm: pluggy.PluginManager) -> list[str]:
@@ -292,8 +275,10 @@ class Hooks:
     @staticmethod
     def _caller(hook_name: str, hook):
         if not hook.get_hookimpls():
+            firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
+
             def nobody(**kwargs):
-                return []  # what pluggy returns for a hook without implementations
+                return None if firstresult else []  # what pluggy returns for a hook without implementations
 
             nobody.__name__ = hook_name
             return nobody

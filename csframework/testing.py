@@ -188,10 +188,10 @@ def _add_recording_hooks() -> None:
     import inspect
 
     from . import hookspecs
-    from .plugins import PRECOMPOSE_HOOKS, hookimpl
+    from .plugins import COMPOSITION_HOOKS, hookimpl
 
     for hook, spec in inspect.getmembers(hookspecs, inspect.isfunction):
-        if not hasattr(spec, "csframework_spec") or hook in PRECOMPOSE_HOOKS:
+        if not hasattr(spec, "csframework_spec") or hook in COMPOSITION_HOOKS:
             continue
         args = tuple(inspect.signature(spec).parameters)
         # pluggy passes a hook implementation the arguments its code names, so each one is real code

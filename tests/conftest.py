@@ -1,12 +1,12 @@
+"""Shared fixtures. The helpers live in ``tests/support`` (on ``sys.path`` through pytest's ``pythonpath``
+setting in pyproject.toml; subprocesses get it through ``fixtures.pythonpath``)."""
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).parent
-sys.path.insert(0, str(TESTS))
-# The core suite runs without installed third-party plugins (plugins/ packages test themselves); a test
+import fixtures
+
+# The core suite runs without installed third-party plugins (the plugins/ packages test themselves); a test
 # of entry points names the ones it wants.
 os.environ["CSFRAMEWORK_PLUGINS_AUTOLOAD"] = "0"
 
@@ -15,6 +15,6 @@ os.environ["CSFRAMEWORK_PLUGINS_AUTOLOAD"] = "0"
 def cli_env():
     """Environment for ``python -m csframework`` subprocesses that use the test fixtures."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = fixtures.pythonpath()
     env.pop("HYDRA_FULL_ERROR", None)
     return env

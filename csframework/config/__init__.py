@@ -1,17 +1,26 @@
-"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``."""
+"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``.
+
+Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
+schema of each device type; ``config_files``: the config directories of backend plugins; ``sections``: the
+plugins' own config sections).
+``csframework.api`` asks the plugins for these and passes them in.
+"""
 from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import os
-from typing import Iterable, Sequence
+from pathlib import Path
+from dataclasses import fields
+from typing import Callable, Iterable, Mapping, Sequence
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..errors import ConfigError
-from .backend import BackendConfig, DeviceConfig, FIELDS_BY_TYPE, Strategy
+from ..errors import ConfigError, ValidationError
+from .backend import BackendConfig, DeviceConfig
 from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
 from .readonly import ReadOnly
@@ -20,22 +29,24 @@ from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
 __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
-    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
-    "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
-    "to_run_config", "stage_config", "explicit_groups", "describe_error", "run_config_type",
-    "prepare_schema", "plugin_sections", "flat_config", "user_config_dirs", "check_config_files",
+    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
+    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas", "to_run_config", "stage_config",
+    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
+    "user_config_dirs", "check_config_files", "run_config_type", "plugin_sections", "disabled_section",
+    "flat_config",
 ]
 
 SCHEMA_NAME = "csframework_schema"
-_types: dict[tuple, type] = {}
-_active: type = RunConfig  # the schema registered last: what Hydra composes a job's config with
 #: A user's config file beyond these is refused before Hydra reads it: YAML aliases can expand a small
 #: file exponentially (a "billion laughs" alias bomb), which would hang composition.
 MAX_CONFIG_BYTES = 4 * 2**20
 MAX_CONFIG_NODES = 100_000
 
 
-def run_config_type(sections: dict[str, type] | None = None) -> type:
+_types: dict[tuple, type] = {}
+
+
+def run_config_type(sections: Mapping[str, type] | None = None) -> type:
     """``RunConfig`` extended by plugin config sections (``{name: dataclass}``), each a typed top-level
     field holding the dataclass's defaults; one class per set of sections."""
     if not sections:
@@ -57,39 +68,52 @@ def _read_only(schema: type) -> type:
     return dataclasses.make_dataclass(schema.__name__, [], bases=(ReadOnly, schema))
 
 
-def register_schemas(config_type: type = RunConfig) -> None:
-    """Put the run schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    global _active
-    _active = config_type
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=config_type)
+def plugin_sections(config) -> tuple[str, ...]:
+    """The config sections plugins added to ``config`` (a stage may set them too)."""
+    builtin = {f.name for f in fields(RunConfig)}
+    return tuple(f.name for f in fields(config) if f.name not in builtin)
 
 
-def prepare_schema(overrides: Sequence[str]) -> tuple[type, list[str]]:
-    """Before Hydra composes ``overrides``: the plugins known then (entry points, ``plugins.enable``, minus
-    ``plugins.disable``) register configs and contribute their sections to the schema, which is registered.
-    Returns the schema and the disabled plugin names. Refuses (``ConfigError``) an override of the section
-    of a disabled plugin."""
-    from ..plugins import plugin_choices, precompose
-
-    enable, disable = plugin_choices(overrides)
-    config_type = run_config_type(precompose(enable, disable))
-    register_schemas(config_type)
-    for item in overrides:
-        key = item.split("=", 1)[0].lstrip("+~")
-        problem = disabled_section(key, disable, config_type)
-        if problem:
-            raise ConfigError(problem)
-    return config_type, disable
-
-
-def disabled_section(key: str, disabled, config_type: type) -> str | None:
-    """The error for setting ``key`` when its section is that of a disabled plugin (a section named
-    after its plugin, as every first-party one is)."""
+def disabled_section(key: str, disabled: Iterable[str], sections: Mapping[str, type] | None) -> str | None:
+    """The error for setting ``key`` when its section is that of a disabled plugin (a section named after
+    its plugin, as every first-party one is)."""
     top = key.split(".", 1)[0]
-    if top in disabled and top not in {f.name for f in dataclasses.fields(config_type)}:
+    if top in set(disabled) and top not in (sections or {}):
         return (f"{key}: plugin '{top}' is disabled (plugins.disable), so its config section is gone; "
                 f"remove the setting or enable the plugin")
     return None
+
+
+def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
+    """``RunConfig`` (with the plugins' ``sections``) as Hydra composes it: typed, except the ``backend``
+    node, which takes any key until ``to_run_config`` types it with the schema of its device type."""
+    schema = OmegaConf.structured(run_config_type(sections))
+    with open_dict(schema):
+        schema.backend = {"type": "CPU"}
+    OmegaConf.set_struct(schema.backend, False)
+    return schema
+
+
+def register_schemas(sections: Mapping[str, type] | None = None) -> None:
+    """Put the ``RunConfig`` schema (with the plugins' ``sections``) into Hydra's ConfigStore;
+    ``conf/config.yaml`` builds on it."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema(sections))
+
+
+def flat_config(config) -> dict:
+    """A run config as ``{"dotted.key": value}`` (plain values: enums as their value, lists as lists),
+    e.g. for loggers that record parameters."""
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node.value if isinstance(node, enum.Enum) else node
+
+    walk(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True), "")
+    return flat
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -210,14 +234,17 @@ def _describe_known(error: BaseException) -> str | None:
     return None
 
 
-def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), config_type: type | None = None) -> RunConfig:
-    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved); the schema is
-    ``config_type``, by default the one last registered (with the plugin sections of this composition).
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type],
+                  sections: Mapping[str, type] | None = None) -> RunConfig:
+    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved), with the
+    plugins' config ``sections`` as typed top-level fields.
 
-    When only the ``backend`` group was chosen, the device type follows it (``backend=csx`` alone means a
-    CSX run); choosing both groups is left for the validation plugin to refuse.
+    ``backends`` maps each device type to its ``backend`` schema: ``backend`` becomes an instance of the
+    schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
+    only another device type's backend has is refused naming that type. When only the ``backend`` group was
+    chosen, the device type follows it (``backend=csx`` alone means a CSX run); choosing both groups is left
+    for the validation plugin to refuse.
     """
-    config_type = config_type or _active
     try:
         cfg = copy.deepcopy(cfg)
         OmegaConf.set_struct(cfg, False)
@@ -226,12 +253,42 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), config_type: ty
             cfg.device.type = cfg.backend.type
         cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(OmegaConf.structured(config_type), OmegaConf.to_container(cfg, resolve=False))
-        return OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
+        typed = OmegaConf.merge(_schema(sections), OmegaConf.to_container(cfg, resolve=False))
+        run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
         disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
-        key = getattr(e, "full_key", None) or ""
-        raise ConfigError(disabled_section(key, disabled, config_type) or describe_error(e)) from e
+        problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
+        raise ConfigError(problem or describe_error(e)) from e
+    run.backend = _typed_backend(run.backend, run.device.type, backends)
+    return run
+
+
+def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type]):
+    """``values`` (the ``backend`` node) as an instance of its type's schema."""
+    known = ", ".join(f"device={t.lower()}" for t in backends)
+    problems = []
+    if device_type not in backends:
+        problems.append(f"device.type: '{device_type}' is not a device type; use {known}")
+    kind = values.get("type", device_type)
+    schema = backends.get(kind)
+    if schema is None:
+        problems.append(f"backend.type: '{kind}' is not a device type; use {', '.join(backends)}")
+        raise ValidationError(problems)
+    own = {f.name for f in fields(schema)}
+    for key in sorted(set(values) - own):
+        owners = [t for t, other in backends.items() if key in {f.name for f in fields(other)}]
+        if owners:
+            problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
+                            f"{kind}; remove it or use device={owners[0].lower()}")
+        else:
+            problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
+                            f"{', '.join(sorted(own - {'type'}))})")
+    if problems:
+        raise ValidationError(problems)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"backend.{describe_error(e)}") from e
 
 
 def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
@@ -253,30 +310,6 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
         raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
 
 
-def plugin_sections(config) -> tuple[str, ...]:
-    """The config sections plugins added to ``config`` (a stage may set them too)."""
-    builtin = {f.name for f in dataclasses.fields(RunConfig)}
-    return tuple(f.name for f in dataclasses.fields(config) if f.name not in builtin)
-
-
-def flat_config(config) -> dict:
-    """A run config as ``{"dotted.key": value}`` (plain values: enums as their value, lists as lists),
-    e.g. for loggers that record parameters."""
-    import enum
-
-    flat: dict = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, dict) and node:
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            flat[prefix[:-1]] = node.value if isinstance(node, enum.Enum) else node
-
-    walk(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True), "")
-    return flat
-
-
 def _resolve_run_dir(cfg: DictConfig) -> None:
     """Resolve ``hydra.run.dir`` as a run does before anything else (with ``HydraConfig`` set, for
     ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""
@@ -290,20 +323,29 @@ def _resolve_run_dir(cfg: DictConfig) -> None:
         HydraConfig.instance().cfg = saved
 
 
-def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
-            config_name: str = "config") -> RunConfig:
-    """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+            backends: Mapping[str, type], config_files: Iterable[str] = (),
+            sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> RunConfig:
+    """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
-    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``).
-    Raises ``ConfigError`` naming the offending key.
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``);
+    ``config_files`` are the config directories of backend plugins (``register_config_files``);
+    ``backends`` and ``sections`` as in ``to_run_config``; ``disabled``: the disabled plugins, whose
+    sections are gone (setting one says so). Raises ``ConfigError`` naming the offending key.
+    (``csf.compose`` is this with the plugins' contributions.)
     """
     import yaml
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    register_schemas(sections)
+    register_config_files(config_files)
     overrides = list(overrides)
-    config_type, _ = prepare_schema(overrides)
+    for item in overrides:
+        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
+        if problem:
+            raise ConfigError(problem)
     if config_dir is not None:
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
@@ -318,4 +360,50 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    return to_run_config(cfg, explicit_groups(overrides), config_type)
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections)
+
+
+def register_config_files(directories: Iterable[str]) -> None:
+    """Put the config files of each directory (``pkg://package`` or ``file://path``, holding
+    ``<group>/<option>.yaml``) into Hydra's ConfigStore, so their group options compose wherever Hydra
+    composes (the CLI's ``@hydra.main`` and ``compose``), e.g. a backend plugin's ``device/toy.yaml``."""
+    import importlib.resources
+
+    import yaml
+
+    for directory in directories:
+        scheme, _, where = directory.partition("://")
+        try:
+            root = Path(str(importlib.resources.files(where))) if scheme == "pkg" else Path(where)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"{directory}: no such package; a backend plugin's config_path must name one") from e
+        for file in sorted(root.rglob("*.yaml")):
+            group = file.parent.relative_to(root).as_posix()
+            try:
+                node = OmegaConf.load(file)
+            except (yaml.YAMLError, OmegaConfBaseException) as e:
+                raise ConfigError(f"{file}: {describe_error(e)}") from e
+            ConfigStore.instance().store(group=None if group == "." else group, name=file.stem, node=node)
+
+
+def stage_configs(config: RunConfig) -> list[tuple[str, RunConfig]]:
+    """``(prefix, config)`` of every stage that merges (``stages.<name>.``); the validation plugin reports
+    the ones that do not."""
+    found = []
+    for name, partial in config.stages.items():
+        try:
+            found.append((f"stages.{name}.", stage_config(config, name, partial)))
+        except ConfigError:
+            continue
+    return found
+
+
+def for_each_stage(config: RunConfig, rule: Callable[[RunConfig], list[str]]) -> list[str]:
+    """``rule``'s problems with the run's config and with each stage's of the same device type, each problem
+    once: a stage's own are prefixed with ``stages.<name>.`` (a stage inherits the run's problems)."""
+    base = rule(config)
+    problems = list(base)
+    for prefix, cfg in stage_configs(config):
+        if cfg.device.type == config.device.type:
+            problems += [prefix + p for p in rule(cfg) if p not in base]
+    return problems

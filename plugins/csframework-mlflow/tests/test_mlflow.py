@@ -4,6 +4,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import csframework as csf
+from csframework.testing import RunResult
 
 pytestmark = pytest.mark.slow
 ONLY = ["mlflow"]  # entry-point plugins these runs load
@@ -51,7 +52,7 @@ def test_one_mlflow_run_per_sweep_job(csf_runner):
     assert [r.data.params["optimizer.lr"] for r in found] == ["0.05", "0.2"]
     for job, mlflow_run in zip(("0", "1"), found):
         assert mlflow_run.info.status == "FINISHED"
-        assert_matches(client, mlflow_run, csf.testing.RunResult.read(0, sweep.output_dir / job))
+        assert_matches(client, mlflow_run, RunResult.read(0, sweep.output_dir / job))
 
 
 class FailAt:

@@ -1,0 +1,77 @@
+"""Composition with the plugins: ``csf.compose`` and the CLI ask the plugins (entry points, ``plugins.enable``
+and built-ins, minus ``plugins.disable``) for what composition needs (each device type's ``backend``
+schema, the backends' config directories, the plugins' config sections, ``csframework_register_configs``)
+and hand it to ``csframework.config``, which knows no plugin."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from . import config
+from .backends.base import BackendSpec
+from .builtin import builtin_plugins
+from .plugins import COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, plugin_choices
+
+
+@dataclass
+class Composition:
+    """What the plugins contribute to composition."""
+
+    backends: dict[str, BackendSpec]
+    """Each device type's backend."""
+    sections: dict[str, type] = field(default_factory=dict)
+    """The plugins' own config sections (``csframework_config_sections``)."""
+    disabled: list[str] = field(default_factory=list)
+    """The disabled plugins (their sections are gone)."""
+
+    @property
+    def schemas(self) -> dict[str, type]:
+        return {t: spec.schema for t, spec in self.backends.items()}
+
+    @property
+    def config_files(self) -> list[str]:
+        """The backends' config directories."""
+        return list(dict.fromkeys(spec.config_path for spec in self.backends.values() if spec.config_path))
+
+
+def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable: Iterable[str] = ()) -> Composition:
+    """Ask the entry-point plugins, the ``enable`` modules, ``plugins`` and the built-ins, minus ``disable``
+    (never imported); puts the schema (with the plugins' config sections), the backends' config files and
+    the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore."""
+    pm = build_manager(builtin_plugins(), enable, plugins, disable, asking=COMPOSITION_HOOKS)
+    hooks = Hooks(pm)
+    found = Composition(backend_specs(hooks), config_sections(pm), list(disable))
+    config.register_schemas(found.sections)
+    config.register_config_files(found.config_files)
+    hooks.csframework_register_configs(config_store=ConfigStore.instance())
+    return found
+
+
+def command_line_composition(overrides: Sequence[str], plugins: Iterable[Any] = ()) -> Composition:
+    """``composition`` with the ``plugins.enable`` / ``plugins.disable`` the overrides set."""
+    enable, disable = plugin_choices(overrides)
+    return composition(plugins, enable, disable)
+
+
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config",
+            plugins: Iterable[Any] = ()) -> config.RunConfig:
+    """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
+
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``); ``plugins``
+    are asked for backends and configs besides the installed (entry-point) and built-in ones.
+    Raises ``ConfigError`` naming the offending key.
+    """
+    found = command_line_composition(overrides, plugins)
+    return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
+                          sections=found.sections, disabled=found.disabled)
+
+
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterable[Any] = ()) -> config.RunConfig:
+    """``config.to_run_config`` with the plugins' backend schemas and sections (a config Hydra composed,
+    whose own ``plugins.enable`` / ``plugins.disable`` say which plugins count)."""
+    chosen = cfg.get("plugins") or {}
+    found = composition(plugins, list(chosen.get("enable") or ()), list(chosen.get("disable") or ()))
+    return config.to_run_config(cfg, selected, backends=found.schemas, sections=found.sections)
