@@ -214,6 +214,7 @@ def test_plugins_enable_declares_a_section_but_run_plugins_cannot(tmp_path, monk
     assert late.exit_code == 2
     assert "extra: plugin 'csf_extra_section' declares config section 'extra', but the config was composed " \
            "without it" in str(late.error)
+    assert csf.compose(["extra.value=4"], plugins=[csf_extra_section]).extra.value == 4  # known to compose
 
 
 def test_a_plugin_section_is_read_only_during_the_run(tmp_path, monkeypatch, runner):
