@@ -95,11 +95,14 @@ def test_a_lock_file_that_is_a_link_is_refused_naming_it(tmp_path):
 
 
 def test_a_forked_child_such_as_a_loader_worker_does_not_keep_the_lock(tmp_path):
+    ready, told = os.pipe()
     with run_dir_lock(tmp_path):
         child = os.fork()
         if child == 0:  # a worker that outlives its run (as after a SIGKILL of the run) holds nothing
+            os.write(told, b"x")  # the fork handlers have run by the time the child's own code runs
             time.sleep(60)
             os._exit(0)
+        os.read(ready, 1)
     try:
         with run_dir_lock(tmp_path):  # the run ended; its worker is still alive
             pass
