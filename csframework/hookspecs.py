@@ -71,8 +71,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def csframework_register_configs(config_store: ConfigStore) -> None:
     """Register structured configs or config files before Hydra composes.
 
-    Called before each composition, for plugins found by entry point and the built-ins (``plugins.enable``
-    comes from the config and so is too late).
+    Called before each composition, for the plugins known then: entry points, the built-ins and the
+    ``plugins.enable`` modules of the command line or ``csf.compose`` (not those set in a config file).
 
     :param config_store: Hydra's ``ConfigStore`` instance.
     """
