@@ -22,7 +22,7 @@ from .config import RunConfig, stage_config
 from .config.readonly import freeze
 from .data import make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
-from .plugins import Hooks, backend_specs, build_manager
+from .plugins import Hooks, backend_specs, build_manager, check_sections
 from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
@@ -65,7 +65,8 @@ class Run:
     also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
     ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
     stop, else ``None``), ``stopping`` (set at the step boundary where the run stops for it: the checkpoint
-    plugin saves then) and ``metrics`` (latest value of every reported metric).
+    plugin saves then), ``stop_reason`` (set by ``request_stop``) and ``metrics`` (latest value of every
+    reported metric). Plugins may add entries to ``summary_extra`` (merged into ``summary.json``).
     """
 
     backend: Backend | None = None
@@ -80,7 +81,9 @@ class Run:
         else:  # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
             config = copy.deepcopy(config)
         self.config: RunConfig = config
-        self.hooks = Hooks(build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable))
+        manager = build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable)
+        check_sections(manager, config)
+        self.hooks = Hooks(manager)
         self.backends = backend_specs(self.hooks)
         self.hooks.csframework_configure(config=config)
         self.stages = self._stage_configs()
@@ -98,6 +101,7 @@ class Run:
         self.status = "created"
         self.state = RunState()
         self.mode = "fit"  # what the run is doing: "fit" or "validate"
+        self.summary_extra: dict[str, Any] = {}
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -120,6 +124,15 @@ class Run:
     stop_signal = property(lambda self: self.state.stop_signal, doc="The signal that asked fit to stop.")
     stopping = property(lambda self: self.state.stopping, doc="This step is the last before stopping.")
     metrics = property(lambda self: self.state.metrics, doc="The latest value of every reported metric.")
+    stop_reason = property(lambda self: self.state.stop_reason, doc="Why request_stop ended training, or None.")
+
+    def request_stop(self, reason: str) -> None:
+        """Stop training after the current step as at a normal end: the final evaluation and checkpoint
+        run, later stages are skipped, ``summary.json`` says ``status: completed`` and ``stop_reason``.
+        Under DDP, call it on every rank (evaluation metrics are the same on every rank)."""
+        if self.state.stop_reason is None:
+            self.state.stop_reason = str(reason)
+            self.log.info("stop_requested", reason=self.state.stop_reason)
 
     # -- assembly ---------------------------------------------------------------------------------------
     def _stage_configs(self) -> list[tuple[str, RunConfig]]:
@@ -279,10 +292,14 @@ class Run:
         """What ``fit`` and ``validate`` return and ``summary.json`` holds: ``status`` (``completed``,
         ``failed``, ``interrupted``; on CSX ``compiled``/``validated`` for a dry run), ``mode`` (``fit`` or
         ``validate``), ``global_step``, ``device_type``, ``stage``, ``metrics`` (the latest value of every
-        metric), ``run_id``, and the backend's figures (on CSX: traces, executions, compile cache)."""
-        return {"status": self.status, "mode": self.mode, "global_step": self.global_step,
-                "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
-                "run_id": self.run_id, **self.backend.summary()}
+        metric), ``run_id``, the backend's figures (on CSX: traces, executions, compile cache), what plugins
+        put in ``summary_extra`` (e.g. ``best_checkpoint``) and, after ``request_stop``, ``stop_reason``."""
+        summary = {"status": self.status, "mode": self.mode, "global_step": self.global_step,
+                   "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
+                   "run_id": self.run_id, **self.backend.summary(), **self.summary_extra}
+        if self.stop_reason is not None:
+            summary["stop_reason"] = self.stop_reason
+        return summary
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

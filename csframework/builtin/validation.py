@@ -155,6 +155,10 @@ def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
     problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
                 + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
+    monitor = c.keep_best.monitor
+    if monitor and monitor.startswith("val/") and cfg.data.val is None:
+        problems.append(f"checkpoint.keep_best.monitor: {monitor} comes from evaluation, but data.val is null; "
+                        "set data.val, or monitor a train/ metric")
     if c.resume not in ("auto", "never") and not os.path.exists(c.resume):
         problems.append(f"checkpoint.resume: no checkpoint at '{c.resume}'; give an existing checkpoint "
                         "directory, or auto / never")
