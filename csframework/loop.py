@@ -69,6 +69,7 @@ def train_stage(run) -> None:
             if last and _stage_done(run):
                 break
         else:  # the epoch ran out of batches
+            run.scheduler.epoch_end()  # a schedule with optimizer.schedule.interval=epoch steps here
             hooks.on_train_epoch_end(run=run, epoch=epoch)
             run.epoch += 1
             run.batch_in_epoch = 0

@@ -12,6 +12,7 @@ from ..config import FIELDS_BY_OPTIMIZER, FIELDS_BY_TYPE, PRECISIONS, RunConfig,
 from ..config.backend import DEVICE_TYPES
 from ..errors import ConfigError
 from ..plugins import hookimpl
+from ..schedule import optimizer_spec, schedule_spec
 
 
 @hookimpl
@@ -125,7 +126,7 @@ def precision_rules(cfg: RunConfig) -> list[str]:
 def optimizer_rules(cfg: RunConfig) -> list[str]:
     o = cfg.optimizer
     name = getattr(o.name, "value", o.name)
-    problems = []
+    problems = target_rules(cfg)
     if o.lr < 0:
         problems.append(f"optimizer.lr: {o.lr} must be >= 0")
     if o.weight_decay < 0:
@@ -133,7 +134,7 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
     if o.max_grad_norm is not None and o.max_grad_norm <= 0:
         problems.append("optimizer.max_grad_norm: must be > 0, or null to disable clipping")
     for field_name in sorted({f for fs in FIELDS_BY_OPTIMIZER.values() for f in fs} - set(FIELDS_BY_OPTIMIZER[name])):
-        if getattr(o, field_name) is not None:
+        if getattr(o, field_name) is not None and not o._target_:  # a `_target_` class: target_rules
             owners = ", ".join(n for n, fs in FIELDS_BY_OPTIMIZER.items() if field_name in fs)
             problems.append(f"optimizer.{field_name}: only {owners} understands it (optimizer is {name}); "
                             "remove it or choose that optimizer")
@@ -144,6 +145,28 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
         problems.append("optimizer.schedule.warmup_steps: must be >= 0")
     if s.min_lr < 0 or s.min_lr > o.lr:
         problems.append(f"optimizer.schedule.min_lr: {s.min_lr} must be between 0 and optimizer.lr ({o.lr})")
+    return problems
+
+
+def target_rules(cfg: RunConfig) -> list[str]:
+    """An optimizer or schedule by ``_target_``: importable, takes the arguments given, and on CSX its state
+    can be preinitialised (the compiled step cannot create it)."""
+    from ..backends.csx.optim import preinitialisable
+
+    problems = []
+    for key, spec in (("optimizer", optimizer_spec), ("optimizer.schedule", schedule_spec)):
+        node = cfg.optimizer if key == "optimizer" else cfg.optimizer.schedule
+        if not node._target_:
+            continue
+        try:
+            cls, _ = spec(cfg.optimizer)
+        except ConfigError as e:
+            problems.append(str(e))
+            continue
+        if key == "optimizer" and cfg.device.type == "CSX" and not preinitialisable(cls):
+            problems.append(f"optimizer._target_: {node._target_} cannot run on device=csx: its state is created "
+                            "lazily in step(), and a CSX graph needs it before the trace; use optimizer=sgd, "
+                            "adam or adamw, or a class with a preinitialize() method that creates its state")
     return problems
 
 

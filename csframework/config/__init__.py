@@ -28,7 +28,12 @@ SCHEMA_NAME = "csframework_schema"
 
 def register_schemas() -> None:
     """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+    node = OmegaConf.structured(RunConfig)
+    # the keyword arguments of a `_target_` optimizer or schedule are open: `optimizer.args.alpha=0.9`
+    # adds a key without Hydra's `+` (every other section stays closed, so a typo is an error)
+    OmegaConf.set_struct(node.optimizer.args, False)
+    OmegaConf.set_struct(node.optimizer.schedule.args, False)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
