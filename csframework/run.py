@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import loop
 from .backends import build_backend
 from .config import RunConfig, compose, stage_config, to_run_config
-from .data import make_loader
+from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, ValidationError
 from .plugins import Hooks, build_manager
 from .schedule import build_optimizer, build_scheduler
@@ -120,6 +120,7 @@ class Run:
         if self.world_size > 1 and index == 0:  # all ranks share rank 0's run directory
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
+        self.release_workers()
         self.train_loader, self.val_loader = self._loaders(cfg)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
@@ -133,10 +134,16 @@ class Run:
             val = instantiate(data.val, _convert_="all") if data.val else None
         except Exception as e:
             raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
+        pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
-                      pin_memory=self.device_type == "GPU")
+                      pin_memory=pin, collate_fn=build_collate(data.collate_fn),
+                      persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
         train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last, **common)
-        if len(train_loader) == 0:
+        if is_iterable(train_loader):
+            if cfg.loop.max_steps is None:
+                raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
+                                  "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+        elif len(train_loader) == 0:
             raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
                               f"({len(train)} samples per process) with drop_last; lower it")
         val_loader = None
@@ -144,6 +151,15 @@ class Run:
             val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
                                      drop_last=False, **common)
         return train_loader, val_loader
+
+    def release_workers(self) -> None:
+        """Stop the loaders' persistent workers (``data.persistent_workers``), which otherwise live as long as
+        their loader and can keep the interpreter from exiting."""
+        for loader in (self.train_loader, self.val_loader):
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+                loader._iterator = None
 
     def total_steps(self, cfg: RunConfig) -> int:
         """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
@@ -162,6 +178,7 @@ class Run:
             if status is None:
                 loop.fit(self)
             self.status = status or "completed"
+            self.release_workers()
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
@@ -184,6 +201,7 @@ class Run:
             self.status = "validating"
             self.hooks.on_fit_start(run=self)
             metrics = loop.evaluate(self)
+            self.release_workers()
             self.status = "completed"
             self.hooks.on_fit_end(run=self)
             return metrics
@@ -200,6 +218,7 @@ class Run:
         try:
             return body()
         except BaseException as e:
+            self.release_workers()
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             self.error = e
             try:
@@ -245,7 +264,16 @@ class Run:
                      "stage_step": self.stage_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                      "micro_step": self.micro_step},
             "rng": rng_state(),
+            "data": self._data_state(),
         }
+
+    def _data_state(self):
+        """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
+        process (``data.num_workers=0``); otherwise resume re-reads the epoch to its position."""
+        shards = self.train_loader.dataset
+        if is_iterable(self.train_loader) and self.train_loader.num_workers == 0 and shards.stateful():
+            return shards.state_dict()
+        return None
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
@@ -265,6 +293,8 @@ class Run:
         for key in ("global_step", "stage_step", "epoch", "batch_in_epoch", "micro_step"):
             setattr(self, key, position[key])
         set_rng_state(state["rng"])
+        if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
+            self.train_loader.dataset.load_state_dict(state["data"])
 
 
 def one_line(error: BaseException) -> str:

@@ -199,6 +199,14 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"data.eval_batch_size: {d.eval_batch_size} must be >= 1")
     if d.num_workers < 0:
         problems.append(f"data.num_workers: {d.num_workers} must be >= 0")
+    for key in ("persistent_workers", "prefetch_factor"):
+        if getattr(d, key) not in (None, False) and d.num_workers <= 0:
+            problems.append(f"data.{key}: needs loader workers; set data.num_workers > 0, or remove it")
+    if d.prefetch_factor is not None and d.prefetch_factor < 1:
+        problems.append(f"data.prefetch_factor: {d.prefetch_factor} must be >= 1 (or null)")
+    if d.collate_fn is not None and not isinstance(d.collate_fn, str) and (
+            not isinstance(d.collate_fn, dict) or "_target_" not in d.collate_fn):
+        problems.append("data.collate_fn: needs a _target_ naming a function or class, or null")
     if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
         problems.append("model: needs a _target_ that builds a torch.nn.Module")
     return problems
