@@ -6,14 +6,16 @@ validation errors); ``debug=true`` shows the traceback. Before Hydra starts a si
 are composed once here, so a composition error (unknown key, wrong type, missing group option, a broken
 YAML file, an unparsable override) is one line naming the key or file too.
 
-Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config or a
-rejected run (nothing trained, no checkpoint); 130 stopped by SIGINT and 143 by SIGTERM (128 + the signal
-number: the step finished, a checkpoint was saved and ``summary.json`` says ``interrupted``).
+Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
+rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
+and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
+``summary.json`` says ``interrupted``).
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
 
@@ -48,10 +50,11 @@ def report_error(error: CsfError) -> None:
 
 def precompose(argv: list[str]) -> None:
     """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
-    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra."""
+    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra,
+    once the user's config files are checked (``check_config_files``)."""
     from hydra._internal.utils import get_args_parser
 
-    from .config import compose
+    from .config import check_config_files, compose, user_config_dirs
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -61,6 +64,8 @@ def precompose(argv: list[str]) -> None:
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun
             or args.experimental_rerun or args.config_path or args.resolve
             or any(o.startswith("hydra.mode=") for o in args.overrides)):
+        config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
+        check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
         return
     compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
 

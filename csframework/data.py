@@ -145,7 +145,9 @@ def build_collate(spec: Any, key: str = "data.collate_fn"):
 
     from .errors import ConfigError
 
-    spec = {"_target_": spec} if isinstance(spec, str) else dict(spec)
+    from .schedule import plain
+
+    spec = {"_target_": spec} if isinstance(spec, str) else plain(spec)
     target = spec.pop("_target_", None)
     try:
         found = _locate(target)

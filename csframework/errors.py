@@ -23,7 +23,8 @@ class ValidationError(ConfigError):
 
 
 class PluginError(CsfError):
-    """A plugin failed to import, or raised inside a hook. Names the plugin and the hook."""
+    """A plugin failed to import, or raised inside a hook (``SystemExit`` included), or returned or stored
+    something the framework cannot use. Names the plugin and the hook."""
 
     def __init__(self, plugin: str, hook: str | None, error: BaseException):
         self.plugin, self.hook, self.error = plugin, hook, error
@@ -31,6 +32,11 @@ class PluginError(CsfError):
             self.exit_code = error.exit_code
         where = f"plugin '{plugin}'" + (f" in hook '{hook}'" if hook else "")
         super().__init__(f"{where} failed: {type(error).__name__}: {error}")
+
+
+class ReadOnlyConfigError(CsfError, AttributeError):
+    """A setting of a running run's config was changed (``run.config`` is read-only from validation on).
+    Raised in a hook, it fails the run as a ``PluginError`` naming the plugin (exit 1)."""
 
 
 class TracingError(CsfError):

@@ -3,6 +3,21 @@
 All hooks take keyword arguments only; an implementation may accept any subset of the arguments listed in
 its spec (pluggy matches them by name). Hooks return ``None`` unless stated otherwise.
 
+What a misbehaving plugin gets (exit statuses of the CLI):
+
+- an implementation of a hook that does not exist (``on_train_batch_ends``), or with an argument its hook
+  lacks, is refused when the run is built: ``ConfigError`` naming the plugin and the hook, with the hook
+  probably meant or the hook's arguments; exit 2, nothing built. ``@hookimpl(optionalhook=True)`` marks an
+  implementation of a hook that may not exist (it is then never called);
+- an exception raised in a hook, ``sys.exit()`` / ``SystemExit`` included, fails the run: ``PluginError``
+  naming the plugin and the hook, ``on_exception`` runs, ``summary.json`` says ``failed``; exit 1.
+  ``KeyboardInterrupt`` is not a plugin failure: it stops the run as an interruption;
+- ``run.config`` and ``run.stage_config`` are read-only from validation on: changing a setting
+  (``run.config.optimizer.lr = 1``, ``run.config.model["net"]["hidden"] = 8``) raises
+  ``csframework.errors.ReadOnlyConfigError`` (an ``AttributeError``), so the run fails as above. Change the
+  config before the run, or in ``csframework_configure``. Its dicts and lists are read-only OmegaConf
+  containers; ``copy.deepcopy(run.config)`` is an ordinary, mutable config.
+
 Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consumes k batches)::
 
     on_train_batch_start(batch, batch_idx)            # every batch (micro-batch)
@@ -49,7 +64,9 @@ def csframework_register_configs(config_store):
 
 @hookspec
 def csframework_configure(config):
-    """Called with the typed ``RunConfig`` after composition, before validation. May adjust it in place."""
+    """Called with the typed ``RunConfig`` after composition, before validation. May adjust it in place: the
+    last chance, since the run's config is read-only from validation on. ``Run(config)`` works on its own
+    copy of a ``RunConfig``, so the caller's object is not changed."""
 
 
 @hookspec
@@ -57,8 +74,10 @@ def csframework_validate(config):
     """Check the typed ``RunConfig`` before anything is built.
 
     Return a list of problems (or ``None``). A problem is a plain string naming the key and the fix, e.g.
-    ``"backend.compile_only: only CSX understands it; remove it or use device=csx"``. Problems from every
-    plugin are reported together and the run is refused (exit status 2) when there is any.
+    ``"backend.compile_only: only CSX understands it; remove it or use device=csx"``; a string returned
+    alone is one problem. Problems from every plugin are reported together and the run is refused (exit
+    status 2) when there is any. Any other result (a dict, a number, ``True``, a list holding a non-string)
+    is the plugin's error: ``PluginError`` naming it (exit 1), since its verdict cannot be read.
     """
 
 
@@ -164,8 +183,15 @@ def on_log_metrics(run, metrics, step):
 
 @hookspec
 def on_checkpoint_save(run, state):
-    """A checkpoint is being written. Put JSON-able values into ``state[your_plugin_name]``;
-    they come back in ``on_checkpoint_load`` on resume."""
+    """A checkpoint is being written. Put JSON values (dicts with string keys, lists, strings, numbers,
+    booleans, ``None``) into ``state[your_plugin_name]``; they come back in ``on_checkpoint_load`` on
+    resume, as ``json`` reads them (tuples as lists; NaN and infinities as themselves).
+
+    The state is checked after each plugin's call: anything else (a tensor, an object, a circular
+    reference) is a ``PluginError`` naming the plugin whose call put it there and where it is
+    (``state['best']['history'][3] is of type Tensor``), raised before anything is written: no checkpoint
+    of that step exists, the previous ones stay complete and indexed, the run fails (exit 1) with
+    ``summary.json`` at the true step."""
 
 
 @hookspec
@@ -176,4 +202,5 @@ def on_checkpoint_load(run, state):
 @hookspec
 def on_exception(run, error):
     """The run is stopping on ``error`` (any exception, including ``KeyboardInterrupt``). Clean up here;
-    the error propagates after all implementations ran."""
+    the error propagates after all implementations ran. An implementation that raises is logged
+    (``on_exception_failed``, naming the plugin); the others still run and ``error`` is what propagates."""

@@ -2,14 +2,16 @@
 that name the failing plugin and hook."""
 from __future__ import annotations
 
+import difflib
 import importlib
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pluggy
 
 from . import hookspecs
+from .config.readonly import read_only_error
 from .errors import ConfigError, NonFiniteLossError, PluginError
 
 PROJECT = "csframework"
@@ -62,7 +64,7 @@ def register_configs_from_entry_points() -> None:
 
     pm = new_manager()
     for name, plugin in load_entry_points():
-        pm.register(plugin, name=name)
+        register(pm, name, plugin)
     Hooks(pm).csframework_register_configs(config_store=ConfigStore.instance())
     _configs_registered = True
 
@@ -96,11 +98,48 @@ def build_manager(config, extra: Iterable[Any] = ()) -> pluggy.PluginManager:
             continue
         if pm.has_plugin(name):
             raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")
-        try:
-            pm.register(plugin, name=name)
-        except Exception as e:  # noqa: BLE001 - e.g. an implementation of a hook that does not exist
-            raise PluginError(name, None, e) from e
+        register(pm, name, plugin)
     return pm
+
+
+def register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
+    """Register ``plugin`` after checking each of its hook implementations against the hook specs.
+
+    pluggy would accept an implementation of a hook that does not exist (``check_pending`` finds it later,
+    naming the plugin's repr) and refuses one with an unknown argument in a multi-line message; here both
+    are a ``ConfigError`` (exit status 2, nothing built) naming the plugin and the hook, with the hook
+    that was probably meant or the arguments the hook has. ``optionalhook=True`` implementations of
+    unknown hooks stay allowed, as in pluggy.
+    """
+    for attr in dir(plugin):
+        opts = pm.parse_hookimpl_opts(plugin, attr)
+        if opts is None:
+            continue
+        hook_name = opts.get("specname") or attr
+        caller = getattr(pm.hook, hook_name, None)
+        if caller is None or not caller.has_spec():
+            if opts.get("optionalhook"):
+                continue
+            close = difflib.get_close_matches(hook_name, _hook_names(pm), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "see csframework/hookspecs.py for the hooks"
+            raise ConfigError(f"plugin '{name}': '{hook_name}' is not a csframework hook ({hint}); rename it, "
+                              "or mark it @csframework.hookimpl(optionalhook=True) if it is meant for a "
+                              "hook that may not exist")
+        impl = pluggy.HookImpl(plugin, name, getattr(plugin, attr), opts)
+        allowed = caller.spec.argnames + caller.spec.kwargnames
+        unknown = [arg for arg in impl.argnames if arg not in allowed]
+        if unknown:
+            raise ConfigError(f"plugin '{name}': hook '{hook_name}' has no argument "
+                              f"{', '.join(repr(a) for a in unknown)} (its arguments: {', '.join(allowed)}); "
+                              "take any subset of them, by name")
+    try:
+        pm.register(plugin, name=name)
+    except Exception as e:  # noqa: BLE001 - pluggy's other refusals (e.g. a wrapper that is no generator)
+        raise PluginError(name, None, e) from e
+
+
+def _hook_names(pm: pluggy.PluginManager) -> list[str]:
+    return [n for n in vars(pm.hook) if not n.startswith("_") and getattr(pm.hook, n).has_spec()]
 
 
 class Hooks:
@@ -131,11 +170,50 @@ class Hooks:
                 return hook(**kwargs)
             except (PluginError, NonFiniteLossError):  # the latter is the run's state, whoever found it
                 raise
-            except Exception as e:
-                raise PluginError(_raising_plugin(hook, e), hook_name, e) from e
+            except (Exception, SystemExit) as e:  # KeyboardInterrupt (a signal's stop too) passes unchanged
+                raise plugin_error(_raising_plugin(hook, e), hook_name, e) from e
 
         call.__name__ = hook_name
         return call
+
+    def each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
+        """Call the implementations of ``hook_name`` one at a time, in pluggy's order, yielding
+        ``(plugin name, result)`` after each: for results and side effects a caller must attribute to
+        the plugin that made them. Errors are wrapped as in a normal call."""
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            yield impl.plugin_name, self._call_one(impl, hook_name, kwargs)
+
+    def each_isolated(self, hook_name: str, **kwargs) -> list[tuple[str, Exception]]:
+        """Call every implementation of ``hook_name`` even when some raise; returns ``(plugin name, error)``
+        of each that did. For clean-up hooks (``on_exception``): one plugin's failure must not skip the
+        others' clean-up."""
+        failures = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            try:
+                self._call_one(impl, hook_name, kwargs)
+            except Exception as e:  # noqa: BLE001 - reported by the caller
+                failures.append((impl.plugin_name, e))
+        return failures
+
+    @staticmethod
+    def _call_one(impl, hook_name: str, kwargs: dict):
+        try:
+            return impl.function(*[kwargs[arg] for arg in impl.argnames])
+        except (PluginError, NonFiniteLossError):
+            raise
+        except (Exception, SystemExit) as e:
+            raise plugin_error(impl.plugin_name, hook_name, e) from e
+
+
+def plugin_error(plugin: str, hook: str, error: BaseException) -> PluginError:
+    """The ``PluginError`` for ``error`` raised by ``plugin`` in ``hook``. A ``SystemExit`` is not obeyed
+    (it would end the process with the plugin's status, 0 included, behind the run's back): the run fails.
+    OmegaConf's refusal to change a read-only dict or list of ``run.config`` reads as a dataclass field's."""
+    wrapped = PluginError(plugin, hook, read_only_error(error) or error)
+    if isinstance(error, SystemExit):
+        wrapped.args = (f"plugin '{plugin}' in hook '{hook}' failed: it raised SystemExit({error.code!r}) "
+                        "(sys.exit); a plugin may not end the process: raise an exception to stop the run",)
+    return wrapped
 
 
 def _raising_plugin(hook, error: BaseException) -> str:

@@ -1,6 +1,8 @@
 """``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import datetime
 import os
 import random
@@ -17,9 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from . import loop
 from .backends import build_backend
 from .config import RunConfig, compose, stage_config, to_run_config
+from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
-from .errors import ConfigError, NonFiniteLossError, ValidationError
+from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError
 from .plugins import Hooks, build_manager
+from .rundir import run_dir_lock
 from .schedule import build_optimizer, build_scheduler
 
 STATE_VERSION = 1
@@ -47,8 +51,9 @@ def _quiet_logger():
 class Run:
     """One run: ``Run(config, plugins=[...]).fit()``.
 
-    Attributes plugins rely on: ``config`` (the run's ``RunConfig``), ``stage`` / ``stage_config`` (the
-    current stage's name and merged config), ``global_step``, ``epoch``, ``model``, ``optimizer``,
+    Attributes plugins rely on: ``config`` (the run's ``RunConfig``, a copy of the one given, read-only
+    once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
+    too), ``global_step``, ``epoch``, ``model``, ``optimizer``,
     ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
     ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
     ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
@@ -61,13 +66,18 @@ class Run:
             config = compose(config or ())
         elif isinstance(config, DictConfig):
             config = to_run_config(config)
+        else:  # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
+            config = copy.deepcopy(config)
         self.config: RunConfig = config
         self.hooks = Hooks(build_manager(config, plugins))
         self.hooks.csframework_configure(config=config)
         self.stages = self._stage_configs()
-        problems = [p for found in self.hooks.csframework_validate(config=config) if found for p in found]
+        problems = validation_problems(self.hooks, config)
         if problems:
             raise ValidationError(problems)
+        freeze(config)  # from here on the run is what its config says: plugins may read it, not change it
+        for name, cfg in self.stages:
+            freeze(cfg, f"run.stage_config (stage {name})")
 
         self.output_dir = Path(output_dir) if output_dir is not None else default_output_dir()
         self.run_id = uuid.uuid4().hex[:12]
@@ -122,7 +132,10 @@ class Run:
         self.module = self.backend.prepare_model(self.model)
         self.release_workers()
         self.train_loader, self.val_loader = self._loaders(cfg)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        try:
+            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+        except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
+            raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
         if hasattr(self.backend, "attach"):
             self.backend.attach(self)
@@ -184,7 +197,7 @@ class Run:
 
         from .signals import stop_on_signals
 
-        with stop_on_signals(self):
+        with self._writer_lock(), stop_on_signals(self):
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -206,13 +219,20 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return metrics
 
-        return self._guarded(body)
+        with self._writer_lock():
+            return self._guarded(body)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
         if hasattr(self.backend, "check"):
             self.backend.check(self)
         return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
+
+    def _writer_lock(self):
+        """Rank 0 holds the run directory's lock (``csframework.rundir``) while it runs: taken before any
+        hook writes there; a run refused for it never reaches ``on_exception``, so the holder's
+        ``summary.json`` is left alone."""
+        return run_dir_lock(self.output_dir) if self.rank == 0 else contextlib.nullcontext()
 
     def _guarded(self, body):
         try:
@@ -221,10 +241,9 @@ class Run:
             self.release_workers()
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             self.error = e
-            try:
-                self.hooks.on_exception(run=self, error=e)
-            except Exception as hook_error:  # keep the original error; say the handler failed too
-                self.log.error("on_exception_failed", error=str(hook_error))
+            # every plugin cleans up, whichever fails doing so; the original error is the one raised
+            for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
+                self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
             raise
 
     def check_finite(self) -> None:
@@ -295,6 +314,27 @@ class Run:
         set_rng_state(state["rng"])
         if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
             self.train_loader.dataset.load_state_dict(state["data"])
+
+
+def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:
+    """The problems all ``csframework_validate`` implementations found. Each returns ``None`` or a list of
+    strings (a string alone is one problem); any other result is refused naming the plugin (``PluginError``:
+    a plugin whose verdict cannot be read must not let the run through)."""
+    problems: list[str] = []
+    for plugin, found in hooks.each("csframework_validate", config=config):
+        if found is None:
+            continue
+        found = [found] if isinstance(found, str) else found
+        if not isinstance(found, (list, tuple)):
+            wrong = f"a value of type {type(found).__name__} ({found!r:.60})"
+        else:
+            wrong = next((f"a list holding a value of type {type(p).__name__} ({p!r:.60})"
+                          for p in found if not isinstance(p, str)), None)
+        if wrong:
+            raise PluginError(plugin, "csframework_validate", TypeError(
+                f"it returned {wrong}; return None or a list of strings, one per problem"))
+        problems += found
+    return problems
 
 
 def one_line(error: BaseException) -> str:

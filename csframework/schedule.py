@@ -195,6 +195,13 @@ def _is_default(value, key: str, group: dict, schema) -> bool:
     return value == getattr(schema, key) or value == group.get(key)
 
 
+def plain(args) -> dict:
+    """``args`` as a plain dict of plain values (a frozen run config holds read-only OmegaConf containers)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(args, resolve=True) if isinstance(args, DictConfig) else dict(args or {})
+
+
 def _check_args(path: str, key: str, args: dict, takes, required, given) -> None:
     for name in args:
         if takes is not None and name not in takes:
@@ -222,10 +229,11 @@ def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
             kwargs[key] = tuple(value) if key == "betas" else value
         elif not _is_default(value, key, group, schema):
             raise ConfigError(f"optimizer.{key}: {path} does not take '{key}'; remove it")
-    if "params" in cfg.args:
+    args = plain(cfg.args)
+    if "params" in args:
         raise ConfigError("optimizer.args.params: the framework passes the model's parameters; remove it")
-    _check_args(path, "optimizer", cfg.args, takes, required - {"params"}, [*kwargs, *cfg.args])
-    return cls, {**kwargs, **cfg.args}
+    _check_args(path, "optimizer", args, takes, required - {"params"}, [*kwargs, *args])
+    return cls, {**kwargs, **args}
 
 
 def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
@@ -242,5 +250,6 @@ def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
             raise ConfigError(f"optimizer.schedule.{key}: only the built-in schedules use it, and "
                               f"optimizer.schedule._target_ is {path}; remove it")
     takes, required = _takes(cls)
-    _check_args(path, "optimizer.schedule", sched.args, takes, required, sched.args)
-    return cls, dict(sched.args)
+    args = plain(sched.args)
+    _check_args(path, "optimizer.schedule", args, takes, required, args)
+    return cls, args

@@ -16,13 +16,21 @@ Writes are atomic: the directory is written under a temporary name, every file f
 renamed into place; ``checkpoints/index.json`` (the complete checkpoints, oldest first) is replaced last.
 A checkpoint is therefore complete or absent whatever kills the process. Resume tries the newest
 checkpoint and falls back to older ones when one is damaged, with a warning naming it.
+
+Everything read from disk is data, never a path to obey (docs/durability.md, "Threat model"): checkpoint
+names come only from listing ``checkpoints/`` (real directories named ``step-<8 digits>``, not links, lying
+inside it), the index is a hint checked against that listing and rebuilt when wrong, pruning deletes only
+such directories, and every JSON/YAML file is read bounded in size and depth, through no link.
 """
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import re
 import shutil
+import stat
 import struct
 import threading
 import zipfile
@@ -30,15 +38,25 @@ import zlib
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, CsfError
+from ..errors import ConfigError, CsfError, PluginError
 from ..plugins import hookimpl
 from .metrics import write_json_atomic
 
 INDEX = "index.json"
 FORMAT = 2
 _CHUNK = 1 << 24
+#: The names the framework gives checkpoint directories: ``step-`` and the global step, 8 digits or more.
+NAME = re.compile(r"step-(?:\d{8}|[1-9]\d{8,})")
+#: Temporary names the framework writes under, each ending in the writer's pid.
+_TEMPORARY = re.compile(r"(?:\.tmp-step-\d+|\.old-step-\d+|index\.json\.tmp)-(\d+)")
+#: Bounds on what is read from disk: beyond them a file is damaged, not a reason to exhaust memory.
+MAX_INDEX_BYTES = 1 << 20
+MAX_META_BYTES = 64 << 20
+MAX_CONFIG_BYTES = 16 << 20
+MAX_DEPTH = 64
 
 
 class CheckpointWriteError(CsfError):
@@ -47,6 +65,74 @@ class CheckpointWriteError(CsfError):
 
 class DamagedCheckpoint(ValueError):
     """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+
+
+class UnreadableCheckpoints(ConfigError):
+    """``checkpoints/`` exists but cannot be listed (permissions, or a file where the directory should be)."""
+
+
+# -- untrusted files ------------------------------------------------------------------------------------
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``, opened through no symbolic link (a FIFO or device is not
+    read either). ``ValueError`` saying why when it is not such a file or holds more than ``max_bytes``;
+    ``OSError`` when it cannot be opened (``FileNotFoundError`` when absent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError("it is a symbolic link, which csframework never writes") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"it is larger than {max_bytes} bytes")
+    return data
+
+
+def _depth(value) -> int:
+    """How deeply lists and dicts nest in ``value`` (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def read_json(path: Path, max_bytes: int):
+    """A JSON file read as untrusted data (``read_bounded``, nested at most ``MAX_DEPTH`` deep);
+    ``ValueError`` saying what is wrong, ``OSError`` when it cannot be opened."""
+    data = read_bounded(path, max_bytes)
+    try:
+        value = json.loads(data)
+    except RecursionError:  # json's parser recurses once per level
+        raise ValueError(f"it is nested deeper than {MAX_DEPTH} levels") from None
+    if _depth(value) > MAX_DEPTH:
+        raise ValueError(f"it is nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _yaml_problem(text: str) -> str | None:
+    """Why ``text`` is not a config csframework wrote (None if it could be), from the parser's events
+    alone: nothing is constructed, so aliases (a YAML bomb) and deep nesting are caught before they cost."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                return "it uses YAML aliases, which csframework never writes"
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return f"it is nested deeper than {MAX_DEPTH} levels"
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError as e:
+        return f"it is not valid YAML ({' '.join(str(e).split())[:200]})"
+    return None
 
 
 # -- files ----------------------------------------------------------------------------------------------
@@ -199,11 +285,11 @@ def _fsync_dir(path: Path) -> None:
 
 def _commit(tmp: Path, final: Path) -> None:
     """Rename the complete temporary directory into place (replacing a checkpoint of the same step)."""
-    if final.exists():
+    if os.path.lexists(final):
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
         os.replace(final, old)
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_path(old)
     else:
         os.replace(tmp, final)
     _fsync_dir(final.parent)
@@ -219,8 +305,7 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
     tmp = root / f".tmp-{name}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        _remove_path(tmp)
         tmp.mkdir()
         files = {"state.pt": _write_file(tmp / "state.pt", lambda f: _save_state(state, f), checksum=False),
                  "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
@@ -235,17 +320,49 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
     return final
 
 
+def _meta_problem(meta) -> str | None:
+    """What in ``meta`` (parsed meta.json) is not what ``write_checkpoint`` writes; None if nothing."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        return "it has no files table"
+    for name, entry in meta["files"].items():
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        if type(size) is not int or size < 0:
+            return f"files.{name} has no size"
+        if name == "config.yaml" and size > MAX_CONFIG_BYTES:
+            return f"files.config.yaml is larger than {MAX_CONFIG_BYTES} bytes"
+        records = entry.get("records")
+        if records is not None and not (isinstance(records, dict)
+                                        and all(isinstance(v, str) for v in records.values())):
+            return f"files.{name}.records is not a table of checksums"
+    if type(meta.get("global_step", 0)) is not int:
+        return "global_step is not an integer"
+    metrics = meta.get("metrics") or {}
+    if not isinstance(metrics, dict) or not all(type(v) in (int, float) for v in metrics.values()):
+        return "metrics is not a table of numbers"
+    if not isinstance(meta.get("plugins") or {}, dict):
+        return "plugins is not a table"
+    return None
+
+
 def read_meta(path: Path) -> dict:
+    """A checkpoint's meta.json, checked to be what ``write_checkpoint`` writes (``DamagedCheckpoint``)."""
     try:
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        if not isinstance(meta.get("files"), dict) or not all(isinstance(v, dict) for v in meta["files"].values()):
-            raise KeyError("files")
-        return meta
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        raise DamagedCheckpoint(f"checkpoint {path}: meta.json is missing or damaged ({e})") from e
+        meta = read_json(path / "meta.json", MAX_META_BYTES)
+    except OSError as e:
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json is missing or unreadable "
+                                f"({e.strerror or e})") from e
+    except ValueError as e:
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json is damaged ({e})") from e
+    problem = _meta_problem(meta)
+    if problem:
+        raise DamagedCheckpoint(f"checkpoint {path}: meta.json is damaged ({problem})")
+    return meta
 
 
 def _check_file(path: Path, expected: dict) -> None:
+    if path.is_symlink():
+        raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} is a symbolic link, which "
+                                "csframework never writes")
     if not path.is_file():
         raise DamagedCheckpoint(f"checkpoint {path.parent}: {path.name} is missing")
     size = path.stat().st_size
@@ -273,6 +390,10 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
     for name, expected in files.items():
         if name != "state.pt":
             _check_file(path / name, expected)
+    if "config.yaml" in files:
+        problem = _yaml_problem(read_config_yaml(path))
+        if problem:
+            raise DamagedCheckpoint(f"checkpoint {path}: config.yaml is damaged ({problem})")
     # The big file's checksum is verified while torch.load reads it (both read the same pages); a
     # loaded state is used only if the checksum holds. weights_only=True never runs code either way.
     problem: list[BaseException] = []
@@ -305,29 +426,102 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
 def read_config_yaml(path: Path) -> str:
     """The composed config a checkpoint was saved with (YAML text; empty if it has none)."""
     try:
-        return (Path(path) / "config.yaml").read_text(encoding="utf-8")
-    except OSError:
+        return read_bounded(Path(path) / "config.yaml", MAX_CONFIG_BYTES).decode("utf-8")
+    except (OSError, ValueError):
         return ""
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first: from the index, else from the directory names."""
+def _step(name: str) -> int:
+    return int(name[len("step-"):])
+
+
+def scan_checkpoints(root: Path) -> list[str]:
+    """The framework's checkpoint directories in ``root``, oldest first: real directories (not links)
+    named by ``NAME``, lying in ``root`` once resolved. Nothing else there is ever a checkpoint.
+    ``UnreadableCheckpoints`` when ``root`` exists but cannot be listed."""
     try:
-        names = json.loads((root / INDEX).read_text(encoding="utf-8"))["checkpoints"]
-        names = [n for n in names if isinstance(n, str)]
-    except (OSError, ValueError, KeyError, TypeError):
-        names = sorted(p.name for p in root.glob("step-*") if p.is_dir()) if root.is_dir() else []
-    return [root / n for n in names if (root / n).is_dir()]
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise UnreadableCheckpoints(f"cannot list the checkpoints in {root} ({e.strerror or e})") from e
+    real = os.path.realpath(root)
+    names = [e.name for e in entries if NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+             and os.path.realpath(e.path) == os.path.join(real, e.name)]
+    return sorted(names, key=_step)
 
 
-def resume_candidates(target: Path) -> tuple[list[Path], bool]:
-    """Checkpoints to try for ``checkpoint.resume=<target>``, newest first, and whether falling back to
-    an older one is allowed: a checkpoint directory is that one alone; a ``checkpoints/`` directory or a
-    run directory means its newest good checkpoint."""
+def _index_problem(index, found: list[str]) -> str | None:
+    """What is wrong with a parsed index, given the checkpoint directories there are; None if nothing."""
+    if not isinstance(index, dict) or not isinstance(index.get("checkpoints"), list):
+        return 'it is not {"checkpoints": [names]}'
+    seen = set()
+    for name in index["checkpoints"]:
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            return f"it lists {json.dumps(name)[:80]}, which is not a checkpoint name (step-NNNNNNNN)"
+        if name in seen:
+            return f"it lists {name} twice"
+        if name not in found:
+            return f"it lists {name}, which is not a checkpoint directory there"
+        seen.add(name)
+    return None
+
+
+def checkpoint_names(root: Path) -> tuple[list[str], str | None]:
+    """The complete checkpoints in ``root``, oldest first, and what is wrong with its index (None when it
+    is right or absent). The index is a hint, written after each checkpoint is complete: when it is
+    right its order is used (a checkpoint renamed into place but not yet indexed is left out); when it
+    is wrong the directory's own checkpoints are, by step."""
+    found = scan_checkpoints(root)
+    try:
+        index = read_json(root / INDEX, MAX_INDEX_BYTES)
+    except FileNotFoundError:
+        return found, None
+    except (OSError, ValueError) as e:
+        return found, f"it is unreadable or damaged ({getattr(e, 'strerror', None) or e})"
+    problem = _index_problem(index, found)
+    return (found, problem) if problem else (list(index["checkpoints"]), None)
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints in ``root``, oldest first (``checkpoint_names``)."""
+    return [root / name for name in checkpoint_names(root)[0]]
+
+
+def resume_source(target: Path) -> tuple[Path, bool]:
+    """What ``checkpoint.resume=<target>`` names, resolved: ``(a checkpoint directory, False)``, or
+    ``(a checkpoints/ directory, True)`` whose newest good checkpoint is meant (for a run directory, its
+    ``checkpoints/``). ``ConfigError`` naming the path and what it lacks when it is neither."""
+    target = Path(os.path.realpath(target))
+    if not target.is_dir():
+        raise ConfigError(f"checkpoint.resume: {target} is not a csframework checkpoint: it is a file, and a "
+                          "checkpoint is a directory holding meta.json, state.pt and config.yaml; give a "
+                          "checkpoint, checkpoints/ or run directory")
     if (target / "meta.json").exists() or (target / "state.pt").exists():
-        return [target], False
-    root = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-    return list(reversed(list_checkpoints(root))), True
+        return target, False
+    if (target / "checkpoints").is_dir():
+        return target / "checkpoints", True
+    if not scan_checkpoints(target):
+        raise ConfigError(f"checkpoint.resume: {target} is not a csframework checkpoint: it holds no meta.json, "
+                          "no checkpoints/ and no step-NNNNNNNN/ checkpoint directories")
+    return target, True
+
+
+def _remove_path(path: Path) -> None:
+    """Delete ``path``: a directory tree, or a file or link (a link is removed, never followed)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _remove_checkpoint(root: Path, name: str) -> None:
+    """Delete one of the framework's checkpoint directories in ``root``; any other name is left alone."""
+    if name in scan_checkpoints(root):
+        _remove_path(root / name)
 
 
 # -- compatibility --------------------------------------------------------------------------------------
@@ -393,13 +587,20 @@ class CheckpointPlugin:
         resume = run.config.checkpoint.resume
         if resume == "never":
             return False
-        root = self._root(run)
         if resume == "auto":
-            candidates, fallback = list(reversed(list_checkpoints(root))), True
+            source, fallback = self._root(run), True
         else:
-            candidates, fallback = resume_candidates(Path(resume))
-            if not candidates:
-                raise ConfigError(f"checkpoint.resume: no complete checkpoint in {resume}")
+            source, fallback = resume_source(Path(resume))
+        candidates = [source]
+        if fallback:
+            try:  # this run's index is repaired; another run's is only read
+                names = self._checkpoints(run, source, rewrite=resume == "auto")
+            except UnreadableCheckpoints as e:
+                raise ConfigError(f"checkpoint.resume={resume}: {e}; make it a readable directory, or "
+                                  "start afresh in another run directory (hydra.run.dir=...)") from e
+            if not names and resume != "auto":
+                raise ConfigError(f"checkpoint.resume: no complete checkpoint in {source}")
+            candidates = [source / name for name in reversed(names)]
         for path in candidates:
             try:
                 state, meta = read_checkpoint(path)
@@ -415,6 +616,20 @@ class CheckpointPlugin:
             run.log.warning("no_good_checkpoint", directory=str(candidates[0].parent),
                             action="starting from scratch")
         return False
+
+    def _checkpoints(self, run, root: Path, rewrite: bool) -> list[str]:
+        """``checkpoint_names(root)``; a wrong index is reported naming it and, with ``rewrite``, rebuilt."""
+        names, problem = checkpoint_names(root)
+        if problem:
+            run.log.warning("checkpoint_index_rebuilt", path=str(root / INDEX), problem=problem,
+                            action="using the checkpoint directories found there instead", checkpoints=names)
+            if rewrite and run.rank == 0:
+                try:
+                    write_json_atomic(root / INDEX, {"checkpoints": names})
+                except OSError as e:  # the next save reports it (CheckpointWriteError); resuming needs none
+                    run.log.warning("checkpoint_index_not_rewritten", path=str(root / INDEX),
+                                    error=e.strerror or str(e))
+        return names
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
         problems = model_mismatch(run.model, state["model"])
@@ -471,20 +686,14 @@ class CheckpointPlugin:
             return None
         run.check_finite()
         root = self._root(run)
-        plugin_state: dict = {}
-        run.hooks.on_checkpoint_save(run=run, state=plugin_state)
-        try:
-            json.dumps(plugin_state)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"on_checkpoint_save: plugin state must be JSON-able ({e}); keys: "
-                              f"{', '.join(map(str, plugin_state))}") from e
+        plugin_state = plugin_checkpoint_state(run)
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
         if self.config_yaml is None:  # a plugin instance serves one run, whose config does not change
             self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
         name = f"step-{run.global_step:08d}"
         path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml)
-        kept = [p.name for p in list_checkpoints(root) if p.name != name] + [name]
+        kept = [n for n in self._checkpoints(run, root, rewrite=False) if n != name] + [name]
         keep = run.stage_config.checkpoint.keep_last
         try:
             write_json_atomic(root / INDEX, {"checkpoints": kept[-keep:]})
@@ -492,17 +701,75 @@ class CheckpointPlugin:
             raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
                                        f"{path} is complete and the previous checkpoints are intact") from e
         for old in kept[:-keep]:
-            shutil.rmtree(root / old, ignore_errors=True)
+            _remove_checkpoint(root, old)
         self.saved_step = run.global_step
         run.log.info("checkpoint_saved", path=str(path))
         return path
 
 
+def plugin_checkpoint_state(run) -> dict:
+    """The ``on_checkpoint_save`` state, checked after each implementation's call: a value that JSON cannot
+    hold is a ``PluginError`` naming the plugin whose call put it there and where it is, raised before
+    anything is written (the run fails; the previous checkpoints stay complete and indexed). NaN and
+    infinities are allowed: Python's ``json`` writes and reads them back (``best = float("inf")``)."""
+    state: dict = {}
+    for plugin, _ in run.hooks.each("on_checkpoint_save", run=run, state=state):
+        problem = json_problem(state, "state")
+        if problem:
+            raise PluginError(plugin, "on_checkpoint_save", TypeError(
+                f"{problem}: put only JSON values (dicts with string keys, lists, strings, numbers, booleans, "
+                f"None) into the state; no checkpoint of step {run.global_step} was written, the previous "
+                "checkpoints are intact"))
+    return state
+
+
+def json_problem(value, where: str, _path: tuple = ()) -> str | None:
+    """``None`` if ``json.dumps`` can write ``value``, else which part of it cannot (``state['a'][2] is of
+    type Tensor ...``)."""
+    if id(value) in _path:
+        return f"{where} refers back to itself (a circular reference)"
+    try:
+        json.dumps(value)
+        return None
+    except (TypeError, ValueError, RecursionError):
+        pass
+    path = _path + (id(value),)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                return f"{where} has a key of type {type(key).__name__} ({key!r:.40})"
+            found = json_problem(item, f"{where}[{key!r}]", path)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = json_problem(item, f"{where}[{i}]", path)
+            if found:
+                return found
+    return f"{where} is of type {type(value).__name__} ({value!r:.40})"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 def _remove_stale(root: Path) -> None:
-    """Temporary directories left by a process killed while writing (never part of a checkpoint)."""
-    if root.is_dir():
-        for stale in list(root.glob(".tmp-*")) + list(root.glob(".old-*")) + list(root.glob(f"{INDEX}.tmp-*")):
-            if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-            else:
-                stale.unlink(missing_ok=True)
+    """Temporary files left by a writer that died (never part of a checkpoint): only the names the
+    framework writes under, and only when the pid they carry is this process's or no live process's.
+    The run directory's lock already keeps other writers out; the pid check is a second guard."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match and (int(match.group(1)) == os.getpid() or not _pid_alive(int(match.group(1)))):
+            _remove_path(Path(entry.path))

@@ -1,9 +1,11 @@
 """The validation plugin: rejects bad runs before anything is built (DESIGN section 4).
 
 Every rule returns problem lines that name the key and say how to fix it; all are reported together.
+Every number is range-checked with ``check_range`` (NaN and infinities included) before anything is built.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -13,6 +15,41 @@ from ..config.backend import DEVICE_TYPES
 from ..errors import ConfigError
 from ..plugins import hookimpl
 from ..schedule import optimizer_spec, schedule_spec
+
+
+#: Steps, epochs, batch sizes and other counts: exact as float64 (metrics, JSON) and far from int64 overflow.
+MAX_COUNT = 2**53
+#: Threads and loader worker processes: a sane ceiling (more would exhaust processes or memory).
+MAX_PARALLEL = 1024
+#: Seeds: the range of NumPy's seed; ``seed * 1_000_003 + epoch`` (data order) then stays below 2**64,
+#: the limit of ``torch.Generator.manual_seed``.
+MAX_SEED = 2**32 - 1
+#: Loss scales live in float32 tensors.
+MAX_SCALE = float(torch.finfo(torch.float32).max)
+#: The dynamic loss scaler counts towards ``growth_interval`` in an int32 tensor.
+MAX_GROWTH_INTERVAL = 2**31 - 1
+
+
+def check_range(key: str, value, low=None, high=None, *, open_low: bool = False, open_high: bool = False,
+                hint: str = "") -> list[str]:
+    """``[]`` when ``value`` is ``None`` (not set) or a finite number within the bounds (``open_*``: the
+    bound itself excluded), else the problem line naming ``key``. Finiteness is tested first: every
+    comparison with NaN is false, so a bare ``value < low`` would let NaN through."""
+    if value is None:
+        return []
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if finite and not (low is not None and (value <= low if open_low else value < low)
+                       or high is not None and (value >= high if open_high else value > high)):
+        return []
+    shown = [f"{b:g}" if isinstance(b, float) else str(b) for b in (low, high)]
+    if low is not None and high is not None:
+        bounds = (f"between {shown[0]} and {shown[1]}" if not (open_low or open_high) else
+                  f"in {'(' if open_low else '['}{shown[0]}, {shown[1]}{')' if open_high else ']'}")
+    elif low is not None:
+        bounds = f"{'>' if open_low else '>='} {shown[0]}"
+    else:
+        bounds = f"{'<' if open_high else '<='} {shown[1]}"
+    return [f"{key}: {value} must be {'' if finite else 'a finite number '}{bounds}{hint}"]
 
 
 @hookimpl
@@ -49,7 +86,8 @@ def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
     if cfg.backend.type == cfg.device.type:
         problems += backend_rules(cfg)
     return (problems + precision_rules(cfg) + optimizer_rules(cfg) + loop_rules(cfg) + data_rules(cfg)
-            + checkpoint_rules(cfg))
+            + checkpoint_rules(cfg) + check_range("seed", cfg.seed, 0, MAX_SEED,
+                                                  hint=" (the range of every generator seeded from it)"))
 
 
 def device_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
@@ -81,16 +119,18 @@ def backend_rules(cfg: RunConfig) -> list[str]:
             problems.append(f"backend.{field_name}: only {owners} understands it, and this run's device is "
                             f"{kind}; remove it or use device={owners.split('/')[0].lower()}")
     if kind == "CSX":
-        num_csx = b.num_csx if b.num_csx is not None else 1
-        if not 1 <= num_csx <= cfg.data.batch_size:
-            problems.append(f"backend.num_csx: {num_csx} must be between 1 and the batch size "
-                            f"({cfg.data.batch_size}); each system needs at least one sample")
-        if b.num_workers_per_csx is not None and b.num_workers_per_csx < 0:
-            problems.append("backend.num_workers_per_csx: must be >= 0")
+        problems += check_range("backend.num_csx", b.num_csx, 1, cfg.data.batch_size,
+                                hint=" (data.batch_size): each system needs at least one sample")
+        problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
+                                hint=" (0: the default)")
         if b.compile_only and b.validate_only:
             problems.append("backend.compile_only, backend.validate_only: choose one of them")
-    elif b.threads is not None and b.threads < 0:
-        problems.append("backend.threads: must be >= 0 (0 keeps torch's default)")
+        return problems
+    problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
+    if kind == "GPU":
+        count = torch.cuda.device_count()
+        problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
+                                hint=f" (this machine has {count} CUDA devices)" if count else "")
     return problems
 
 
@@ -103,8 +143,8 @@ def precision_rules(cfg: RunConfig) -> list[str]:
     scaling = p.loss_scaling
     if scaling not in (None, "none", "dynamic"):
         try:
-            if float(scaling) <= 0:
-                raise ValueError
+            problems += check_range("precision.loss_scaling", float(scaling), 0.0, MAX_SCALE, open_low=True,
+                                    hint=", dynamic or null")
         except (TypeError, ValueError):
             problems.append(f"precision.loss_scaling: '{scaling}' is not dynamic, null or a positive number")
     if p.name == "cbfloat16":
@@ -117,35 +157,39 @@ def precision_rules(cfg: RunConfig) -> list[str]:
         problems.append("precision.loss_scaling: float16 needs loss scaling; set it to dynamic")
     if p.name in ("float32", "bfloat16") and scaling not in (None, "none"):
         problems.append(f"precision.loss_scaling: {p.name} does not use loss scaling; set it to null")
-    if p.min_scale <= 0 or p.init_scale < p.min_scale or p.growth_interval < 1:
-        problems.append("precision.init_scale, min_scale, growth_interval: need 0 < min_scale <= init_scale "
-                        "and growth_interval >= 1")
-    return problems
+    scales = (check_range("precision.init_scale", p.init_scale, 0.0, MAX_SCALE, open_low=True)
+              + check_range("precision.min_scale", p.min_scale, 0.0, MAX_SCALE, open_low=True))
+    if not scales and p.min_scale > p.init_scale:
+        scales.append(f"precision.min_scale: {p.min_scale} must be <= precision.init_scale ({p.init_scale})")
+    return (problems + scales
+            + check_range("precision.growth_interval", p.growth_interval, 1, MAX_GROWTH_INTERVAL))
 
 
 def optimizer_rules(cfg: RunConfig) -> list[str]:
     o = cfg.optimizer
     name = getattr(o.name, "value", o.name)
-    problems = target_rules(cfg)
-    if o.lr < 0:
-        problems.append(f"optimizer.lr: {o.lr} must be >= 0")
-    if o.weight_decay < 0:
-        problems.append(f"optimizer.weight_decay: {o.weight_decay} must be >= 0")
-    if o.max_grad_norm is not None and o.max_grad_norm <= 0:
-        problems.append("optimizer.max_grad_norm: must be > 0, or null to disable clipping")
+    problems = (target_rules(cfg) + check_range("optimizer.lr", o.lr, 0.0)
+                + check_range("optimizer.weight_decay", o.weight_decay, 0.0)
+                + check_range("optimizer.max_grad_norm", o.max_grad_norm, 0.0, open_low=True,
+                              hint=", or null to disable clipping")
+                + check_range("optimizer.momentum", o.momentum, 0.0)
+                + check_range("optimizer.eps", o.eps, 0.0, open_low=True))
+    if name == "sgd" and not o._target_ and o.nesterov and not (o.momentum or 0) > 0:
+        problems.append("optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0; set it "
+                        "(e.g. optimizer.momentum=0.9) or set nesterov to false")
     for field_name in sorted({f for fs in FIELDS_BY_OPTIMIZER.values() for f in fs} - set(FIELDS_BY_OPTIMIZER[name])):
         if getattr(o, field_name) is not None and not o._target_:  # a `_target_` class: target_rules
             owners = ", ".join(n for n, fs in FIELDS_BY_OPTIMIZER.items() if field_name in fs)
             problems.append(f"optimizer.{field_name}: only {owners} understands it (optimizer is {name}); "
                             "remove it or choose that optimizer")
-    if o.betas is not None and (len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas)):
+    if o.betas is not None and len(o.betas) != 2:
         problems.append(f"optimizer.betas: {list(o.betas)} must be two numbers in [0, 1)")
+    for i, beta in enumerate(o.betas or ()):
+        problems += check_range(f"optimizer.betas[{i}]", beta, 0.0, 1.0, open_high=True)
     s = o.schedule
-    if s.warmup_steps < 0:
-        problems.append("optimizer.schedule.warmup_steps: must be >= 0")
-    if s.min_lr < 0 or s.min_lr > o.lr:
-        problems.append(f"optimizer.schedule.min_lr: {s.min_lr} must be between 0 and optimizer.lr ({o.lr})")
-    return problems
+    return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
+            + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
+                          hint=" (optimizer.lr)" if math.isfinite(o.lr) else ""))
 
 
 def target_rules(cfg: RunConfig) -> list[str]:
@@ -176,13 +220,8 @@ def loop_rules(cfg: RunConfig) -> list[str]:
     if (lp.max_steps is None) == (lp.max_epochs is None):
         problems.append("loop.max_steps, loop.max_epochs: set exactly one of them "
                         "(e.g. loop.max_steps=100 loop.max_epochs=null)")
-    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps"):
-        value = getattr(lp, key)
-        if value is not None and value < 1:
-            problems.append(f"loop.{key}: {value} must be >= 1 (or null)")
-    for key in ("grad_accum_steps", "log_every"):
-        if getattr(lp, key) < 1:
-            problems.append(f"loop.{key}: {getattr(lp, key)} must be >= 1")
+    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps", "grad_accum_steps", "log_every"):
+        problems += check_range(f"loop.{key}", getattr(lp, key), 1, MAX_COUNT)
     return problems
 
 
@@ -193,17 +232,13 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append("data.train: needs a _target_ that builds a torch Dataset")
     if d.val is not None and (not isinstance(d.val, dict) or "_target_" not in d.val):
         problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
-    if d.batch_size < 1:
-        problems.append(f"data.batch_size: {d.batch_size} must be >= 1")
-    if d.eval_batch_size is not None and d.eval_batch_size < 1:
-        problems.append(f"data.eval_batch_size: {d.eval_batch_size} must be >= 1")
-    if d.num_workers < 0:
-        problems.append(f"data.num_workers: {d.num_workers} must be >= 0")
+    problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
+                 + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
+                 + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL)
+                 + check_range("data.prefetch_factor", d.prefetch_factor, 1, MAX_COUNT))
     for key in ("persistent_workers", "prefetch_factor"):
         if getattr(d, key) not in (None, False) and d.num_workers <= 0:
             problems.append(f"data.{key}: needs loader workers; set data.num_workers > 0, or remove it")
-    if d.prefetch_factor is not None and d.prefetch_factor < 1:
-        problems.append(f"data.prefetch_factor: {d.prefetch_factor} must be >= 1 (or null)")
     if d.collate_fn is not None and not isinstance(d.collate_fn, str) and (
             not isinstance(d.collate_fn, dict) or "_target_" not in d.collate_fn):
         problems.append("data.collate_fn: needs a _target_ naming a function or class, or null")
@@ -214,11 +249,8 @@ def data_rules(cfg: RunConfig) -> list[str]:
 
 def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
-    problems = []
-    if c.every_steps is not None and c.every_steps < 1:
-        problems.append(f"checkpoint.every_steps: {c.every_steps} must be >= 1 (or null)")
-    if c.keep_last < 1:
-        problems.append(f"checkpoint.keep_last: {c.keep_last} must be >= 1")
+    problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
+                + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
     if c.resume not in ("auto", "never") and not os.path.exists(c.resume):
         problems.append(f"checkpoint.resume: no checkpoint at '{c.resume}'; give an existing checkpoint "
                         "directory, or auto / never")

@@ -20,10 +20,15 @@ __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
     "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
-    "to_run_config", "stage_config", "explicit_groups", "describe_error",
+    "to_run_config", "stage_config", "explicit_groups", "describe_error", "user_config_dirs",
+    "check_config_files",
 ]
 
 SCHEMA_NAME = "csframework_schema"
+#: A user's config file beyond these is refused before Hydra reads it: YAML aliases can expand a small
+#: file exponentially (a "billion laughs" alias bomb), which would hang composition.
+MAX_CONFIG_BYTES = 4 * 2**20
+MAX_CONFIG_NODES = 100_000
 
 
 def register_schemas() -> None:
@@ -46,6 +51,64 @@ def explicit_groups(overrides: Iterable[str]) -> list[str]:
     return sorted(chosen)
 
 
+def user_config_dirs(overrides: Iterable[str], *dirs: str | None) -> list[str]:
+    """The user's config directories: ``dirs`` and the ``file://`` entries of a ``hydra.searchpath``
+    override (``pkg://`` entries are installed packages, trusted like csframework's own configs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = [d for d in dirs if d]
+    for item in overrides:
+        if item.split("=", 1)[0].lstrip("+~") != "hydra.searchpath":
+            continue
+        try:
+            entries = OverridesParser.create().parse_overrides([item])[0].value()
+        except Exception:  # noqa: BLE001 - Hydra reports the unparsable override itself
+            continue
+        entries = entries if isinstance(entries, list) else [entries]
+        found += [e[len("file://"):] for e in entries if isinstance(e, str) and e.startswith("file://")]
+    return found
+
+
+def check_config_files(dirs: Iterable[str]) -> None:
+    """Raise ``ConfigError`` naming the first YAML file under ``dirs`` larger than ``MAX_CONFIG_BYTES``, or
+    whose aliases expand it beyond ``MAX_CONFIG_NODES`` nodes (or without end). The count is taken on
+    the composed node graph, where an alias is one shared node, memoised per node: it costs what the file
+    costs to parse, however far it would expand. A file YAML cannot parse is left to Hydra to report."""
+    import yaml
+
+    seen: set[str] = set()
+    for top in dirs:
+        for root, subdirs, files in os.walk(top, followlinks=True):
+            seen.add(os.path.realpath(root))
+            subdirs[:] = [d for d in subdirs if os.path.realpath(os.path.join(root, d)) not in seen]
+            for path in (os.path.join(root, f) for f in sorted(files) if f.endswith((".yaml", ".yml"))):
+                if os.path.getsize(path) > MAX_CONFIG_BYTES:
+                    raise ConfigError(f"{path}: {os.path.getsize(path):,} bytes, larger than a config file "
+                                      f"may be ({MAX_CONFIG_BYTES:,}); keep data out of config files")
+                sizes: dict[int, int] = {}
+
+                def size(node) -> int:
+                    if id(node) not in sizes:
+                        sizes[id(node)] = MAX_CONFIG_NODES + 1  # met again while counting it: a cycle
+                        children = ([part for pair in node.value for part in pair]
+                                    if isinstance(node, yaml.MappingNode) else
+                                    node.value if isinstance(node, yaml.SequenceNode) else [])
+                        sizes[id(node)] = 1 + sum(size(child) for child in children)
+                    return sizes[id(node)]
+
+                try:
+                    with open(path, "rb") as f:
+                        root_node = yaml.compose(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+                    total = size(root_node) if root_node is not None else 0
+                except yaml.YAMLError:
+                    continue
+                except RecursionError:
+                    raise ConfigError(f"{path}: nested too deeply to be a config file") from None
+                if total > MAX_CONFIG_NODES:
+                    raise ConfigError(f"{path}: its YAML aliases expand it to more than {MAX_CONFIG_NODES:,} "
+                                      "nodes (an alias bomb?); a config file must stay below that")
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a composition error, naming the full key where OmegaConf knows it (or the override,
     the config group or the file)."""
@@ -56,10 +119,20 @@ def describe_error(error: BaseException) -> str:
             return found
         if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
             msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
-            return f"{seen.full_key}: {msg}"
+            hint = next((h for text, h in _INTERPOLATION_HINTS.items() if text in msg), "")
+            return f"{seen.full_key}: {msg}{hint}"
         seen = seen.__cause__ or seen.__context__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return " ".join(lines[:3]) if lines else type(error).__name__
+
+
+#: What to do about OmegaConf's interpolation errors, found by their message.
+_INTERPOLATION_HINTS = {
+    "Recursive interpolation": "; the interpolations refer to each other in a cycle: give one of them a value",
+    "Environment variable": "; set it, or give a default: ${oc.env:NAME,default}",
+    "Unsupported interpolation type": ": no resolver of that name is registered; check its spelling "
+                                      "(e.g. ${oc.env:NAME})",
+}
 
 
 def _describe_known(error: BaseException) -> str | None:
@@ -101,8 +174,7 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
         cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
         typed = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg, resolve=False))
-        OmegaConf.resolve(typed)
-        return OmegaConf.to_object(typed)
+        return OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e)) from e
 
@@ -123,6 +195,19 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
+
+
+def _resolve_run_dir(cfg: DictConfig) -> None:
+    """Resolve ``hydra.run.dir`` as a run does before anything else (with ``HydraConfig`` set, for
+    ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""
+    from hydra.core.hydra_config import HydraConfig
+
+    saved = HydraConfig.instance().cfg
+    try:
+        HydraConfig.instance().set_config(cfg)
+        OmegaConf.select(cfg, "hydra.run.dir")
+    finally:
+        HydraConfig.instance().cfg = saved
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
@@ -146,10 +231,12 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
         overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
+    check_config_files(user_config_dirs(overrides))
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("csframework.conf", version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+            _resolve_run_dir(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise ConfigError(describe_error(e)) from e
     finally:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from .readonly import ReadOnly
+
 DEVICE_TYPES = ("CPU", "GPU", "CSX")
 
 
@@ -19,13 +21,13 @@ class Strategy(str, Enum):
 
 
 @dataclass
-class DeviceConfig:
+class DeviceConfig(ReadOnly):
     type: str = "CPU"
     """Device type: ``CPU``, ``GPU`` (CUDA) or ``CSX`` (the Cerebras emulator). Chosen with ``device=cpu|gpu|csx``."""
 
 
 @dataclass
-class BackendConfig:
+class BackendConfig(ReadOnly):
     type: str = "CPU"
     """The backend's device type; must agree with ``device.type``."""
 

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
+from .readonly import ReadOnly
+
 
 class OptimizerName(str, Enum):
     sgd = "sgd"
@@ -24,7 +26,7 @@ class Interval(str, Enum):
 
 
 @dataclass
-class ScheduleConfig:
+class ScheduleConfig(ReadOnly):
     _target_: Optional[str] = None
     """A learning-rate scheduler class (``torch.optim.lr_scheduler.StepLR``, or your own) built with the
     optimizer and ``args``; replaces ``name``, ``warmup_steps`` and ``min_lr``."""
@@ -41,7 +43,7 @@ class ScheduleConfig:
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(ReadOnly):
     _target_: Optional[str] = None
     """Any optimizer class (``torch.optim.RMSprop``, or your own) instead of ``name``: built with the model's
     parameters, the settings below that its constructor takes, and ``args``."""

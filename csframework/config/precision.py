@@ -4,11 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .readonly import ReadOnly
+
 PRECISIONS = ("float32", "bfloat16", "float16", "cbfloat16")
 
 
 @dataclass
-class PrecisionConfig:
+class PrecisionConfig(ReadOnly):
     name: str = "float32"
     """``float32``, ``bfloat16``, ``float16`` or ``cbfloat16`` (CSX only). Half precisions compute under
     autocast while the master weights and optimizer state stay float32."""

@@ -10,6 +10,7 @@ from omegaconf import MISSING
 from .backend import BackendConfig, DeviceConfig
 from .optimizer import OptimizerConfig
 from .precision import PrecisionConfig
+from .readonly import ReadOnly
 from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
 #: The sections a stage may override.
@@ -23,7 +24,7 @@ class Mode(str, Enum):
 
 
 @dataclass
-class RunConfig:
+class RunConfig(ReadOnly):
     device: DeviceConfig = field(default_factory=DeviceConfig)
     """The device type (group ``device``)."""
     backend: BackendConfig = field(default_factory=BackendConfig)

@@ -6,9 +6,11 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+from .readonly import ReadOnly
+
 
 @dataclass
-class DataConfig:
+class DataConfig(ReadOnly):
     train: Any = MISSING
     """A ``_target_`` building the training dataset: map-style, or an ``IterableDataset`` (then
     ``loop.max_steps`` is required; an epoch ends when its iterator does)."""
@@ -36,7 +38,7 @@ class DataConfig:
 
 
 @dataclass
-class LoopConfig:
+class LoopConfig(ReadOnly):
     max_steps: Optional[int] = None
     """Optimizer steps to train (the global step); set exactly one of ``max_steps`` and ``max_epochs``."""
     max_epochs: Optional[int] = None
@@ -52,7 +54,7 @@ class LoopConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(ReadOnly):
     every_steps: Optional[int] = None
     """Save every this many steps; ``null``: only at the end of each stage."""
     keep_last: int = 2
@@ -65,7 +67,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class PluginsConfig:
+class PluginsConfig(ReadOnly):
     enable: List[str] = field(default_factory=list)
     """Module paths of plugin modules (or ``module:attribute``) to register."""
     disable: List[str] = field(default_factory=list)

@@ -1,0 +1,86 @@
+"""One writer per run directory.
+
+A run that writes (``Run.fit``, ``Run.validate``; rank 0 only) holds an exclusive ``flock`` on
+``<run dir>/.csframework.lock`` for as long as it runs. The lock belongs to the open file, so the operating
+system releases it whenever the process ends, however it ends (an exception, ``os._exit``, SIGKILL):
+there is never a stale lock to clean up. The file itself stays; it only says who holds the lock (JSON
+``{pid, host, started}``), so that a second run on the same directory can name the first and exit 2
+instead of interleaving its checkpoints, index and logs with the first's.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from .errors import ConfigError
+
+LOCK_NAME = ".csframework.lock"
+_HOLDER_BYTES = 4096  # what the holder record may take; more is not ours and is not read
+
+
+_held: set[int] = set()  # lock descriptors this process holds
+
+
+def _close_in_child() -> None:
+    """A forked child (a data-loader worker) must not keep the lock alive: flock belongs to the open file,
+    which fork shares, so a worker outliving a SIGKILLed run would hold it (O_CLOEXEC covers exec only).
+    Closing the child's copy leaves the parent's lock in place."""
+    for fd in _held:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+class RunDirInUse(ConfigError):
+    """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from the record the holder wrote (it may not have written it yet)."""
+    try:
+        record = json.loads(os.pread(fd, _HOLDER_BYTES, 0).decode("utf-8"))
+        return f"pid {int(record['pid'])} on host {str(record['host'])[:255]}, started {str(record['started'])[:64]}"
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return "a process that has not written its pid, host and start time yet"
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path):
+    """Hold the run directory's lock while the block runs; raise ``RunDirInUse`` if another process (or
+    another run in this process) holds it. Creates the directory and its lock file if needed."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK_NAME
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        hint = "it is a link; remove it" if e.errno == errno.ELOOP else "check the directory's permissions"
+        raise ConfigError(f"run directory {run_dir}: cannot open its lock file {path} "
+                          f"({e.strerror or e}); {hint}") from e
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirInUse(f"run directory {run_dir} is in use by another csframework run ({_holder(fd)}; "
+                              f"lock file {path}); wait for it to finish, or give this run another directory "
+                              "(hydra.run.dir=...)") from None
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode(), 0)
+        _held.add(fd)
+        yield path
+    finally:
+        _held.discard(fd)
+        os.close(fd)  # releases the lock; the file stays (removing it would race with a process opening it)
