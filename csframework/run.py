@@ -121,6 +121,7 @@ class Run:
 
     def enter_stage(self, index: int) -> None:
         """Build the data loaders, optimizer, schedule and backend of stage ``index`` (the model is kept)."""
+        self.release()  # the previous stage's loader workers and collectives
         self.stage_index, self.stage_step = index, 0
         self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
         cfg = self.stage_config
@@ -130,7 +131,6 @@ class Run:
         if self.world_size > 1 and index == 0:  # all ranks share rank 0's run directory
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
-        self.release_workers()
         self.train_loader, self.val_loader = self._loaders(cfg)
         try:
             self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
@@ -149,9 +149,10 @@ class Run:
             raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
         pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
-                      pin_memory=pin, collate_fn=build_collate(data.collate_fn),
+                      pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
                       persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
-        train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last, **common)
+        train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
+                                   role="data.train", **common)
         if is_iterable(train_loader):
             if cfg.loop.max_steps is None:
                 raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
@@ -162,17 +163,8 @@ class Run:
         val_loader = None
         if val is not None:
             val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
-                                     drop_last=False, **common)
+                                     drop_last=False, role="data.val", **common)
         return train_loader, val_loader
-
-    def release_workers(self) -> None:
-        """Stop the loaders' persistent workers (``data.persistent_workers``), which otherwise live as long as
-        their loader and can keep the interpreter from exiting."""
-        for loader in (self.train_loader, self.val_loader):
-            iterator = getattr(loader, "_iterator", None)
-            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-                iterator._shutdown_workers()
-                loader._iterator = None
 
     def total_steps(self, cfg: RunConfig) -> int:
         """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
@@ -191,7 +183,6 @@ class Run:
             if status is None:
                 loop.fit(self)
             self.status = status or "completed"
-            self.release_workers()
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
@@ -214,7 +205,6 @@ class Run:
             self.status = "validating"
             self.hooks.on_fit_start(run=self)
             metrics = loop.evaluate(self)
-            self.release_workers()
             self.status = "completed"
             self.hooks.on_fit_end(run=self)
             return metrics
@@ -238,13 +228,25 @@ class Run:
         try:
             return body()
         except BaseException as e:
-            self.release_workers()
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             self.error = e
             # every plugin cleans up, whichever fails doing so; the original error is the one raised
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
                 self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
             raise
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Stop every data-loader worker process and wait for the backend's pending collectives. Run when
+        ``fit``/``validate`` ends, however it ends, and before a stage's loaders and backend are replaced."""
+        for loader in (self.train_loader, self.val_loader):
+            close = getattr(loader, "close", None)  # a framework loader (None: not built yet)
+            if close is not None:
+                close()
+        finish = getattr(self.backend, "finish", None)
+        if finish is not None:
+            finish()
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
