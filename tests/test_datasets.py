@@ -1,6 +1,7 @@
 """Any dataset: a custom ``collate_fn``, ``IterableDataset``s sharded across loader workers and DDP ranks
 (each sample read once per epoch, resumable), and the loader settings ``pin_memory``,
 ``persistent_workers``, ``prefetch_factor``."""
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -133,6 +134,7 @@ def test_custom_collate_and_two_workers_read_each_sample_once_per_epoch(conf, tm
     seen = epochs(workers.model.seen, N)
     assert len(seen) == 2 and all(sorted(ids) == list(range(N)) for ids in seen)
     assert seen[0] != seen[1], "the order changes with the epoch"
+    assert not multiprocessing.active_children(), "the workers (persistent ones too) end with the fit"
     single = run(conf, tmp_path, f"data={data}", name="single")
     assert single.model.seen == workers.model.seen, "workers make the batches one process makes"
 
