@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .errors import DataTimeoutError
+from .rng import seed_everything
 
 
 class ResumableSampler(Sampler[int]):
@@ -47,16 +48,6 @@ class ResumableSampler(Sampler[int]):
         return self.size // self.world_size - self.start
 
 
-def _seed_all(seed: int) -> None:
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 class WorkerSeeded(Dataset):
     """A map-style dataset as loader workers read it: the sampler sends ``epoch * len + index``, and each
     batch is fetched after seeding Python, NumPy and torch from (seed, epoch, first index). A batch's random
@@ -75,7 +66,7 @@ class WorkerSeeded(Dataset):
 
     def __getitems__(self, tagged: list):
         epoch, first = divmod(int(tagged[0]), self.size)
-        _seed_all(((self.seed * 1_000_003 + epoch) * 1_000_003 + first) % 2**63)
+        seed_everything(((self.seed * 1_000_003 + epoch) * 1_000_003 + first) % 2**63)
         indices = [int(i) % self.size for i in tagged]
         getitems = getattr(self.dataset, "__getitems__", None)
         return getitems(indices) if getitems else [self.dataset[i] for i in indices]
@@ -138,7 +129,7 @@ def _worker_start(worker_id: int) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
-    _seed_all(torch.initial_seed() % 2**32)
+    seed_everything(torch.initial_seed() % 2**32)
 
 
 def build_collate(spec: Any, key: str = "data.collate_fn"):

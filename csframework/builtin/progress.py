@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ..plugins import hookimpl
+from ..hookspecs import hookimpl
 
 #: Most important first: a narrow terminal cuts the line from the right, so the bar goes before anything else.
 BAR_FORMAT = "{desc}{n_fmt}/{total_fmt} ETA {remaining}{postfix} {rate_noinv_fmt} |{bar}|"
