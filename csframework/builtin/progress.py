@@ -1,6 +1,7 @@
 """The progress plugin: on a terminal, a tqdm bar (its width follows the terminal's) with steps done, ETA,
 the latest loss and steps/s; otherwise a log line whenever training metrics are logged (``loop.log_every``)
-and after each evaluation."""
+and after each evaluation. The ``train`` event reaches ``events.jsonl`` either way (on a terminal, the bar
+shows it instead of the console)."""
 from __future__ import annotations
 
 import sys
@@ -44,9 +45,8 @@ class ProgressPlugin:
             loss = metrics["train/loss"]
             if self.bar is not None:
                 self.bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
-            elif not self.tty:
-                run.log.info("train", progress=f"{step}/{self.total}", loss=round(loss, 4),
-                             lr=float(f"{metrics['lr']:.4g}"), steps_per_sec=round(metrics["steps_per_sec"], 1))
+            run.log.info("train", progress=f"{step}/{self.total}", loss=round(loss, 4), console=not self.tty,
+                         lr=float(f"{metrics['lr']:.4g}"), steps_per_sec=round(metrics["steps_per_sec"], 1))
         elif any(k.startswith("val/") for k in metrics):
             run.log.info("eval", **{k: round(v, 4) for k, v in metrics.items()})
 

@@ -31,6 +31,20 @@ def csframework_validate(config: RunConfig) -> list[str]:
     return problems + across_stages(config, stage_configs(config))
 
 
+@hookimpl
+def on_train_start(run) -> None:
+    """Warn (not refuse: a short trial run is legitimate) when the learning-rate warm-up is longer than the
+    stage's training, so the rate never reaches ``optimizer.lr``."""
+    cfg = run.stage_config
+    warmup, steps = cfg.optimizer.schedule.warmup_steps, run.total_steps(cfg)
+    if warmup > steps:
+        length = (f"loop.max_steps ({steps})" if cfg.loop.max_steps is not None
+                  else f"loop.max_epochs ({cfg.loop.max_epochs}, {steps} steps)")
+        run.log.warning("warmup_longer_than_training", warmup_steps=warmup, steps=steps,
+                        problem=f"optimizer.schedule.warmup_steps ({warmup}) is longer than {length}: the "
+                                "learning rate never reaches optimizer.lr; lower optimizer.schedule.warmup_steps")
+
+
 def device_choice(cfg: RunConfig) -> list[str]:
     """DESIGN 4.2: ``device`` and ``backend`` are mutually exclusive ways to choose the device."""
     if {"device", "backend"} <= set(cfg.selected):
@@ -164,6 +178,10 @@ def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
     problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
                 + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
+    monitor = c.keep_best.monitor
+    if monitor and monitor.startswith("val/") and cfg.data.val is None:
+        problems.append(f"checkpoint.keep_best.monitor: {monitor} comes from evaluation, but data.val is null; "
+                        "set data.val, or monitor a train/ metric")
     if c.resume not in ("auto", "never") and not os.path.exists(c.resume):
         problems.append(f"checkpoint.resume: no checkpoint at '{c.resume}'; give an existing checkpoint "
                         "directory, or auto / never")

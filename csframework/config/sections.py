@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, List, Optional
 
 from omegaconf import MISSING
@@ -57,6 +58,20 @@ class LoopConfig(ReadOnly):
     """Log training metrics every this many steps; the only host-device synchronisation of the loop."""
 
 
+class BestMode(str, Enum):
+    min = "min"
+    max = "max"
+
+
+@dataclass
+class KeepBestConfig:
+    monitor: Optional[str] = None
+    """A metric name (e.g. ``val/loss``): keep the checkpoint where it was best, besides ``keep_last``;
+    ``null`` keeps none. A checkpoint counts when the metric was reported at its step."""
+    mode: BestMode = BestMode.min
+    """``min`` or ``max``: which value is best."""
+
+
 @dataclass
 class CheckpointConfig(ReadOnly):
     every_steps: Optional[int] = None
@@ -68,6 +83,8 @@ class CheckpointConfig(ReadOnly):
     checkpoint, or a run directory (its newest good checkpoint). ``mode=validate`` evaluates these weights."""
     save_at_end: bool = True
     """Save when a stage ends."""
+    keep_best: KeepBestConfig = field(default_factory=KeepBestConfig)
+    """Keep the best checkpoint by a metric (``summary.json`` names it as ``best_checkpoint``)."""
 
 
 @dataclass
