@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .data import epoch_batches
-from .errors import NonFiniteLossError
+from .errors import ConfigError, NonFiniteLossError
 from .signals import Interrupted
 
 if TYPE_CHECKING:
@@ -82,6 +82,10 @@ def train_stage(run: Run) -> None:
             if last and (_stage_done(run) or run.stop_reason is not None):
                 break
         else:  # the epoch ran out of batches
+            if run.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
+                raise ConfigError(f"data.train: epoch {epoch} yielded no batch (fewer samples than "
+                                  "data.batch_size x the number of processes?); check the dataset")
+            run.scheduler.epoch_end()  # a schedule with optimizer.schedule.interval=epoch steps here
             hooks.on_train_epoch_end(run=run, epoch=epoch)
             state.next_epoch()
             continue

@@ -20,7 +20,7 @@ from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
 from .config.readonly import freeze
-from .data import make_loader
+from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
 from .plugins import Hooks, backend_specs, build_manager, check_sections
 from .rundir import run_dir_lock
@@ -177,11 +177,17 @@ class Run:
             val = instantiate(data.val, _convert_="all") if data.val else None
         except Exception as e:
             raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
+        pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
-                      pin_memory=self.device_type == "GPU", timeout_s=data.timeout_s)
+                      pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
+                      persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
         train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
                                    role="data.train", **common)
-        if len(train_loader) == 0:
+        if is_iterable(train_loader):
+            if cfg.loop.max_steps is None:
+                raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
+                                  "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+        elif len(train_loader) == 0:
             raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
                               f"({len(train)} samples per process) with drop_last; lower it")
         val_loader = None
@@ -313,7 +319,16 @@ class Run:
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),
             "rng": rng_state(),
+            "data": self._data_state(),
         }
+
+    def _data_state(self):
+        """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
+        process (``data.num_workers=0``); otherwise resume re-reads the epoch to its position."""
+        shards = self.train_loader.dataset
+        if is_iterable(self.train_loader) and self.train_loader.num_workers == 0 and shards.stateful():
+            return shards.state_dict()
+        return None
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
@@ -335,6 +350,8 @@ class Run:
         self.backend.load_state_dict(state["backend"])
         self.state.restore_position(position)
         set_rng_state(state["rng"])
+        if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
+            self.train_loader.dataset.load_state_dict(state["data"])
 
 
 def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:

@@ -93,6 +93,10 @@ def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
     with open_dict(schema):
         schema.backend = {"type": "CPU"}
     OmegaConf.set_struct(schema.backend, False)
+    # the keyword arguments of a `_target_` optimizer or schedule are open: `optimizer.args.alpha=0.9`
+    # adds a key without Hydra's `+` (every other section stays closed, so a typo is an error)
+    OmegaConf.set_struct(schema.optimizer.args, False)
+    OmegaConf.set_struct(schema.optimizer.schedule.args, False)
     return schema
 
 

@@ -13,7 +13,8 @@ from .readonly import ReadOnly
 @dataclass
 class DataConfig(ReadOnly):
     train: Any = MISSING
-    """A ``_target_`` building the training ``torch.utils.data.Dataset`` (map-style)."""
+    """A ``_target_`` building the training dataset: map-style, or an ``IterableDataset`` (then
+    ``loop.max_steps`` is required; an epoch ends when its iterator does)."""
     val: Any = None
     """A ``_target_`` building the validation dataset, or ``null`` for no evaluation."""
     batch_size: int = 32
@@ -30,6 +31,15 @@ class DataConfig(ReadOnly):
     """Shuffle the training set each epoch (the order is a function of ``seed`` and the epoch)."""
     drop_last: bool = True
     """Drop the last incomplete training batch, so every step sees a full batch."""
+    collate_fn: Any = None
+    """A ``_target_`` naming the function (other keys: its keyword arguments) or class (built with them)
+    that merges samples into a batch; ``null``: torch's default collation."""
+    pin_memory: Optional[bool] = None
+    """Page-locked host memory for batches (faster copies to a GPU); ``null``: on when the device is a GPU."""
+    persistent_workers: bool = False
+    """Keep the loader workers between epochs (needs ``num_workers > 0``; map-style datasets only)."""
+    prefetch_factor: Optional[int] = None
+    """Batches each worker loads ahead (needs ``num_workers > 0``); ``null``: torch's default (2)."""
 
 
 @dataclass
