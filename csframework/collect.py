@@ -29,7 +29,8 @@ class Collector:
         self.limit = max(1, int(max_memory_mb * MB))
         self.rank, self.world_size = run.rank, run.world_size
         self.group = run.backend.host_group  # gloo beside NCCL: gathers stay on the host
-        self.size = len(run.val_loader.dataset)
+        # the samples to keep (the rest is padding); an iterable dataset is not padded: keep every row
+        self.size = len(run.val_loader.dataset) if hasattr(run.val_loader.dataset, "__len__") else None
         self.dir = Path(run.output_dir) / f".collect-rank{self.rank}-{os.getpid()}"
         self.parts: dict[str, list[torch.Tensor]] = {k: [] for k in self.keys}
         self.rows = dict.fromkeys(self.keys, 0)
@@ -119,7 +120,7 @@ class Collector:
         local = self._local(key)
         self.parts[key].clear()
         rows, ws = self.rows[key], self.world_size  # every rank evaluated the same number of samples
-        total = min(self.size, rows * ws)
+        total = rows * ws if self.size is None else min(self.size, rows * ws)
         row_bytes = max(1, local[:1].nbytes)
         if self.rank == 0:
             if self.spilled:

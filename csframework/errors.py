@@ -54,6 +54,14 @@ class RankLostError(CsfError):
     """Under torchrun: another rank died or stopped answering (a collective failed or timed out)."""
 
 
+class PluginImportError(PluginError):
+    """A plugin that could not be imported or instantiated: says where it came from and how to turn it off."""
+
+    def __init__(self, plugin: str, source: str, error: BaseException, fix: str):
+        super().__init__(plugin, None, error)
+        self.args = (f"plugin '{plugin}' ({source}) failed to load: {type(error).__name__}: {error}; {fix}",)
+
+
 class TracingError(CsfError):
     """CSX: the traced step did something a static graph cannot express (names the user's line)."""
 

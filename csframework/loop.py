@@ -3,7 +3,9 @@
 The loop owns ``run.state`` (``RunState``): it alone advances the position and keeps the per-step outputs.
 The steps themselves are the backend's (``csframework.step``: one sequence for every backend); the loop
 steps the learning-rate schedule after each. The one host-device synchronisation is at ``loop.log_every``
-(and evaluation), where the losses of the last steps are averaged; see ``hookspecs`` for the order of hooks.
+(and evaluation, and before a checkpoint), where the losses of the last steps are averaged; see
+``hookspecs`` for the order of hooks. A loss in host memory (CPU, the CSX emulator) is also checked at
+every step, which costs nothing there, so a run stops at the step whose loss is not finite.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from .collect import Collector
 from .data import epoch_batches
-from .errors import NonFiniteLossError
+from .errors import ConfigError, NonFiniteLossError
 from .signals import Interrupted
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ def fit(run: Run) -> str:
     """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end; returns
     the run's final status (``completed``, or a backend's dry run's: CSX ``compiled`` / ``validated``)."""
     for index in range(run.stage_index, len(run.stages)):
+        if run.stop_reason is not None:  # run.request_stop: later stages are skipped
+            break
         if index != run.stage_index:
             run.enter_stage(index)
         if run.backend.dry_run:  # e.g. CSX compile_only: prepare the stage, train nothing
@@ -46,11 +50,11 @@ def train_stage(run: Run) -> None:
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
     accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
     state.clear_pending()
+    state.last_log = (time.perf_counter(), run.global_step)
     last_eval_step = -1
-    timer = [time.perf_counter(), run.global_step]
     run.module.train()
     hooks.on_train_start(run=run)
-    while not _stage_done(run):
+    while not _stage_done(run) and run.stop_reason is None:
         epoch = run.epoch
         hooks.on_train_epoch_start(run=run, epoch=epoch)
         for batch in epoch_batches(run.train_loader, epoch, run.batch_in_epoch):
@@ -63,8 +67,11 @@ def train_stage(run: Run) -> None:
             if last:
                 run.scheduler.step()
                 state.add_outputs(outputs)
+                loss = outputs.get("loss")
+                if isinstance(loss, torch.Tensor) and loss.device.type == "cpu" and not bool(loss.isfinite()):
+                    check_finite(run)  # free on the host: stop at this step (not an error under dynamic scaling)
                 if run.global_step % log_every == 0:
-                    _log_train_metrics(run, timer)
+                    log_train_metrics(run)
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
@@ -73,15 +80,18 @@ def train_stage(run: Run) -> None:
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             if run.stopping:
                 raise Interrupted(run.stop_signal, run.global_step)
-            if last and _stage_done(run):
+            if last and (_stage_done(run) or run.stop_reason is not None):
                 break
         else:  # the epoch ran out of batches
+            if run.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
+                raise ConfigError(f"data.train: epoch {epoch} yielded no batch (fewer samples than "
+                                  "data.batch_size x the number of processes?); check the dataset")
+            run.scheduler.epoch_end()  # a schedule with optimizer.schedule.interval=epoch steps here
             hooks.on_train_epoch_end(run=run, epoch=epoch)
             state.next_epoch()
             continue
         hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
-    if state.pending:
-        _log_train_metrics(run, timer)
+    log_train_metrics(run)
     if run.val_loader is not None and last_eval_step != run.global_step:
         evaluate(run)
     hooks.on_train_end(run=run)
@@ -93,7 +103,7 @@ def _stop_requested(run: Run) -> int | None:
     return run.backend.any_rank_signal(run.stop_signal)
 
 
-def _log_train_metrics(run: Run, timer: list) -> None:
+def log_train_metrics(run: Run) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
     pending = run.state.pending
     if not pending.get("loss"):
@@ -105,8 +115,9 @@ def _log_train_metrics(run: Run, timer: list) -> None:
     now = time.perf_counter()
     metrics = {f"train/{k}": float(v.mean()) for k, v in values.items()}
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
-    metrics["steps_per_sec"] = (run.global_step - timer[1]) / max(now - timer[0], 1e-9)
-    timer[:] = [now, run.global_step]
+    since, step = run.state.last_log
+    metrics["steps_per_sec"] = (run.global_step - step) / max(now - since, 1e-9)
+    run.state.last_log = (now, run.global_step)
     run.state.clear_pending()
     run.report(metrics)
 

@@ -1,15 +1,20 @@
 """Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``.
 
 Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
-schema of each device type; ``config_files``: the config directories of backend plugins).
+schema of each device type; ``config_files``: the config directories of backend plugins; ``sections``: the
+plugins' own config sections).
 ``csframework.api`` asks the plugins for these and passes them in.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
+import enum
 import os
-from pathlib import Path
+import re
 from dataclasses import fields
+from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -20,15 +25,17 @@ from ..errors import ConfigError, ValidationError
 from .backend import BackendConfig, DeviceConfig
 from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
+from .readonly import ReadOnly
 from .run import STAGE_KEYS, Mode, RunConfig
 from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
 __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
-    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas", "to_run_config", "stage_config",
-    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
-    "user_config_dirs", "check_config_files",
+    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "compose_dict", "register_schemas", "to_run_config",
+    "stage_config", "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
+    "user_config_dirs", "check_config_files", "resolve_run_dir", "run_config_type", "plugin_sections",
+    "disabled_section", "flat_config",
 ]
 
 SCHEMA_NAME = "csframework_schema"
@@ -38,19 +45,81 @@ MAX_CONFIG_BYTES = 4 * 2**20
 MAX_CONFIG_NODES = 100_000
 
 
-def _schema() -> DictConfig:
-    """``RunConfig`` as Hydra composes it: typed, except the ``backend`` node, which takes any key until
-    ``to_run_config`` types it with the schema of its device type."""
-    schema = OmegaConf.structured(RunConfig)
+_types: dict[tuple, type] = {}
+
+
+def run_config_type(sections: Mapping[str, type] | None = None) -> type:
+    """``RunConfig`` extended by plugin config sections (``{name: dataclass}``), each a typed top-level
+    field holding the dataclass's defaults; one class per set of sections."""
+    if not sections:
+        return RunConfig
+    key = tuple(sorted(sections.items(), key=lambda item: item[0]))
+    if key not in _types:
+        typed = [(name, _read_only(schema)) for name, schema in key]
+        _types[key] = dataclasses.make_dataclass(
+            "RunConfig", [(name, schema, dataclasses.field(default_factory=schema)) for name, schema in typed],
+            bases=(RunConfig,))
+    return _types[key]
+
+
+def _read_only(schema: type) -> type:
+    """A plugin's section dataclass with the ``ReadOnly`` mix-in of the built-in schemas (a subclass: the
+    plugin's own ``isinstance`` checks hold), so it is as read-only during a run as they are."""
+    if issubclass(schema, ReadOnly):
+        return schema
+    return dataclasses.make_dataclass(schema.__name__, [], bases=(ReadOnly, schema))
+
+
+def plugin_sections(config) -> tuple[str, ...]:
+    """The config sections plugins added to ``config`` (a stage may set them too)."""
+    builtin = {f.name for f in fields(RunConfig)}
+    return tuple(f.name for f in fields(config) if f.name not in builtin)
+
+
+def disabled_section(key: str, disabled: Iterable[str], sections: Mapping[str, type] | None) -> str | None:
+    """The error for setting ``key`` when its section is that of a disabled plugin (a section named after
+    its plugin, as every first-party one is)."""
+    top = key.split(".", 1)[0]
+    if top in set(disabled) and top not in (sections or {}):
+        return (f"{key}: plugin '{top}' is disabled (plugins.disable), so its config section is gone; "
+                f"remove the setting or enable the plugin")
+    return None
+
+
+def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
+    """``RunConfig`` (with the plugins' ``sections``) as Hydra composes it: typed, except the ``backend``
+    node, which takes any key until ``to_run_config`` types it with the schema of its device type."""
+    schema = OmegaConf.structured(run_config_type(sections))
     with open_dict(schema):
         schema.backend = {"type": "CPU"}
     OmegaConf.set_struct(schema.backend, False)
+    # the keyword arguments of a `_target_` optimizer or schedule are open: `optimizer.args.alpha=0.9`
+    # adds a key without Hydra's `+` (every other section stays closed, so a typo is an error)
+    OmegaConf.set_struct(schema.optimizer.args, False)
+    OmegaConf.set_struct(schema.optimizer.schedule.args, False)
     return schema
 
 
-def register_schemas() -> None:
-    """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema())
+def register_schemas(sections: Mapping[str, type] | None = None) -> None:
+    """Put the ``RunConfig`` schema (with the plugins' ``sections``) into Hydra's ConfigStore;
+    ``conf/config.yaml`` builds on it."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema(sections))
+
+
+def flat_config(config) -> dict:
+    """A run config as ``{"dotted.key": value}`` (plain values: enums as their value, lists as lists),
+    e.g. for loggers that record parameters."""
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node.value if isinstance(node, enum.Enum) else node
+
+    walk(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True), "")
+    return flat
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -121,9 +190,12 @@ def check_config_files(dirs: Iterable[str]) -> None:
                                       "nodes (an alias bomb?); a config file must stay below that")
 
 
-def describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException, prefix: str = "") -> str:
     """One line for a composition error, naming the full key where OmegaConf knows it (or the override,
-    the config group or the file)."""
+    the config group or the file); ``prefix`` is the path of the node the error is relative to
+    (``stages.<name>.``). An unknown key gets the nearest known one ("did you mean"); a key of an open
+    map that does not exist (``stages.b.loop.max_steps=3`` without a stage ``b``) gets Hydra's ``+`` form."""
+    append = re.search(r"To append to your config use (\S+)", str(error))
     seen = error
     while seen is not None:
         found = _describe_known(seen)
@@ -131,11 +203,27 @@ def describe_error(error: BaseException) -> str:
             return found
         if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
             msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
+            key = prefix + seen.full_key
+            if append and getattr(seen, "object_type", None) is dict:
+                return f"{key}: not in the config; to add it, write {append.group(1)}"
             hint = next((h for text, h in _INTERPOLATION_HINTS.items() if text in msg), "")
-            return f"{seen.full_key}: {msg}{hint}"
+            return f"{key}: {msg}{hint}{_did_you_mean(seen, key)}"
         seen = seen.__cause__ or seen.__context__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return " ".join(lines[:3]) if lines else type(error).__name__
+    return prefix + (" ".join(lines[:3]) if lines else type(error).__name__)
+
+
+def _did_you_mean(error: OmegaConfBaseException, key: str) -> str:
+    """``; did you mean `loop.max_steps`?`` for an unknown key of a schema, when one is close enough."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    schema = getattr(error, "object_type", None)
+    name = getattr(error, "key", None)
+    if not (isinstance(error, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(schema)
+            and isinstance(name, str) and key.endswith(name)):
+        return ""
+    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(schema) if f.name != name], n=1)
+    return f"; did you mean `{key[:len(key) - len(name)]}{close[0]}`?" if close else ""
 
 
 #: What to do about OmegaConf's interpolation errors, found by their message.
@@ -158,8 +246,10 @@ def _describe_known(error: BaseException) -> str | None:
         missing = error.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
         if group and error.options is not None:
+            close = difflib.get_close_matches(option, error.options, n=1)
+            hint = f"; did you mean `{group.replace('/', '.')}={close[0]}`?" if close else ""
             return (f"{group.replace('/', '.')}: no option '{option}' in config group '{group}' "
-                    f"(available: {', '.join(error.options) or 'none'})")
+                    f"(available: {', '.join(error.options) or 'none'}){hint}")
         first = str(error).splitlines()[0].strip()
         return f"{missing or 'config'}: {first}" if missing and missing not in first else first
     if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
@@ -171,8 +261,10 @@ def _describe_known(error: BaseException) -> str | None:
     return None
 
 
-def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type]) -> RunConfig:
-    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved).
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type],
+                  sections: Mapping[str, type] | None = None) -> RunConfig:
+    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved), with the
+    plugins' config ``sections`` as typed top-level fields.
 
     ``backends`` maps each device type to its ``backend`` schema: ``backend`` becomes an instance of the
     schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
@@ -186,14 +278,25 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
         cfg.pop("hydra", None)
         if "backend" in selected and "device" not in selected:
             cfg.device.type = cfg.backend.type
-        cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(_schema(), OmegaConf.to_container(cfg, resolve=False))
+        typed = OmegaConf.merge(_schema(sections), OmegaConf.to_container(cfg, resolve=False))
+        _device_types_upper(typed)
         run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
-        raise ConfigError(describe_error(e)) from e
+        disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
+        problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
+        raise ConfigError(problem or describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends)
+    run.selected = tuple(selected)
     return run
+
+
+def _device_types_upper(cfg: DictConfig) -> None:
+    """``device.type`` and ``backend.type`` are case-insensitive (``cpu`` is ``CPU``), as ``device=cpu`` is."""
+    for section in ("device", "backend"):
+        node = cfg.get(section)
+        if isinstance(node, DictConfig) and isinstance(node.get("type"), str):
+            node.type = node.type.upper()
 
 
 def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type]):
@@ -229,64 +332,86 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
     partial = OmegaConf.create(partial if partial is not None else {})
     if not isinstance(partial, DictConfig):
         raise ConfigError(f"stages.{name}: must be a mapping of overrides, got {type(partial).__name__}")
+    allowed = STAGE_KEYS + plugin_sections(base)
     for key in partial:
-        if key not in STAGE_KEYS:
-            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(STAGE_KEYS)}")
+        if key not in allowed:
+            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(allowed)}")
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
-        partial.device = {"type": partial.device.upper()}
+        partial.device = {"type": partial.device}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(base), partial)
         merged.stages = {}
+        _device_types_upper(merged)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
+        raise ConfigError(describe_error(e, prefix=f"stages.{name}.")) from e
 
 
-def _resolve_run_dir(cfg: DictConfig) -> None:
-    """Resolve ``hydra.run.dir`` as a run does before anything else (with ``HydraConfig`` set, for
+def resolve_run_dir(cfg: DictConfig) -> str:
+    """``hydra.run.dir`` resolved as a run does before anything else (with ``HydraConfig`` set, for
     ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""
     from hydra.core.hydra_config import HydraConfig
 
     saved = HydraConfig.instance().cfg
     try:
         HydraConfig.instance().set_config(cfg)
-        OmegaConf.select(cfg, "hydra.run.dir")
+        return str(OmegaConf.select(cfg, "hydra.run.dir"))
     finally:
         HydraConfig.instance().cfg = saved
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
-            backends: Mapping[str, type], config_files: Iterable[str] = ()) -> RunConfig:
+            backends: Mapping[str, type], config_files: Iterable[str] = (),
+            sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> RunConfig:
     """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
-    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``);
-    ``config_files`` are the config directories of backend plugins (``register_config_files``);
-    ``backends`` as in ``to_run_config``. Raises ``ConfigError`` naming the offending key.
-    (``csf.compose`` is this with the plugins' backends.)
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``), before
+    csframework's own, so it may also hold the primary config ``config_name``; ``config_files`` are the
+    config directories of backend plugins (``register_config_files``); ``backends`` and ``sections`` as in
+    ``to_run_config``; ``disabled``: the disabled plugins, whose sections are gone (setting one says so).
+    Raises ``ConfigError`` naming the offending key. (``csf.compose`` is this with the plugins'
+    contributions.)
     """
+    overrides = list(overrides)
+    for item in overrides:
+        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
+        if problem:
+            raise ConfigError(problem)
+    cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections)
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections)
+
+
+def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+                 config_files: Iterable[str] = (), sections: Mapping[str, type] | None = None) -> DictConfig:
+    """The composed ``DictConfig`` (with the ``hydra`` node, its run directory checked), searching
+    ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does. Raises ``ConfigError``."""
     import yaml
-    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra import compose as hydra_compose
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    register_schemas()
+    register_schemas(sections)
     register_config_files(config_files)
-    overrides = list(overrides)
+    search_path = create_config_search_path("pkg://csframework.conf")
     if config_dir is not None:
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
-        overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
-    check_config_files(user_config_dirs(overrides))
+        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    check_config_files(user_config_dirs(overrides, config_dir))
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module("csframework.conf", version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-            _resolve_run_dir(cfg)
+        Hydra.create_main_hydra2(task_name="csframework", config_search_path=search_path)  # sets GlobalHydra
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        resolve_run_dir(cfg)
+        return cfg
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    return to_run_config(cfg, explicit_groups(overrides), backends=backends)
 
 
 def register_config_files(directories: Iterable[str]) -> None:

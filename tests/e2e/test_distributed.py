@@ -141,10 +141,10 @@ def test_two_nodes_on_localhost_train_like_one_and_only_global_rank_0_writes(tmp
     results = [node.communicate(timeout=300) for node in nodes]
     for node, (_, err) in zip(nodes, results):
         assert node.returncode == 0, err[-3000:]
-    # whichever node got global rank 0 wrote everything, the other nothing but Hydra's own .hydra/
+    # whichever node got global rank 0 wrote everything, the other nothing (at most Hydra's own .hydra/)
     writer = next(d for d in node_dirs if (d / "summary.json").exists())
     other = next(d for d in node_dirs if d != writer)
-    assert sorted(p.name for p in other.iterdir() if p.name != ".hydra") == []
+    assert not other.exists() or sorted(p.name for p in other.iterdir() if p.name != ".hydra") == []
     events = (writer / "events.jsonl").read_text().splitlines()
     assert sum('"event": "fit_start"' in line for line in events) == 1
     rows = (writer / "metrics.csv").read_text().splitlines()
