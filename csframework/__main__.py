@@ -88,7 +88,12 @@ def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
 @hydra.main(version_base="1.3", config_path="pkg://csframework.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of a sweep: fails alone, never exits
+        from .sweep import run_sweep_job
+
+        return run_sweep_job(cfg, run_job)
     debug = bool(cfg.get("debug", False))
     try:
         return run_job(cfg, list(HydraConfig.get().overrides.task))
@@ -115,7 +120,19 @@ def main() -> None:
             raise
         report_error(e)
         sys.exit(e.exit_code)
-    hydra_main()
+    if not is_multirun(sys.argv[1:]):
+        hydra_main()
+        return
+    from . import sweep
+
+    sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
+    with sweep.forward_signals():
+        hydra_main()
+    sys.exit(sweep.finish())
+
+
+def is_multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ class LoggingPlugin:
         file = self.file
 
         def context(_, __, event: dict) -> dict:
+            event.update(structlog.contextvars.get_contextvars())  # a sweep job's job and sweep_dir
             event.setdefault("run_id", run.run_id)
             event.setdefault("stage", run.stage)
             event.setdefault("step", run.global_step)
@@ -39,7 +40,7 @@ class LoggingPlugin:
                 file.write(json.dumps(event, default=str) + "\n")
                 file.flush()
             if run.rank == 0:
-                line = console(None, None, {k: v for k, v in event.items() if k != "run_id"})
+                line = console(None, None, {k: v for k, v in event.items() if k not in ("run_id", "sweep_dir")})
                 stream.write(("\r\x1b[K" if tty else "") + line + "\n")
                 stream.flush()
             raise structlog.DropEvent
@@ -55,7 +56,8 @@ class LoggingPlugin:
     def on_log_metrics(self, run, metrics, step):
         """Metrics go to events.jsonl only; the progress plugin shows them on the console."""
         if self.file is not None:
-            event = {"event": "metrics", "run_id": run.run_id, "stage": run.stage, "step": step, **metrics}
+            event = {"event": "metrics", "run_id": run.run_id, **structlog.contextvars.get_contextvars(),
+                     "stage": run.stage, "step": step, **metrics}
             self.file.write(json.dumps(event) + "\n")
             self.file.flush()
 

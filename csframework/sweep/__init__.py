@@ -1,0 +1,112 @@
+"""Multirun sweeps that survive failing jobs, interrupts and reruns (see docs/sweeps.md).
+
+- :mod:`.job`: one job as any launcher runs it (failure isolation, signals, skip when completed, its row);
+- :mod:`.table`: the live ``sweep.csv`` / ``sweep.json``;
+- :mod:`.plot`: ``sweep.png``;
+- here: what the multirun's parent process does: the Hydra callback (registered in ``conf/config.yaml``),
+  forwarding SIGINT/SIGTERM to the jobs running in other processes, and the multirun's exit status.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from ..signals import exit_status, signal_name
+from .job import INTERRUPTED, JOBS, PARENT_ENV, describe, exit_status_of, mark_interrupted, run_sweep_job
+from .table import TABLE_CSV, read_rows, record_row, write_table
+
+__all__ = ["SweepCallback", "SweepTable", "finish", "forward_signals", "run_sweep_job", "record_row",
+           "read_rows", "write_table"]
+
+_SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
+_OBJECTIVE = "val/loss"
+
+
+class SweepCallback(Callback):
+    """The multirun's parent: a fresh start (no interruption mark of an earlier run)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        global _SWEEP_DIR, _OBJECTIVE
+        _SWEEP_DIR = Path(config.hydra.sweep.dir)
+        _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
+        _SWEEP_DIR.mkdir(parents=True, exist_ok=True)
+        (_SWEEP_DIR / INTERRUPTED).unlink(missing_ok=True)
+
+
+SweepTable = SweepCallback  # the name conf/config.yaml used before the table became live
+
+
+def _job_pids(sweep_dir: Path) -> list[int]:
+    with contextlib.suppress(FileNotFoundError):
+        return [int(p.name) for p in (sweep_dir / JOBS).iterdir() if p.name.isdigit()]
+    return []
+
+
+@contextlib.contextmanager
+def forward_signals():
+    """In the multirun's parent: a SIGINT/SIGTERM marks the sweep interrupted (jobs not started yet will not
+    start) and is passed on to every job running in another process (each finishes its step, checkpoints
+    and ends as ``interrupted``); a second one is passed on too and exits at once."""
+    os.environ[PARENT_ENV] = str(os.getpid())
+    received: list[int] = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        if _SWEEP_DIR is not None:
+            mark_interrupted(_SWEEP_DIR, signum)
+            for pid in _job_pids(_SWEEP_DIR):
+                if pid != os.getpid():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signum)
+        with contextlib.suppress(OSError):
+            if len(received) == 1:
+                os.write(2, f"\ncsframework: {signal_name(signum)}: stopping the sweep; running jobs finish "
+                            "their step and save a checkpoint (send it again to exit at once)\n".encode())
+            else:
+                os.write(2, f"csframework: {signal_name(signum)} again: exiting now\n".encode())
+        if len(received) > 1:
+            os._exit(exit_status(signum))
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old if old is not None else signal.SIG_DFL)
+        os.environ.pop(PARENT_ENV, None)
+
+
+def finish() -> int:
+    """After the multirun (ended or interrupted): ``sweep.png``; the last lines on stderr name the jobs that
+    failed; returns the multirun's exit status."""
+    from .plot import write_sweep_plot
+
+    if _SWEEP_DIR is None:
+        return 0
+    rows = read_rows(_SWEEP_DIR)
+    if rows:
+        write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
+    status = exit_status_of(_SWEEP_DIR, rows)
+    failed = [r for r in rows if r.get("status") == "failed"]
+    lines = [f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {_SWEEP_DIR / TABLE_CSV}):"] if failed else []
+    for row in failed:
+        overrides = [f"{k}={v}" for k, v in list(row.items())[1:list(row).index("status")]]
+        lines.append(f"  - {describe(row['job'], overrides)}: {row['run_dir']}")
+    if status >= 128:
+        lines.append(f"csframework: sweep interrupted; run the same command with checkpoint.resume=auto to "
+                     "continue it")
+    sys.stderr.write("".join(line + "\n" for line in lines))
+    return status
+
+
+def sweeper_overrides(argv: list[str]) -> list[str]:
+    """The command line, with Optuna's direction following ``sweep.direction`` unless it is given."""
+    if any(a.startswith("hydra/sweeper=optuna") for a in argv) and not any(
+            a.startswith("hydra.sweeper.direction=") for a in argv):
+        return [*argv, "hydra.sweeper.direction=${sweep.direction}"]
+    return argv
