@@ -81,17 +81,27 @@ def forward_signals():
         os.environ.pop(PARENT_ENV, None)
 
 
+def _stop_idle_workers() -> None:
+    """joblib's loky workers outlive the multirun until the interpreter's exit, which waits for them
+    several seconds: stop them now (they are idle; every job has ended)."""
+    loky = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(loky, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True, kill_workers=True)
+
+
 def finish() -> int:
-    """After the multirun (ended or interrupted): ``sweep.png``; the last lines on stderr name the jobs that
+    """After the multirun: ``sweep.png`` (unless interrupted); the last lines on stderr name the jobs that
     failed; returns the multirun's exit status."""
     from .plot import write_sweep_plot
 
+    _stop_idle_workers()
     if _SWEEP_DIR is None:
         return 0
     rows = read_rows(_SWEEP_DIR)
-    if rows:
-        write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
     status = exit_status_of(_SWEEP_DIR, rows)
+    if rows and status < 128:  # interrupted: leave promptly; the table is there, a rerun draws the plot
+        write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
     failed = [r for r in rows if r.get("status") == "failed"]
     lines = [f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {_SWEEP_DIR / TABLE_CSV}):"] if failed else []
     for row in failed:

@@ -40,7 +40,9 @@ def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/lo
         return None
     keys = swept_keys(rows)
     fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4.2 * (len(keys) + 1), 3.6), squeeze=False)
+    panels: list[str] = []  # also written into the PNG (its "panels" text entry), for tools and tests
     for ax, key in zip(axes[0], keys):
+        panels.append(key)
         points = [(r.get(key), _number(r.get(objective))) for r in rows]
         points = [(x, y) for x, y in points if y is not None]
         xs = [_number(x) for x, _ in points]
@@ -48,6 +50,7 @@ def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/lo
             positive = [x for x in xs if x > 0]
             if len(positive) == len(xs) and max(positive) / min(positive) >= 100:
                 ax.set_xscale("log")
+                panels[-1] += " (log)"
             ax.scatter(xs, [y for _, y in points])
         else:  # a categorical key (a config group option, a string)
             labels = sorted({str(x) for x, _ in points})
@@ -69,7 +72,7 @@ def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/lo
     fig.tight_layout()
     path = Path(sweep_dir) / PLOT
     tmp = path.with_name(f".{PLOT}.tmp")
-    fig.savefig(tmp, format="png", dpi=90)
+    fig.savefig(tmp, format="png", dpi=90, metadata={"panels": ", ".join(panels)})
     plt.close(fig)
     tmp.replace(path)
     return path
