@@ -17,8 +17,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from ..signals import exit_status, signal_name
-from .job import INTERRUPTED, JOBS, PARENT_ENV, describe, exit_status_of, mark_interrupted, run_sweep_job
-from .table import TABLE_CSV, read_rows, record_row, write_table
+from .job import INTERRUPTED, JOBS, REFUSED, PARENT_ENV, describe, exit_status_of, mark_interrupted, run_sweep_job
+from .table import TABLE_CSV, read_rows, record_row, row_overrides, write_table
 
 __all__ = ["SweepCallback", "SweepTable", "finish", "forward_signals", "run_sweep_job", "record_row",
            "read_rows", "write_table"]
@@ -28,14 +28,15 @@ _OBJECTIVE = "val/loss"
 
 
 class SweepCallback(Callback):
-    """The multirun's parent: a fresh start (no interruption mark of an earlier run)."""
+    """The multirun's parent: a fresh start (no mark of an earlier run's interruption or refused jobs)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _SWEEP_DIR, _OBJECTIVE
         _SWEEP_DIR = Path(config.hydra.sweep.dir)
         _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
         _SWEEP_DIR.mkdir(parents=True, exist_ok=True)
-        (_SWEEP_DIR / INTERRUPTED).unlink(missing_ok=True)
+        for mark in (INTERRUPTED, REFUSED):
+            (_SWEEP_DIR / mark).unlink(missing_ok=True)
 
 
 SweepTable = SweepCallback  # the name conf/config.yaml used before the table became live
@@ -105,7 +106,7 @@ def finish() -> int:
     failed = [r for r in rows if r.get("status") == "failed"]
     lines = [f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {_SWEEP_DIR / TABLE_CSV}):"] if failed else []
     for row in failed:
-        overrides = [f"{k}={v}" for k, v in list(row.items())[1:list(row).index("status")]]
+        overrides = [f"{k}={v}" for k, v in row_overrides(row).items()]
         lines.append(f"  - {describe(row['job'], overrides)}: {row['run_dir']}")
     if status >= 128:
         lines.append(f"csframework: sweep interrupted; run the same command with checkpoint.resume=auto to "

@@ -1,7 +1,8 @@
 """One job of a multirun, as any launcher runs it (in the launcher's process or in a worker process).
 
 A job never ends the sweep: a failure is reported in one line naming the job and its overrides and the
-job returns NaN (Optuna counts a NaN as a failed trial and goes on); a stop signal finishes the step,
+job returns ``None`` (the Optuna sweeper counts a trial whose value is not a number as failed and goes
+on; a NaN would make it fail itself); a stop signal finishes the step,
 checkpoints, marks the sweep interrupted (``.interrupted`` in the sweep directory, which later jobs see and
 do not start) and returns too. Either way the job's row is added to the sweep table as it ends. Under
 ``checkpoint.resume=auto`` a job whose run directory already says ``completed`` is not run again.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import sys
@@ -23,9 +23,10 @@ import structlog
 from ..errors import CsfError
 from ..process_state import clean_process_state
 from ..signals import Interrupted, exit_status
-from .table import make_row, record_row
+from .table import make_row, override_columns, read_rows, record_row, row_overrides
 
 INTERRUPTED = ".interrupted"
+REFUSED = ".refused"  # jobs of this multirun not run because their run directory belongs to another sweep
 JOBS = ".jobs"  # one file per job process running now (its pid), for the parent to forward signals to
 PARENT_ENV = "CSFRAMEWORK_SWEEP_PARENT"  # the pid of the multirun's parent, inherited by worker processes
 
@@ -55,9 +56,9 @@ def read_summary(run_dir: Path, since: float = 0.0) -> dict | None:
     return None
 
 
-def objective_of(summary: dict | None, objective: str) -> float:
+def objective_of(summary: dict | None, objective: str) -> float | None:
     value = (summary or {}).get("metrics", {}).get(objective)
-    return float(value) if value is not None else math.nan
+    return float(value) if value is not None else None
 
 
 def describe(num: int, overrides: list[str]) -> str:
@@ -110,9 +111,9 @@ def default_threads(hydra_cfg) -> int | None:
     return max(1, cores // max(1, parallel))
 
 
-def run_sweep_job(cfg, run_job) -> float:
+def run_sweep_job(cfg, run_job) -> float | None:
     """Run ``run_job(cfg, overrides)`` as job ``hydra.job.num`` of a multirun; returns its objective
-    (``sweep.objective`` from its summary), NaN if it failed, was interrupted or never started."""
+    (``sweep.objective`` from its summary), ``None`` if it failed, was interrupted or never started."""
     import torch
     from hydra.core.hydra_config import HydraConfig
 
@@ -121,11 +122,20 @@ def run_sweep_job(cfg, run_job) -> float:
     sweep_dir, run_dir = Path(hc.sweep.dir), Path(hc.runtime.output_dir)
     objective = str(cfg.get("sweep", {}).get("objective", "val/loss"))
     if interrupted_by(sweep_dir) is not None:
-        return math.nan  # the sweep was stopped before this job started: no row, nothing run
-    done = read_summary(run_dir)
-    if str(cfg.checkpoint.resume) == "auto" and (done or {}).get("status") == "completed":
-        sys.stderr.write(f"csframework: {describe(num, overrides)} completed before; not run again\n")
-        return objective_of(done, objective)
+        return None  # the sweep was stopped before this job started: no row, nothing run
+    if str(cfg.checkpoint.resume) == "auto":
+        before = next((r for r in read_rows(sweep_dir) if r.get("job") == num), None)
+        if before is not None and row_overrides(before) != override_columns(overrides):
+            sys.stderr.write(f"csframework: {describe(num, overrides)} failed: its run directory {run_dir} holds "
+                             f"job {num} of another sweep ({' '.join(f'{k}={v}' for k, v in row_overrides(before).items())});"
+                             " run this sweep in a new hydra.sweep.dir\n")
+            with open(sweep_dir / REFUSED, "a") as f:  # the multirun exits 1; the other sweep's row stays
+                f.write(f"{num}\n")
+            return None
+        done = read_summary(run_dir)
+        if (done or {}).get("status") == "completed":
+            sys.stderr.write(f"csframework: {describe(num, overrides)} completed before; not run again\n")
+            return objective_of(done, objective)
 
     status, started = "failed", time.time()
     try:
@@ -150,7 +160,13 @@ def run_sweep_job(cfg, run_job) -> float:
     finally:
         summary = read_summary(run_dir, since=started)
         record_row(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
-    return objective_of(summary, objective) if status == "completed" else math.nan
+    if status != "completed":
+        return None
+    value = objective_of(summary, objective)
+    if value is None:
+        sys.stderr.write(f"csframework: {describe(num, overrides)} has no metric {objective!r} for the sweeper "
+                         f"(sweep.objective); it has: {', '.join((summary or {}).get('metrics', {})) or 'none'}\n")
+    return value
 
 
 def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
@@ -158,4 +174,5 @@ def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
     signum = interrupted_by(sweep_dir)
     if signum is not None:
         return exit_status(signum)
-    return 1 if any(r.get("status") != "completed" for r in rows) else 0
+    refused = (Path(sweep_dir) / REFUSED).exists()
+    return 1 if refused or any(r.get("status") != "completed" for r in rows) else 0

@@ -27,6 +27,12 @@ def override_columns(overrides: list[str]) -> dict[str, str]:
     return {key.lstrip("+"): value for key, value in pairs}
 
 
+def row_overrides(row: dict) -> dict[str, str]:
+    """The overridden keys of a row (those between ``job`` and ``status``) and their values."""
+    keys = list(row)
+    return {k: row[k] for k in keys[:keys.index("status")] if k not in HEAD}
+
+
 def make_row(job: int, overrides: list[str], status: str, summary: dict | None, wall_time_s: float,
              run_dir: Path) -> dict:
     row: dict = {"job": job, **override_columns(overrides), "status": status}
