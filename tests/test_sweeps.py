@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +14,6 @@ import pytest
 import torch
 import yaml
 
-import fixtures
 from fixtures import CONF, TINY
 
 from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
@@ -108,6 +105,22 @@ def test_optuna_study_goes_on_after_a_failed_trial_and_returns_the_best(tmp_path
     winner = min(completed, key=lambda row: float(row["val/loss"]))
     assert float(best["best_params"]["optimizer.lr"]) == float(winner["optimizer.lr"])
     assert best["best_value"] == pytest.approx(float(winner["val/loss"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "ray"])
+def test_each_launcher_runs_a_two_job_sweep_of_the_default_model(launcher, tmp_path, cli_env):
+    plugin = {"submitit_local": "submitit"}.get(launcher, launcher)
+    if importlib.util.find_spec(f"hydra_plugins.hydra_{plugin}_launcher") is None:
+        pytest.skip(f"hydra-{plugin}-launcher is not installed: pip install -e '.[{plugin}]'")
+    d = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "-m", "csframework", "-m", f"hydra/launcher={launcher}", "optimizer=sgd,adamw",
+                        "loop.max_steps=3", "loop.eval_steps=1", "loop.log_every=1", f"hydra.sweep.dir={d}"],
+                       env=cli_env, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = table(d)
+    assert [(row["optimizer"], row["status"]) for row in rows] == [("sgd", "completed"), ("adamw", "completed")]
+    assert all(float(row["val/loss"]) > 0 and row["global_step"] == "3" for row in rows)
 
 
 def _wait_gone(pids: list[int], seconds: float) -> list[int]:

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
 from ..signals import exit_status, signal_name
-from .job import INTERRUPTED, JOBS, REFUSED, PARENT_ENV, describe, exit_status_of, mark_interrupted, run_sweep_job
+from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, describe, exit_status_of, handling_stop_signals,
+                  mark_interrupted, run_sweep_job)
 from .table import TABLE_CSV, read_rows, record_row, row_overrides, write_table
 
-__all__ = ["SweepCallback", "SweepTable", "finish", "forward_signals", "run_sweep_job", "record_row",
+__all__ = ["SweepCallback", "finish", "forward_signals", "run_sweep_job", "record_row",
            "read_rows", "write_table"]
 
 _SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
@@ -37,9 +37,6 @@ class SweepCallback(Callback):
         _SWEEP_DIR.mkdir(parents=True, exist_ok=True)
         for mark in (INTERRUPTED, REFUSED):
             (_SWEEP_DIR / mark).unlink(missing_ok=True)
-
-
-SweepTable = SweepCallback  # the name conf/config.yaml used before the table became live
 
 
 def _job_pids(sweep_dir: Path) -> list[int]:
@@ -73,12 +70,10 @@ def forward_signals():
         if len(received) > 1:
             os._exit(exit_status(signum))
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        with handling_stop_signals(handler):
+            yield
     finally:
-        for s, old in previous.items():
-            signal.signal(s, old if old is not None else signal.SIG_DFL)
         os.environ.pop(PARENT_ENV, None)
 
 

@@ -80,7 +80,14 @@ def _job_signals():
     def interrupt(signum, frame):
         raise Interrupted(signum, 0)
 
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    with handling_stop_signals(interrupt):
+        yield
+
+
+@contextlib.contextmanager
+def handling_stop_signals(handler):
+    """``handler`` for SIGINT and SIGTERM while active; the previous handlers afterwards."""
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
