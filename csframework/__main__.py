@@ -9,7 +9,8 @@ YAML file, an unparsable override) is one line naming the key or file too.
 Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
 rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
 and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
-``summary.json`` says ``interrupted``).
+``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
+failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
 """
 from __future__ import annotations
 
@@ -120,15 +121,49 @@ def main() -> None:
             raise
         report_error(e)
         sys.exit(e.exit_code)
-    if not is_multirun(sys.argv[1:]):
-        hydra_main()
-        return
-    from . import sweep
+    if is_multirun(sys.argv[1:]):
+        from . import sweep
 
-    sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
-    with sweep.forward_signals():
+        sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
+        with sweep.forward_signals():
+            hydra_main()
+        sys.exit(sweep.finish())
+    try:
         hydra_main()
-    sys.exit(sweep.finish())
+    except SystemExit as e:
+        leave_process_group(e.code)
+        raise
+    leave_process_group(0)
+
+
+def leave_process_group(status) -> None:
+    """Under torchrun, end this rank here: wait for every rank at a barrier (a completed run's ranks all get
+    here), destroy the process group and leave with ``os._exit``. Left to interpreter finalisation, gloo's
+    threads can outlive the objects that own them and abort a completed rank ("terminate called without an
+    active exception", SIGABRT), so torchrun would report a completed run as failed. Everything csframework
+    writes is closed and fsynced by now; stdio and logging are flushed first."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    import logging
+    import os
+
+    code = status if isinstance(status, int) else (0 if status is None else 1)
+    try:
+        if code == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a peer is gone: nothing left to agree on; leave all the same
+        pass
+    if isinstance(status, str):
+        sys.stderr.write(status + "\n")
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def is_multirun(argv: list[str]) -> bool:

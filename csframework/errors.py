@@ -49,3 +49,7 @@ class CompileError(CsfError):
 
 class NonFiniteLossError(CsfError):
     """The loss became NaN or infinite; the message names the step."""
+
+
+class DataTimeoutError(CsfError):
+    """A data-loader worker gave no batch within ``data.timeout_s``; the message names the worker."""

@@ -121,6 +121,7 @@ class Run:
 
     def enter_stage(self, index: int) -> None:
         """Build the data loaders, optimizer, schedule and backend of stage ``index`` (the model is kept)."""
+        self.release()  # the previous stage's loader workers and collectives
         self.stage_index, self.stage_step = index, 0
         self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
         cfg = self.stage_config
@@ -147,15 +148,16 @@ class Run:
         except Exception as e:
             raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
-                      pin_memory=self.device_type == "GPU")
-        train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last, **common)
+                      pin_memory=self.device_type == "GPU", timeout_s=data.timeout_s)
+        train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
+                                   role="data.train", **common)
         if len(train_loader) == 0:
             raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
                               f"({len(train)} samples per process) with drop_last; lower it")
         val_loader = None
         if val is not None:
             val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
-                                     drop_last=False, **common)
+                                     drop_last=False, role="data.val", **common)
         return train_loader, val_loader
 
     def total_steps(self, cfg: RunConfig) -> int:
@@ -226,6 +228,19 @@ class Run:
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
                 self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
             raise
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Stop every data-loader worker process and wait for the backend's pending collectives. Run when
+        ``fit``/``validate`` ends, however it ends, and before a stage's loaders and backend are replaced."""
+        for loader in (self.train_loader, self.val_loader):
+            close = getattr(loader, "close", None)  # a framework loader (None: not built yet)
+            if close is not None:
+                close()
+        finish = getattr(self.backend, "finish", None)
+        if finish is not None:
+            finish()
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or

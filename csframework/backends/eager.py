@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 
 import torch
@@ -23,6 +24,10 @@ def model_outputs(out) -> dict:
 
 def detached(outputs: dict) -> dict:
     return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+
+
+#: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
+FINISH_WAIT_S = 30
 
 
 class EagerBackend:
@@ -70,6 +75,17 @@ class EagerBackend:
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group, async_op=True)
         self._signal_flag = (flag, work)
         return agreed
+
+    def finish(self) -> None:
+        """Wait (bounded) for the stop-agreement all-reduce still in flight; the run's stage or fit ended.
+        Every rank started it at the same step boundary, so it completes unless a rank has died."""
+        pending, self._signal_flag = self._signal_flag, None
+        if pending is None:
+            return
+        try:
+            pending[1].wait(datetime.timedelta(seconds=FINISH_WAIT_S))
+        except RuntimeError:  # a rank died or hangs: nothing to agree on any more
+            pass
 
     def broadcast(self, value):
         """Rank 0's ``value`` on every rank."""

@@ -20,6 +20,8 @@ from ..plugins import hookimpl
 MAX_COUNT = 2**53
 #: Threads and loader worker processes: a sane ceiling (more would exhaust processes or memory).
 MAX_PARALLEL = 1024
+#: Longest wait a timeout may ask for: one year (a larger one overflows the waits underneath).
+MAX_TIMEOUT_S = 365 * 86400
 #: Seeds: the range of NumPy's seed; ``seed * 1_000_003 + epoch`` (data order) then stays below 2**64,
 #: the limit of ``torch.Generator.manual_seed``.
 MAX_SEED = 2**32 - 1
@@ -210,7 +212,9 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
     problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
                  + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
-                 + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL))
+                 + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL)
+                 + check_range("data.timeout_s", d.timeout_s, 0, MAX_TIMEOUT_S,
+                               hint=" seconds (0 waits forever)"))
     if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
         problems.append("model: needs a _target_ that builds a torch.nn.Module")
     return problems

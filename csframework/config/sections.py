@@ -22,6 +22,10 @@ class DataConfig(ReadOnly):
     """Evaluation batch size; defaults to ``batch_size``."""
     num_workers: int = 0
     """Data-loader worker processes."""
+    timeout_s: float = 600.0
+    """Seconds to wait for a batch from the loader's workers before the run fails naming the worker that
+    hung (it is stopped); ``0`` waits forever. Only with ``num_workers > 0``: with 0 the main process loads
+    the data itself and nothing can bound a ``__getitem__`` that never returns."""
     shuffle: bool = True
     """Shuffle the training set each epoch (the order is a function of ``seed`` and the epoch)."""
     drop_last: bool = True
