@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -110,17 +111,30 @@ def test_optuna_study_goes_on_after_a_failed_trial_and_returns_the_best(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "ray"])
 def test_each_launcher_runs_a_two_job_sweep_of_the_default_model(launcher, tmp_path, cli_env):
+    """Job 0 of the embedded default fails (its loss is not finite), job 1 completes, under each launcher."""
     plugin = {"submitit_local": "submitit"}.get(launcher, launcher)
     if importlib.util.find_spec(f"hydra_plugins.hydra_{plugin}_launcher") is None:
         pytest.skip(f"hydra-{plugin}-launcher is not installed: pip install -e '.[{plugin}]'")
     d = tmp_path / "sweep"
-    r = subprocess.run([sys.executable, "-m", "csframework", "-m", f"hydra/launcher={launcher}", "optimizer=sgd,adamw",
-                        "loop.max_steps=3", "loop.eval_steps=1", "loop.log_every=1", f"hydra.sweep.dir={d}"],
-                       env=cli_env, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "csframework", "-m", f"hydra/launcher={launcher}", "optimizer=sgd",
+                        f"optimizer.lr={FAIL_LR},0.05", "loop.max_steps=3", "loop.eval_steps=1", "loop.log_every=1",
+                        f"hydra.sweep.dir={d}"], env=cli_env, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 1, r.stderr[-3000:]
     rows = table(d)
-    assert [(row["optimizer"], row["status"]) for row in rows] == [("sgd", "completed"), ("adamw", "completed")]
-    assert all(float(row["val/loss"]) > 0 and row["global_step"] == "3" for row in rows)
+    assert [(row["optimizer.lr"], row["status"]) for row in rows] == [(FAIL_LR, "failed"), ("0.05", "completed")]
+    assert float(rows[1]["val/loss"]) > 0 and rows[1]["global_step"] == "3"
+    assert f"job 0 (optimizer=sgd optimizer.lr={FAIL_LR}" in r.stderr.strip().splitlines()[-1]
+
+
+def test_parallel_jobs_share_the_cores():
+    from omegaconf import OmegaConf
+
+    from csframework.sweep.job import default_threads
+
+    cores = os.cpu_count()
+    assert default_threads(OmegaConf.create({"launcher": {"n_jobs": 2}})) == max(1, cores // 2)
+    assert default_threads(OmegaConf.create({"launcher": {"n_jobs": -1}})) == 1  # joblib: one job per core
+    assert default_threads(OmegaConf.create({"launcher": {"_target_": "BasicLauncher"}})) is None
 
 
 def _wait_gone(pids: list[int], seconds: float) -> list[int]:
