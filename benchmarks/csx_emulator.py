@@ -49,7 +49,7 @@ def step_times(run, batch, steps: int) -> list[float]:
         out = run.backend.train_batch(run, batch, True)
         out["loss"].item()  # the step's value is available (no-op sync on CPU)
         times.append(time.perf_counter() - start)
-        run.global_step += 1
+        run.state.global_step += 1  # what the loop does after a step
     return times
 
 

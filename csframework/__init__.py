@@ -3,17 +3,51 @@
     import csframework as csf
     cfg = csf.compose(["device=csx", "loop.max_steps=50"])
     summary = csf.Run(cfg, plugins=[MyPlugin()]).fit()
+
+Importing the package loads only the errors and the hook markers; ``Run``, ``compose`` and the rest load on
+first use, so ``csframework.config`` (the schemas) can be imported without the plugin system, and
+``csframework.csx`` (the CSX low-level API: ``backend``, ``compile``, ``trace``, ``step_closure``) without
+loading the tracer before it is used.
 """
-from .config import RunConfig, compose
-from .errors import (CompileError, ConfigError, CsfError, NonFiniteLossError, PluginError, TracingError,
-                     ValidationError)
-from .lowlevel import backend, compile, step_closure, trace
-from .plugins import hookimpl
-from .run import Run
-from .signals import Interrupted
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+import warnings
+from importlib.metadata import PackageNotFoundError, version as _version
 
-__all__ = ["Run", "RunConfig", "compose", "hookimpl", "CsfError", "ConfigError", "ValidationError",
-           "PluginError", "TracingError", "CompileError", "NonFiniteLossError", "Interrupted", "backend",
-           "compile", "trace", "step_closure", "__version__"]
+from .errors import (CheckpointWriteError, CompileError, ConfigError, CsfError, NonFiniteLossError, PluginError,
+                     TracingError, ValidationError)
+from .hookspecs import hookimpl, hookspec
+
+try:
+    __version__ = _version("csframework")
+except PackageNotFoundError:  # a source tree that was not installed
+    __version__ = "0+unknown"
+
+#: Public names loaded on first use: name -> module.
+_LAZY = {"Run": ".run", "compose": ".api", "RunConfig": ".config", "RunState": ".state",
+         "Interrupted": ".signals"}
+_MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
+
+__all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
+           "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
+           "CheckpointWriteError", "Interrupted", "csx", "__version__"]
+
+
+def __getattr__(name: str):
+    """The lazily loaded names; ``csf.backend`` & co. (moved to ``csf.csx``) with a deprecation warning."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    if name == "csx":
+        return importlib.import_module(".csx", __name__)
+    if name in _MOVED_TO_CSX:
+        warnings.warn(f"csframework.{name} moved to csframework.csx.{name}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(".csx", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

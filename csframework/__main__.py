@@ -17,21 +17,16 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from .config import explicit_groups, register_schemas, to_run_config
-from .errors import CsfError, ValidationError
+from . import api
+from .config import explicit_groups
+from .errors import CsfError, ValidationError, one_line
 
 EXIT_INTERRUPTED = 130
-_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
-
-
-def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(text)).splitlines() if part.strip())
 
 
 def error_lines(error: CsfError) -> list[str]:
@@ -55,7 +50,7 @@ def precompose(argv: list[str]) -> None:
     once the user's config files are checked (``check_config_files``)."""
     from hydra._internal.utils import get_args_parser
 
-    from .config import check_config_files, compose, user_config_dirs
+    from .config import check_config_files, user_config_dirs
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -68,14 +63,14 @@ def precompose(argv: list[str]) -> None:
         config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
         check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
         return
-    compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
+    api.compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
     """Compose, validate, build and run one job; returns the final validation loss for sweepers."""
     from .run import Run
 
-    config = to_run_config(cfg, explicit_groups(overrides))
+    config = api.to_run_config(cfg, explicit_groups(overrides))
     run = Run(config)
     mode = config.mode.value
     if mode == "check":
@@ -110,11 +105,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
-    from .plugins import register_configs_from_entry_points
-
-    register_schemas()
     try:
-        register_configs_from_entry_points()
+        api.composition()  # the plugins' configs and the backends' config files, into Hydra's ConfigStore
         precompose(sys.argv[1:])
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:

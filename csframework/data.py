@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .errors import DataTimeoutError
+from .rng import seed_everything
 
 
 class ResumableSampler(Sampler[int]):
@@ -46,26 +47,19 @@ def _seed_worker(worker_id: int) -> None:
     workers), dies with the main process (``_die_with_parent``), and seeds Python, NumPy and torch before each batch from the epoch's seed and the batch's
     first sample: a batch's random augmentations then depend neither on which worker loads it nor on
     where in the epoch a resumed run started, so resume is exact with workers too."""
-    import random
-
-    import numpy as np
+    import signal
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
 
-    def seed_all(seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-
-    seed_all(torch.initial_seed() % 2**32)
+    seed_everything(torch.initial_seed() % 2**32)
     info = torch.utils.data.get_worker_info()
     epoch_seed, dataset = info.seed - info.id, info.dataset  # the loader's base seed, drawn per epoch
     getitems = getattr(dataset, "__getitems__", None)
 
     def seeded_getitems(indices):
-        seed_all((epoch_seed * 1_000_003 + int(indices[0])) % 2**63)
+        seed_everything((epoch_seed * 1_000_003 + int(indices[0])) % 2**63)
         return getitems(indices) if getitems else [dataset[i] for i in indices]
 
     try:  # the fetcher calls dataset.__getitems__(batch indices) when the dataset has one

@@ -1,5 +1,16 @@
-"""The errors csframework raises on purpose. The CLI prints them without a traceback."""
+"""The errors csframework raises on purpose (the CLI prints them without a traceback), and ``one_line``,
+which puts any error's message on one line."""
 from __future__ import annotations
+
+import re
+
+_HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
+
+
+def one_line(error: BaseException | str) -> str:
+    """An error's message on one line (Hydra's and instantiate's span several; Hydra's advice to set
+    ``HYDRA_FULL_ERROR`` is dropped: ``debug=true`` is csframework's switch)."""
+    return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(error)).splitlines() if part.strip())
 
 
 class CsfError(Exception):
@@ -49,6 +60,22 @@ class CompileError(CsfError):
 
 class NonFiniteLossError(CsfError):
     """The loss became NaN or infinite; the message names the step."""
+
+
+class CheckpointWriteError(CsfError):
+    """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+
+
+class UnreadableCheckpoints(ConfigError):
+    """``checkpoints/`` exists but cannot be listed (permissions, or a file where the directory should be)."""
+
+
+class RunDirInUse(ConfigError):
+    """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
 
 
 class DataTimeoutError(CsfError):

@@ -47,142 +47,254 @@ On CSX, the hooks inside the traced step (``on_before_backward``, ``on_after_bac
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import pluggy
 
-hookspec = pluggy.HookspecMarker("csframework")
+if TYPE_CHECKING:
+    import torch
+    from hydra.core.config_store import ConfigStore
+
+    from .backends.base import BackendSpec
+    from .config import RunConfig
+    from .run import Run
+
+PROJECT = "csframework"
+#: Marks a hook specification (this module's functions, or a plugin's own ``add_hookspecs`` module).
+hookspec = pluggy.HookspecMarker(PROJECT)
+#: Marks a plugin's implementation of a hook: ``@csframework.hookimpl``.
+hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # -- configuration --------------------------------------------------------------------------------------
 @hookspec
-def csframework_register_configs(config_store):
+def csframework_register_configs(config_store: ConfigStore) -> None:
     """Register structured configs or config files before Hydra composes.
 
-    Called once, before composition, for plugins found by entry point (``plugins.enable`` comes from the
-    config and so is too late). ``config_store`` is Hydra's ``ConfigStore`` instance.
+    Called before each composition, for plugins found by entry point and the built-ins (``plugins.enable``
+    comes from the config and so is too late).
+
+    :param config_store: Hydra's ``ConfigStore`` instance.
     """
 
 
 @hookspec
-def csframework_configure(config):
-    """Called with the typed ``RunConfig`` after composition, before validation. May adjust it in place: the
-    last chance, since the run's config is read-only from validation on. ``Run(config)`` works on its own
-    copy of a ``RunConfig``, so the caller's object is not changed."""
+def csframework_device_types() -> list[str]:
+    """The device types this plugin supplies a backend for (upper case, e.g. ``["CSX"]``); every plugin's
+    list is joined. Asked before composition (entry points and built-ins), like ``csframework_backend``."""
+
+
+@hookspec(firstresult=True)
+def csframework_backend(device_type: str) -> BackendSpec | None:
+    """The backend of ``device_type``: a ``csframework.backends.base.BackendSpec`` (its config schema, a
+    factory of the ``Backend`` and the directory of its ``device/`` and ``backend/`` config files),
+    or ``None`` for a type this plugin does not supply. The first non-``None`` answer wins (user plugins
+    are asked before the built-in backends, which answer last, so a package may replace one). Its validation rules are
+    the same plugin's ``csframework_validate``. See docs/backends.md.
+
+    :param device_type: the device type, upper case (``device.type``).
+    """
 
 
 @hookspec
-def csframework_validate(config):
-    """Check the typed ``RunConfig`` before anything is built.
+def csframework_configure(config: RunConfig) -> None:
+    """Called after composition, before validation. May adjust the config in place: the last chance, since
+    the run's config is read-only from validation on. ``Run(config)`` works on its own copy of a
+    ``RunConfig``, so the caller's object is not changed.
+
+    :param config: the run's typed ``RunConfig``.
+    """
+
+
+@hookspec
+def csframework_validate(config: RunConfig) -> list[str] | None:
+    """Check the config before anything is built.
 
     Return a list of problems (or ``None``). A problem is a plain string naming the key and the fix, e.g.
-    ``"backend.compile_only: only CSX understands it; remove it or use device=csx"``; a string returned
-    alone is one problem. Problems from every plugin are reported together and the run is refused (exit
-    status 2) when there is any. Any other result (a dict, a number, ``True``, a list holding a non-string)
-    is the plugin's error: ``PluginError`` naming it (exit 1), since its verdict cannot be read.
+    ``"backend.num_csx: 0 must be between 1 and 16 (data.batch_size)"``; a string returned alone is one
+    problem. Problems from every plugin are reported together and the run is refused (exit status 2) when
+    there is any. Any other result (a dict, a number, ``True``, a list holding a non-string) is the
+    plugin's error: ``PluginError`` naming it (exit 1), since its verdict cannot be read.
+
+    :param config: the run's typed ``RunConfig`` (each stage's with ``config.stage_configs``).
     """
 
 
 # -- fit ------------------------------------------------------------------------------------------------
 @hookspec
-def on_fit_start(run):
+def on_fit_start(run: Run) -> None:
     """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.status`` is ``"running"`` or
     ``"validating"``), after the model, data and optimizer are built. The built-in checkpoint plugin loads
-    ``checkpoint.resume`` first, so ``run.global_step`` already tells where training resumes."""
+    ``checkpoint.resume`` first, so ``run.global_step`` already tells where training resumes.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    """
 
 
 @hookspec
-def on_fit_end(run):
-    """Once, when ``run.fit()`` or ``run.validate()`` finished without error (``run.status == "completed"``)."""
+def on_fit_end(run: Run) -> None:
+    """Once, when ``run.fit()`` or ``run.validate()`` finished without error (``run.status == "completed"``).
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    """
 
 
 @hookspec
-def on_train_start(run):
-    """At the start of each stage's training (``run.stage`` names it), before the first epoch."""
+def on_train_start(run: Run) -> None:
+    """At the start of each stage's training (``run.stage`` names it), before the first epoch.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    """
 
 
 @hookspec
-def on_train_end(run):
-    """At the end of each stage's training, after its last step (and the final evaluation, if any)."""
+def on_train_end(run: Run) -> None:
+    """At the end of each stage's training, after its last step (and the final evaluation, if any).
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    """
 
 
 @hookspec
-def on_train_epoch_start(run, epoch):
-    """Before the first batch of training epoch ``epoch`` (0-based, counted across the stage)."""
+def on_train_epoch_start(run: Run, epoch: int) -> None:
+    """Before the first batch of training epoch ``epoch`` (0-based, counted across the stage).
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param epoch: the training epoch, 0-based, counted across the stage.
+    """
 
 
 @hookspec
-def on_train_epoch_end(run, epoch):
-    """After the last batch of epoch ``epoch``, or when the stage ends inside the epoch."""
+def on_train_epoch_end(run: Run, epoch: int) -> None:
+    """After the last batch of epoch ``epoch``, or when the stage ends inside the epoch.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param epoch: the training epoch, 0-based, counted across the stage.
+    """
 
 
 @hookspec
-def on_train_batch_start(run, batch, batch_idx):
+def on_train_batch_start(run: Run, batch: Any, batch_idx: int) -> None:
     """Before the forward pass of each training batch. ``batch`` is on the run's device;
-    ``batch_idx`` counts batches within the epoch."""
+    ``batch_idx`` counts batches within the epoch.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param batch: the batch, on the run's device.
+    :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
+    """
 
 
 @hookspec
-def on_train_batch_end(run, batch, outputs, batch_idx):
+def on_train_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> None:
     """After each training batch. ``outputs`` is the model's output dict with tensors detached (still on the
     device: read them with ``float()`` only when needed, since that synchronises). On the last batch of a
-    step this runs after the optimizer step, the metric logging and the evaluation of that step."""
+    step this runs after the optimizer step, the metric logging and the evaluation of that step.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param batch: the batch, on the run's device.
+    :param outputs: the model's outputs with tensors detached, still on the device.
+    :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
+    """
 
 
 # -- evaluation -----------------------------------------------------------------------------------------
 @hookspec
-def on_eval_start(run):
-    """Before an evaluation pass over ``data.val`` (the model is in eval mode)."""
+def on_eval_start(run: Run) -> None:
+    """Before an evaluation pass over ``data.val`` (the model is in eval mode).
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    """
 
 
 @hookspec
-def on_eval_end(run, metrics):
-    """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats."""
+def on_eval_end(run: Run, metrics: dict[str, float]) -> None:
+    """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param metrics: metric names (``train/loss``, ``lr``, ``val/loss`` ...) to floats.
+    """
 
 
 @hookspec
-def on_eval_epoch_start(run, epoch):
-    """Before the first evaluation batch; ``epoch`` is the current training epoch."""
+def on_eval_epoch_start(run: Run, epoch: int) -> None:
+    """Before the first evaluation batch; ``epoch`` is the current training epoch.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param epoch: the training epoch, 0-based, counted across the stage.
+    """
 
 
 @hookspec
-def on_eval_epoch_end(run, epoch):
-    """After the last evaluation batch."""
+def on_eval_epoch_end(run: Run, epoch: int) -> None:
+    """After the last evaluation batch.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param epoch: the training epoch, 0-based, counted across the stage.
+    """
 
 
 @hookspec
-def on_eval_batch_start(run, batch, batch_idx):
-    """Before the forward pass of each evaluation batch."""
+def on_eval_batch_start(run: Run, batch: Any, batch_idx: int) -> None:
+    """Before the forward pass of each evaluation batch.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param batch: the batch, on the run's device.
+    :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
+    """
 
 
 @hookspec
-def on_eval_batch_end(run, batch, outputs, batch_idx):
-    """After each evaluation batch; ``outputs`` as in ``on_train_batch_end``."""
+def on_eval_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> None:
+    """After each evaluation batch; ``outputs`` as in ``on_train_batch_end``.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param batch: the batch, on the run's device.
+    :param outputs: the model's outputs with tensors detached, still on the device.
+    :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
+    """
 
 
 # -- inside the step ------------------------------------------------------------------------------------
 @hookspec
-def on_before_backward(run, loss):
-    """Before ``backward`` of each batch; ``loss`` is the (unscaled) loss tensor."""
+def on_before_backward(run: Run, loss: torch.Tensor) -> None:
+    """Before ``backward`` of each batch; ``loss`` is the (unscaled) loss tensor.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param loss: the (unscaled) loss tensor of this micro-batch.
+    """
 
 
 @hookspec
-def on_after_backward(run):
-    """After ``backward`` of each batch; gradients may still be loss-scaled and are accumulated."""
+def on_after_backward(run: Run) -> None:
+    """After ``backward`` of each batch; gradients may still be loss-scaled and are accumulated.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    """
 
 
 @hookspec
-def on_before_optimizer_step(run, optimizer):
-    """Once per step, before gradient clipping and ``optimizer.step()``; gradients are unscaled."""
+def on_before_optimizer_step(run: Run, optimizer: torch.optim.Optimizer) -> None:
+    """Once per step, before gradient clipping and ``optimizer.step()``; gradients are unscaled.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param optimizer: the stage's optimizer, gradients unscaled.
+    """
 
 
 # -- logging, checkpoints, errors -----------------------------------------------------------------------
 @hookspec
-def on_log_metrics(run, metrics, step):
+def on_log_metrics(run: Run, metrics: dict[str, float], step: int) -> None:
     """Metrics to record: ``metrics`` maps names (``train/loss``, ``lr``, ``val/loss`` ...) to floats at
-    global step ``step``. Logger plugins (CSV, TensorBoard, W&B ...) implement this."""
+    global step ``step``. Logger plugins (CSV, TensorBoard, W&B ...) implement this.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param metrics: metric names (``train/loss``, ``lr``, ``val/loss`` ...) to floats.
+    :param step: the global step the metrics belong to.
+    """
 
 
 @hookspec
-def on_checkpoint_save(run, state):
+def on_checkpoint_save(run: Run, state: dict) -> None:
     """A checkpoint is being written. Put JSON values (dicts with string keys, lists, strings, numbers,
     booleans, ``None``) into ``state[your_plugin_name]``; they come back in ``on_checkpoint_load`` on
     resume, as ``json`` reads them (tuples as lists; NaN and infinities as themselves).
@@ -191,16 +303,28 @@ def on_checkpoint_save(run, state):
     reference) is a ``PluginError`` naming the plugin whose call put it there and where it is
     (``state['best']['history'][3] is of type Tensor``), raised before anything is written: no checkpoint
     of that step exists, the previous ones stay complete and indexed, the run fails (exit 1) with
-    ``summary.json`` at the true step."""
+    ``summary.json`` at the true step.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param state: the plugins' checkpoint state: ``{plugin name: JSON value}``.
+    """
 
 
 @hookspec
-def on_checkpoint_load(run, state):
-    """A checkpoint was loaded; ``state`` is the mapping that ``on_checkpoint_save`` filled."""
+def on_checkpoint_load(run: Run, state: dict) -> None:
+    """A checkpoint was loaded; ``state`` is the mapping that ``on_checkpoint_save`` filled.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param state: the plugins' checkpoint state: ``{plugin name: JSON-able value}``.
+    """
 
 
 @hookspec
-def on_exception(run, error):
+def on_exception(run: Run, error: BaseException) -> None:
     """The run is stopping on ``error`` (any exception, including ``KeyboardInterrupt``). Clean up here;
     the error propagates after all implementations ran. An implementation that raises is logged
-    (``on_exception_failed``, naming the plugin); the others still run and ``error`` is what propagates."""
+    (``on_exception_failed``, naming the plugin); the others still run and ``error`` is what propagates.
+
+    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param error: the exception that stops the run.
+    """

@@ -1,11 +1,14 @@
 """The training and evaluation loop. It only computes and fires hooks; features live in plugins.
 
-The one host-device synchronisation is at ``loop.log_every`` (and evaluation), where the losses of the last
-steps are averaged; see ``hookspecs`` for the order of hooks.
+The loop owns ``run.state`` (``RunState``): it alone advances the position and keeps the per-step outputs.
+The steps themselves are the backend's (``csframework.step``: one sequence for every backend); the loop
+steps the learning-rate schedule after each. The one host-device synchronisation is at ``loop.log_every``
+(and evaluation), where the losses of the last steps are averaged; see ``hookspecs`` for the order of hooks.
 """
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,28 +16,35 @@ from .data import epoch_batches
 from .errors import NonFiniteLossError
 from .signals import Interrupted
 
+if TYPE_CHECKING:
+    from .run import Run
 
-def fit(run) -> None:
-    """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end."""
+
+def fit(run: Run) -> str:
+    """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end; returns
+    the run's final status (``completed``, or a backend's dry run's: CSX ``compiled`` / ``validated``)."""
     for index in range(run.stage_index, len(run.stages)):
-        if index != run.stage_index or run.backend is None:
+        if index != run.stage_index:
             run.enter_stage(index)
-        train_stage(run)
+        if run.backend.dry_run:  # e.g. CSX compile_only: prepare the stage, train nothing
+            run.backend.dry_stage(run)
+        else:
+            train_stage(run)
+    return run.backend.dry_run or "completed"
 
 
-def _stage_done(run) -> bool:
+def _stage_done(run: Run) -> bool:
     loop = run.stage_config.loop
     if loop.max_steps is not None:
         return run.stage_step >= loop.max_steps
     return run.epoch >= loop.max_epochs
 
 
-def train_stage(run) -> None:
+def train_stage(run: Run) -> None:
     """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
-    hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
+    hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
     accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
-    pending: dict[str, list] = {}
-    run._pending = pending  # read by run.check_finite(), which the checkpoint plugin calls before saving
+    state.clear_pending()
     last_eval_step = -1
     timer = [time.perf_counter(), run.global_step]
     run.module.train()
@@ -46,23 +56,19 @@ def train_stage(run) -> None:
             batch_idx = run.batch_in_epoch
             batch = backend.to_device(batch)
             hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
-            run.micro_step += 1
-            last = run.micro_step % accum == 0
+            last = state.start_batch(accum)
             outputs = backend.train_batch(run, batch, last)
-            run.batch_in_epoch += 1
+            state.end_batch(last)
             if last:
-                run.global_step += 1
-                run.stage_step += 1
-                for key, value in outputs.items():
-                    if isinstance(value, torch.Tensor) and value.ndim == 0:
-                        pending.setdefault(key, []).append(value)
+                run.scheduler.step()
+                state.add_outputs(outputs)
                 if run.global_step % log_every == 0:
-                    _log_train_metrics(run, pending, timer)
+                    _log_train_metrics(run, timer)
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
-            if last and _stop_requested(run):  # SIGINT/SIGTERM: this step is the last one
-                run.stopping = True  # the checkpoint plugin saves in on_train_batch_end
+            if last and (signum := _stop_requested(run)) is not None:  # SIGINT/SIGTERM: this step is the last
+                state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             if run.stopping:
                 raise Interrupted(run.stop_signal, run.global_step)
@@ -70,30 +76,25 @@ def train_stage(run) -> None:
                 break
         else:  # the epoch ran out of batches
             hooks.on_train_epoch_end(run=run, epoch=epoch)
-            run.epoch += 1
-            run.batch_in_epoch = 0
+            state.next_epoch()
             continue
         hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
-    if pending:
-        _log_train_metrics(run, pending, timer)
+    if state.pending:
+        _log_train_metrics(run, timer)
     if run.val_loader is not None and last_eval_step != run.global_step:
         evaluate(run)
     hooks.on_train_end(run=run)
 
 
-def _stop_requested(run) -> bool:
-    """Whether a stop signal reached this process; under DDP, whether one had reached any rank by the
-    previous step boundary (every rank then stops after this same step)."""
-    if run.world_size > 1:
-        agreed = run.backend.any_rank_signal(run.stop_signal)
-        if agreed is not None:
-            run.stop_signal = agreed
-        return agreed is not None
-    return run.stop_signal is not None
+def _stop_requested(run: Run) -> int | None:
+    """The stop signal that reached this process; under DDP, the one that had reached any rank by the
+    previous step boundary (every rank then stops after this same step); ``None``: go on."""
+    return run.backend.any_rank_signal(run.stop_signal)
 
 
-def _log_train_metrics(run, pending: dict, timer: list) -> None:
+def _log_train_metrics(run: Run, timer: list) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
+    pending = run.state.pending
     if not pending.get("loss"):
         return
     values = {k: torch.stack(v).float() for k, v in pending.items()}
@@ -105,17 +106,17 @@ def _log_train_metrics(run, pending: dict, timer: list) -> None:
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
     metrics["steps_per_sec"] = (run.global_step - timer[1]) / max(now - timer[0], 1e-9)
     timer[:] = [now, run.global_step]
-    pending.clear()
+    run.state.clear_pending()
     run.report(metrics)
 
 
-def check_finite(run, losses: torch.Tensor | None = None) -> torch.Tensor | None:
+def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor | None:
     """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
 
     Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale
     falls below ``precision.min_scale``; then the mask of finite losses is returned (``None``: all finite).
     """
-    pending = run._pending.get("loss")
+    pending = run.state.pending.get("loss")
     if losses is None and pending:
         losses = torch.stack(pending).float()
     finite = torch.isfinite(losses) if losses is not None else None
@@ -128,7 +129,7 @@ def check_finite(run, losses: torch.Tensor | None = None) -> torch.Tensor | None
             raise NonFiniteLossError(f"the loss is {first_bad[1]} at step {first_bad[0]}; lower optimizer.lr, set "
                                      "optimizer.max_grad_norm, or use loss scaling")
         return None
-    scale = getattr(run.backend, "loss_scale", lambda: None)()
+    scale = run.backend.loss_scale()
     floor = run.stage_config.precision.min_scale
     if scale is not None and scale < floor:
         since = f" (a non-finite loss at step {first_bad[0]})" if first_bad is not None else ""
@@ -138,7 +139,7 @@ def check_finite(run, losses: torch.Tensor | None = None) -> torch.Tensor | None
     return finite if first_bad is not None else None
 
 
-def evaluate(run) -> dict:
+def evaluate(run: Run) -> dict:
     """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*`` means."""
     hooks, backend = run.hooks, run.backend
     limit = run.stage_config.loop.eval_steps

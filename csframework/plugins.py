@@ -1,24 +1,27 @@
-"""The plugin manager: built-ins, entry points, ``plugins.enable`` and ``Run(plugins=...)``, with errors
-that name the failing plugin and hook."""
+"""The plugin manager: entry points, ``plugins.enable``, ``Run(plugins=...)`` and the built-ins its caller
+hands it, minus ``plugins.disable``; hooks called through ``Hooks``, whose errors name the failing plugin
+and hook. It imports no plugin itself (``csframework.api`` and ``Run`` pass the built-ins)."""
 from __future__ import annotations
 
 import difflib
 import importlib
-from importlib.metadata import entry_points
+from importlib.metadata import distributions
 from types import ModuleType
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pluggy
 
 from . import hookspecs
 from .config.readonly import read_only_error
 from .errors import ConfigError, NonFiniteLossError, PluginError
+from .hookspecs import PROJECT, hookimpl
 
-PROJECT = "csframework"
+if TYPE_CHECKING:
+    from .backends.base import BackendSpec
+
+__all__ = ["ENTRY_POINT_GROUP", "Hooks", "build_manager", "backend_specs", "hookimpl", "plugin_name"]
+
 ENTRY_POINT_GROUP = "csframework.plugins"
-hookimpl = pluggy.HookimplMarker(PROJECT)
-
-_configs_registered = False
 
 
 def plugin_name(plugin: Any) -> str:
@@ -27,18 +30,6 @@ def plugin_name(plugin: Any) -> str:
         return plugin.__name__
     name = getattr(plugin, "name", None)
     return name if isinstance(name, str) else type(plugin).__name__
-
-
-def load_entry_points() -> list[tuple[str, Any]]:
-    """Plugins of installed distributions (group ``csframework.plugins``); the entry-point name is the
-    plugin name."""
-    found = []
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        try:
-            found.append((ep.name, ep.load()))
-        except Exception as e:  # noqa: BLE001 - any import failure is reported with the plugin's name
-            raise PluginError(ep.name, None, e) from e
-    return found
 
 
 def load_module_path(path: str) -> Any:
@@ -55,55 +46,73 @@ def load_module_path(path: str) -> Any:
     return obj
 
 
-def register_configs_from_entry_points() -> None:
-    """Let entry-point plugins add configs to Hydra's ConfigStore before composition (once per process)."""
-    global _configs_registered
-    if _configs_registered:
-        return
-    from hydra.core.config_store import ConfigStore
-
-    pm = new_manager()
-    for name, plugin in load_entry_points():
-        register(pm, name, plugin)
-    Hooks(pm).csframework_register_configs(config_store=ConfigStore.instance())
-    _configs_registered = True
+def _entry_point_names() -> list[str]:
+    """Installed plugins' names, in the order pluggy's ``load_setuptools_entrypoints`` visits them."""
+    return [ep.name for dist in distributions() for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
 
 
-def new_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(hookspecs)
-    return pm
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
+    """pluggy's ``load_setuptools_entrypoints``; a plugin that fails to import is named."""
+    try:
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    except (ConfigError, PluginError):  # refused by Manager.register, naming it
+        raise
+    except Exception as e:  # noqa: BLE001 - the first entry point not yet loaded (nor blocked) failed
+        failed = next((n for n in _entry_point_names() if not pm.has_plugin(n) and not pm.is_blocked(n)), "unknown")
+        raise PluginError(failed, None, e) from e
 
 
-def build_manager(config, extra: Iterable[Any] = ()) -> pluggy.PluginManager:
-    """All plugins of a run, minus ``plugins.disable``.
+def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (), extra: Iterable[Any] = (),
+                  disable: Iterable[str] = ()) -> pluggy.PluginManager:
+    """All plugins: entry points, ``enable`` (module paths), ``extra`` (objects), then ``builtins``
+    (``(name, plugin)`` pairs), minus the names in ``disable`` (blocked: never imported or registered).
 
-    Registration order: user plugins (entry points, ``plugins.enable``, ``extra``), then the built-ins.
     pluggy calls the last registered first, so built-ins run before user plugins in each hook.
     """
-    from .builtin import builtin_plugins
-
-    candidates = list(load_entry_points())
-    candidates += [(path, load_module_path(path)) for path in config.plugins.enable]
-    candidates += [(plugin_name(p), p) for p in extra]
-    candidates += builtin_plugins()
-    disabled = set(config.plugins.disable)
-    unknown = disabled - {name for name, _ in candidates}
+    builtins, disable = list(builtins), list(disable)
+    pm = Manager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    known = _entry_point_names() + list(enable) + [plugin_name(p) for p in extra] + [n for n, _ in builtins]
+    unknown = set(disable) - set(known)
     if unknown:
         raise ConfigError(f"plugins.disable: no plugin named {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(n for n, _ in candidates))})")
-    pm = new_manager()
+                          f"(known: {', '.join(sorted(set(known)))})")
+    for name in disable:
+        pm.set_blocked(name)
+    _load_entry_points(pm)
+    candidates = [(path, load_module_path(path)) for path in enable if not pm.is_blocked(path)]
+    candidates += [(plugin_name(p), p) for p in extra] + builtins
     for name, plugin in candidates:
-        if name in disabled:
+        if pm.is_blocked(name):
             continue
         if pm.has_plugin(name):
             raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")
-        register(pm, name, plugin)
+        pm.register(plugin, name=name)
     return pm
 
 
-def register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
-    """Register ``plugin`` after checking each of its hook implementations against the hook specs.
+def backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:
+    """The backend of every device type the plugins supply (``csframework_backend``), by device type."""
+    types = dict.fromkeys(t for found in hooks.csframework_device_types() for t in found or ())
+    specs = {t: hooks.csframework_backend(device_type=t) for t in sorted(types)}
+    return {t: spec for t, spec in specs.items() if spec is not None}
+
+
+class Manager(pluggy.PluginManager):
+    """pluggy's manager, whose ``register`` (entry points' included) first checks each of a plugin's hook
+    implementations against the hook specs (``check_hookimpls``)."""
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        name = name or plugin_name(plugin)
+        check_hookimpls(self, name, plugin)
+        try:
+            return super().register(plugin, name=name)
+        except Exception as e:  # noqa: BLE001 - pluggy's other refusals (e.g. a wrapper that is no generator)
+            raise PluginError(name, None, e) from e
+
+
+def check_hookimpls(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
+    """Check each of ``plugin``'s hook implementations against the hook specs.
 
     pluggy would accept an implementation of a hook that does not exist (``check_pending`` finds it later,
     naming the plugin's repr) and refuses one with an unknown argument in a multi-line message; here both
@@ -132,10 +141,6 @@ def register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
             raise ConfigError(f"plugin '{name}': hook '{hook_name}' has no argument "
                               f"{', '.join(repr(a) for a in unknown)} (its arguments: {', '.join(allowed)}); "
                               "take any subset of them, by name")
-    try:
-        pm.register(plugin, name=name)
-    except Exception as e:  # noqa: BLE001 - pluggy's other refusals (e.g. a wrapper that is no generator)
-        raise PluginError(name, None, e) from e
 
 
 def _hook_names(pm: pluggy.PluginManager) -> list[str]:
@@ -159,8 +164,10 @@ class Hooks:
     @staticmethod
     def _caller(hook_name: str, hook):
         if not hook.get_hookimpls():
+            firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
+
             def nobody(**kwargs):
-                return []  # what pluggy returns for a hook without implementations
+                return None if firstresult else []  # what pluggy returns for a hook without implementations
 
             nobody.__name__ = hook_name
             return nobody

@@ -1,7 +1,7 @@
 """Precision policies: autocast for half-precision compute over float32 master weights, and loss scaling.
 
-One small object per run; the eager backends call ``autocast()``, ``backward()``, ``unscale()`` and
-``step()``. float32 adds nothing to the step.
+One small object per run: the eager backend's ``step.PrecisionOps`` (``autocast``, ``backward``,
+``unscale``, ``optimizer_step``, ``update``). float32 adds nothing to the step.
 """
 from __future__ import annotations
 
@@ -44,20 +44,24 @@ class Precision:
             loss.backward()
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Bring gradients back to true scale (before clipping and ``on_before_optimizer_step``)."""
+        """Bring gradients back to true scale (before clipping and ``on_before_optimizer_step``). The
+        ``GradScaler`` remembers an overflow itself, so there is nothing to return."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         elif self.fixed_scale is not None:
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             torch._foreach_mul_(grads, 1.0 / self.fixed_scale)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, skip: None = None) -> None:
         """Optimizer step; under dynamic scaling a step with non-finite gradients is skipped."""
         if self.scaler is not None:
             self.scaler.step(optimizer)
-            self.scaler.update()
         else:
             optimizer.step()
+
+    def update(self) -> None:
+        if self.scaler is not None:
+            self.scaler.update()
 
     def state_dict(self) -> dict:
         return self.scaler.state_dict() if self.scaler is not None else {}

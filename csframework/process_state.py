@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 
 import torch
+
+from .rng import rng_state, set_rng_state
+
+LOWLEVEL = "csframework.backends.csx.lowlevel"  # csf.backend's registry; looked at only if a job imported it
 
 
 def _logging_state() -> dict:
@@ -34,16 +39,14 @@ def _restore_logging(saved: dict) -> None:
 @contextlib.contextmanager
 def clean_process_state():
     """Run the body, then put back everything process-wide it may have changed (see the module doc)."""
-    from . import lowlevel
-    from .run import rng_state, set_rng_state
-
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     matmul = torch.get_float32_matmul_precision()
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
     cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     rng, logs = rng_state(), _logging_state()
-    backends, current = set(lowlevel._LIVE), lowlevel._CURRENT
+    lowlevel = sys.modules.get(LOWLEVEL)
+    backends, current = (set(lowlevel._LIVE), lowlevel._CURRENT) if lowlevel else (set(), None)
     try:
         yield
     finally:
@@ -54,6 +57,8 @@ def clean_process_state():
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
         set_rng_state(rng)
         _restore_logging(logs)
-        for made in set(lowlevel._LIVE) - backends:  # the job's backends: another device type may follow
-            lowlevel._LIVE.discard(made)
-        lowlevel._CURRENT = current
+        lowlevel = sys.modules.get(LOWLEVEL)
+        if lowlevel is not None:
+            for made in set(lowlevel._LIVE) - backends:  # the job's backends: another device type may follow
+                lowlevel._LIVE.discard(made)
+            lowlevel._CURRENT = current

@@ -1,31 +1,35 @@
-"""``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``."""
+"""``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``, and
+exposes them and the run's position (``run.state``, which the loop owns) to plugins."""
 from __future__ import annotations
 
 import contextlib
 import copy
 import datetime
 import os
-import random
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 import structlog
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from . import loop
-from .backends import build_backend
-from .config import RunConfig, compose, stage_config, to_run_config
+from . import api, loop
+from .backends.base import Backend
+from .builtin import builtin_plugins
+from .config import RunConfig, stage_config
 from .config.readonly import freeze
 from .data import make_loader
-from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError
-from .plugins import Hooks, build_manager
+from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
+from .plugins import Hooks, backend_specs, build_manager
 from .rundir import run_dir_lock
+from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
+from .signals import stop_on_signals
+from .state import RunState
 
+#: The layout of ``state_dict()``; a checkpoint of another layout is refused on load.
 STATE_VERSION = 1
 
 
@@ -53,23 +57,30 @@ class Run:
 
     Attributes plugins rely on: ``config`` (the run's ``RunConfig``, a copy of the one given, read-only
     once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
-    too), ``global_step``, ``epoch``, ``model``, ``optimizer``,
-    ``scheduler``, ``device_type`` (``"CPU"|"GPU"|"CSX"``), ``output_dir``, ``log`` (a structlog logger),
-    ``metrics`` (latest value of every reported metric), ``status``, ``rank`` / ``world_size``,
-    ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``) and ``stopping``
-    (set at the step boundary where the run stops for it: the checkpoint plugin saves then).
+    too), ``model``, ``module`` (what the steps call: a DDP wrapper under
+    DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type`` (``"CPU"|"GPU"|"CSX"|...``),
+    ``output_dir``, ``log`` (a structlog logger), ``status``, ``rank`` / ``world_size``, and ``state``
+    (``RunState``: the position, the stop request and the metrics, written by the loop), whose fields are
+    also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
+    ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
+    stop, else ``None``), ``stopping`` (set at the step boundary where the run stops for it: the checkpoint
+    plugin saves then) and ``metrics`` (latest value of every reported metric).
     """
+
+    backend: Backend | None = None
 
     def __init__(self, config: RunConfig | DictConfig | Sequence[str] | None = None,
                  plugins: Iterable[Any] = (), output_dir: str | os.PathLike | None = None):
+        plugins = list(plugins)
         if config is None or isinstance(config, (list, tuple)):
-            config = compose(config or ())
+            config = api.compose(config or (), plugins=plugins)
         elif isinstance(config, DictConfig):
-            config = to_run_config(config)
+            config = api.to_run_config(config, plugins=plugins)
         else:  # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
             config = copy.deepcopy(config)
         self.config: RunConfig = config
-        self.hooks = Hooks(build_manager(config, plugins))
+        self.hooks = Hooks(build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable))
+        self.backends = backend_specs(self.hooks)
         self.hooks.csframework_configure(config=config)
         self.stages = self._stage_configs()
         problems = validation_problems(self.hooks, config)
@@ -84,15 +95,7 @@ class Run:
         self.device_type = config.device.type
         self.log = _quiet_logger()
         self.status = "created"
-        self.error: BaseException | None = None
-        self.stop_signal: int | None = None  # set by SIGINT/SIGTERM during fit (see csframework.signals)
-        self.stopping = False  # set by the loop: the step that just ended is the last before stopping
-        self._pending: dict[str, list] = {}  # the loop's per-step outputs since the last log
-        self.metrics: dict[str, float] = {}
-        self.global_step = 0
-        self.stage_index, self.stage_step = 0, 0
-        self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
-        self.backend = None
+        self.state = RunState()
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -105,6 +108,17 @@ class Run:
         self.module = self.model
         self.enter_stage(0)
 
+    # -- the state, read-only -------------------------------------------------------------------------------
+    global_step = property(lambda self: self.state.global_step, doc="Optimizer steps taken, over all stages.")
+    stage_index = property(lambda self: self.state.stage_index, doc="The current stage's index.")
+    stage_step = property(lambda self: self.state.stage_step, doc="Optimizer steps taken in this stage.")
+    epoch = property(lambda self: self.state.epoch, doc="The stage's current training epoch (0-based).")
+    batch_in_epoch = property(lambda self: self.state.batch_in_epoch, doc="Batches of the epoch consumed.")
+    micro_step = property(lambda self: self.state.micro_step, doc="Batches of the stage consumed.")
+    stop_signal = property(lambda self: self.state.stop_signal, doc="The signal that asked fit to stop.")
+    stopping = property(lambda self: self.state.stopping, doc="This step is the last before stopping.")
+    metrics = property(lambda self: self.state.metrics, doc="The latest value of every reported metric.")
+
     # -- assembly ---------------------------------------------------------------------------------------
     def _stage_configs(self) -> list[tuple[str, RunConfig]]:
         if not self.config.stages:
@@ -113,22 +127,24 @@ class Run:
 
     @property
     def stage(self) -> str:
-        return self.stages[self.stage_index][0]
+        return self.stages[self.state.stage_index][0]
 
     @property
     def stage_config(self) -> RunConfig:
-        return self.stages[self.stage_index][1]
+        return self.stages[self.state.stage_index][1]
 
     def enter_stage(self, index: int) -> None:
         """Build the data loaders, optimizer, schedule and backend of stage ``index`` (the model is kept)."""
         self.release()  # the previous stage's loader workers and collectives
-        self.stage_index, self.stage_step = index, 0
-        self.epoch, self.batch_in_epoch, self.micro_step = 0, 0, 0
+        self.state.enter_stage(index)
         cfg = self.stage_config
-        self.backend = build_backend(self)
-        self.rank = getattr(self.backend, "rank", 0)
-        self.world_size = getattr(self.backend, "world_size", 1)
-        if self.world_size > 1 and index == 0:  # all ranks share rank 0's run directory
+        spec = self.backends.get(cfg.device.type)
+        if spec is None:
+            raise ConfigError(f"device: no plugin supplies a backend for {cfg.device.type} "
+                              f"(device types: {', '.join(self.backends) or 'none'}); check plugins.disable")
+        self.backend = spec.create(self)
+        self.rank, self.world_size = self.backend.rank, self.backend.world_size
+        if index == 0:  # all ranks share rank 0's run directory
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
         self.train_loader, self.val_loader = self._loaders(cfg)
@@ -137,8 +153,7 @@ class Run:
         except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
             raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
-        if hasattr(self.backend, "attach"):
-            self.backend.attach(self)
+        self.backend.attach(self)
 
     def _loaders(self, cfg: RunConfig):
         data = cfg.data
@@ -172,17 +187,11 @@ class Run:
         def body():
             self.status = "running"
             self.hooks.on_fit_start(run=self)
-            dry_run = getattr(self.backend, "dry_run", None)  # CSX compile_only / validate_only: train nothing
-            status = dry_run(self) if dry_run is not None else None
-            if status is None:
-                loop.fit(self)
-            self.status = status or "completed"
+            self.status = loop.fit(self)
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        from .signals import stop_on_signals
-
-        with self._writer_lock(), stop_on_signals(self):
+        with self._writer_lock(), stop_on_signals(self.state):
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -208,8 +217,6 @@ class Run:
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
-        if hasattr(self.backend, "check"):
-            self.backend.check(self)
         return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
 
     def _writer_lock(self):
@@ -223,7 +230,6 @@ class Run:
             return body()
         except BaseException as e:
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            self.error = e
             # every plugin cleans up, whichever fails doing so; the original error is the one raised
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
                 self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
@@ -238,9 +244,8 @@ class Run:
             close = getattr(loader, "close", None)  # a framework loader (None: not built yet)
             if close is not None:
                 close()
-        finish = getattr(self.backend, "finish", None)
-        if finish is not None:
-            finish()
+        if self.backend is not None:
+            self.backend.finish()
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
@@ -256,7 +261,7 @@ class Run:
 
     def report(self, metrics: dict[str, float]) -> None:
         """Record metrics at the current step and pass them to ``on_log_metrics``."""
-        self.metrics.update(metrics)
+        self.state.metrics.update(metrics)
         self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
     def summary(self) -> dict:
@@ -265,7 +270,7 @@ class Run:
                 "stage": self.stage, "metrics": dict(self.metrics), "run_id": self.run_id,
                 **self.backend.summary()}
 
-    # -- state ------------------------------------------------------------------------------------------
+    # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything that decides the rest of the run, as tensors and plain values
         (loadable with ``torch.load(weights_only=True)``)."""
@@ -275,19 +280,20 @@ class Run:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
-            "loop": {"global_step": self.global_step, "stage_index": self.stage_index, "stage": self.stage,
-                     "stage_step": self.stage_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                     "micro_step": self.micro_step},
+            "loop": dict(self.state.position(), stage=self.stage),
             "rng": rng_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"checkpoint: its state has layout version {state.get('version')}, this "
+                              f"csframework reads version {STATE_VERSION}")
         position = state["loop"]
         if position["stage_index"] >= len(self.stages) or self.stages[position["stage_index"]][0] != position["stage"]:
             raise ConfigError(f"checkpoint: it was saved in stage '{position['stage']}', which this run "
                               f"does not have at that position (stages: {[n for n, _ in self.stages]})")
-        if position["stage_index"] != self.stage_index:
+        if position["stage_index"] != self.state.stage_index:
             self.enter_stage(position["stage_index"])
         try:
             self.model.load_state_dict(state["model"])
@@ -296,8 +302,7 @@ class Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.backend.load_state_dict(state["backend"])
-        for key in ("global_step", "stage_step", "epoch", "batch_in_epoch", "micro_step"):
-            setattr(self, key, position[key])
+        self.state.restore_position(position)
         set_rng_state(state["rng"])
 
 
@@ -321,33 +326,3 @@ def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:
         problems += found
     return problems
 
-
-def one_line(error: BaseException) -> str:
-    """An exception's message on one line (Hydra's instantiate errors span several)."""
-    return " ".join(part.strip() for part in str(error).splitlines() if part.strip())
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    numpy_state = np.random.get_state()
-    state = {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
-             "numpy": torch.from_numpy(numpy_state[1].astype(np.int64)),
-             "numpy_pos": int(numpy_state[2]), "numpy_gauss": [int(numpy_state[3]), float(numpy_state[4])],
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate((3, tuple(state["python"]), state["python_pos"]))
-    has_gauss, gauss = state.get("numpy_gauss", (0, 0.0))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -18,7 +18,7 @@ import os
 import socket
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, RunDirInUse
 
 LOCK_NAME = ".csframework.lock"
 _HOLDER_BYTES = 4096  # what the holder record may take; more is not ours and is not read
@@ -42,8 +42,6 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
-class RunDirInUse(ConfigError):
-    """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
 
 
 def _holder(fd: int) -> str:

@@ -1,6 +1,6 @@
 """Graceful stop on SIGTERM and SIGINT while ``Run.fit`` trains.
 
-The first signal only records itself on the run (``run.stop_signal``); the loop acts on it at the next step
+The first signal only records itself in the run's state (``RunState.request_stop``); the loop acts on it at the next step
 boundary: the step finishes, the checkpoint plugin saves, ``summary.json`` says ``interrupted`` and
 ``Run.fit`` raises :class:`Interrupted` (the CLI exits with ``128 + signal number``: 130 for SIGINT, 143
 for SIGTERM). A second signal exits at once with the same status and no clean-up; every file csframework
@@ -15,6 +15,10 @@ import contextlib
 import os
 import signal
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .state import RunState
 
 #: Signals that ask a run to stop, and the exit status the CLI uses for each (128 + the signal number).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -44,16 +48,16 @@ class Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def stop_on_signals(run):
-    """While active, SIGINT/SIGTERM set ``run.stop_signal`` once and exit the process on the second."""
-    run.stop_signal, run.stopping = None, False
+def stop_on_signals(state: RunState):
+    """While active, SIGINT/SIGTERM record a stop request in ``state`` once and exit the process on the
+    second."""
+    state.reset_stop()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        if run.stop_signal is None:
-            run.stop_signal = signum
+        if state.request_stop(signum):
             with contextlib.suppress(OSError):  # os.write: safe where the buffered streams are not
                 os.write(2, f"\ncsframework: {signal_name(signum)}: finishing the current step, saving a "
                             "checkpoint, then stopping (send it again to exit at once)\n".encode())

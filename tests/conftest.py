@@ -1,17 +1,16 @@
+"""Shared fixtures. The helpers live in ``tests/support`` (on ``sys.path`` through pytest's ``pythonpath``
+setting in pyproject.toml; subprocesses get it through ``fixtures.pythonpath``)."""
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).parent
-sys.path.insert(0, str(TESTS))
+import fixtures
 
 
 @pytest.fixture
 def cli_env():
     """Environment for ``python -m csframework`` subprocesses that use the test fixtures."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = fixtures.pythonpath()
     env.pop("HYDRA_FULL_ERROR", None)
     return env

@@ -1,47 +1,75 @@
-"""Eager execution on CPU or CUDA, single process or DDP (``backend.strategy``), any precision policy."""
+"""Eager execution on CPU or CUDA, single process or DDP (``backend.strategy``), any precision policy; the
+built-in ``eager`` plugin supplies it for the device types CPU and GPU."""
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .. import step
+from ..config import for_each_stage
+from ..config.ranges import MAX_PARALLEL, check_range
+from ..config.readonly import ReadOnly
 from ..data import move_to
+from ..errors import ConfigError
+from ..hookspecs import hookimpl
 from ..precision import Precision
+from .base import BackendBase, BackendSpec
 
 
-def model_outputs(out) -> dict:
-    """The model contract: a loss tensor, or a dict with ``loss``."""
-    if isinstance(out, torch.Tensor):
-        return {"loss": out}
-    if isinstance(out, dict) and "loss" in out:
-        return out
-    raise TypeError("model.forward(batch) must return the loss tensor or a dict with a 'loss' key, "
-                    f"got {type(out).__name__}" + (f" with keys {sorted(out)}" if isinstance(out, dict) else ""))
+class Strategy(str, Enum):
+    single = "single"
+    ddp = "ddp"
 
 
-def detached(outputs: dict) -> dict:
-    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+@dataclass
+class CpuConfig(ReadOnly):
+    """``backend.*`` on CPU."""
+    type: str = "CPU"
+    strategy: Strategy = Strategy.single
+    """``single`` process, or ``ddp`` (data parallel under torchrun; gloo on CPU, NCCL on GPU)."""
+    threads: int = 0
+    """torch intra-op threads on the host; 0 keeps torch's default."""
+
+
+@dataclass
+class GpuConfig(CpuConfig):
+    """``backend.*`` on GPU."""
+    type: str = "GPU"
+    device_index: int = 0
+    """The CUDA device index for single-process runs (DDP uses LOCAL_RANK)."""
+
+
+def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate a Cerebras system)") -> str | None:
+    """The one report of a missing CUDA device (``what`` names the setting), or ``None`` when present."""
+    if torch.cuda.is_available():
+        return None
+    return f"{what}: gpu needs CUDA, which is not available on this machine; {fix}"
 
 
 #: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
 FINISH_WAIT_S = 30
 
 
-class EagerBackend:
-    """CPU/GPU. ``train_batch`` does forward, backward and, on the last batch of a step, the optimizer step."""
+class EagerBackend(BackendBase):
+    """CPU/GPU: each ``train_batch`` is a micro-batch of ``csframework.step``, run as it arrives."""
 
     def __init__(self, run):
         cfg = run.stage_config
-        self.kind = cfg.device.type
+        self.device_type = cfg.device.type
         backend = cfg.backend
-        self.distributed = getattr(backend.strategy, "value", backend.strategy) == "ddp"
-        if self.kind == "GPU":
-            if not torch.cuda.is_available():
-                raise RuntimeError("device=gpu: CUDA is not available on this machine; use device=cpu")
-            index = int(os.environ.get("LOCAL_RANK", 0)) if self.distributed else (backend.device_index or 0)
+        self.distributed = backend.strategy == Strategy.ddp
+        if self.device_type == "GPU":
+            problem = missing_cuda("device")
+            if problem:
+                raise ConfigError(problem)
+            index = int(os.environ.get("LOCAL_RANK", 0)) if self.distributed else backend.device_index
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
         else:
@@ -51,10 +79,9 @@ class EagerBackend:
         self.precision = Precision(cfg.precision, self.device.type)
         self.max_grad_norm = cfg.optimizer.max_grad_norm
         self.accum = cfg.loop.grad_accum_steps
-        self.rank, self.world_size = 0, 1
         if self.distributed:
             if not dist.is_initialized():
-                dist.init_process_group("nccl" if self.kind == "GPU" else "gloo")
+                dist.init_process_group("nccl" if self.device_type == "GPU" else "gloo")
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             # host-side flags travel over gloo: no device synchronisation for them under NCCL
             self.host_group = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
@@ -67,6 +94,8 @@ class EagerBackend:
         Called at every step boundary with this rank's signal: it reads the small all-reduce started at the
         previous boundary and starts the next, so the collective runs while the step computes.
         """
+        if self.world_size == 1:
+            return signum
         agreed = None
         if self._signal_flag is not None:
             self._signal_flag[1].wait()
@@ -87,8 +116,9 @@ class EagerBackend:
         except RuntimeError:  # a rank died or hangs: nothing to agree on any more
             pass
 
-    def broadcast(self, value):
-        """Rank 0's ``value`` on every rank."""
+    def broadcast(self, value: Any) -> Any:
+        if self.world_size == 1:
+            return value
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -109,30 +139,18 @@ class EagerBackend:
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
-        module, hooks, precision = run.module, run.hooks, self.precision
+        module = run.module
         sync = contextlib.nullcontext() if (last or not self.distributed) else module.no_sync()
-        with sync:
-            with precision.autocast():
-                outputs = model_outputs(module(batch))
-            loss = outputs["loss"]
-            hooks.on_before_backward(run=run, loss=loss)
-            precision.backward(loss / self.accum if self.accum > 1 else loss)
-        hooks.on_after_backward(run=run)
+        with sync:  # gradients are all-reduced in the backward of the step's last micro-batch only
+            outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
         if last:
-            optimizer = run.optimizer
-            precision.unscale(optimizer)
-            hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
-            if self.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(run.model.parameters(), self.max_grad_norm)
-            precision.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-            run.scheduler.step()
-        return detached(outputs)
+            step.apply_gradients(run, self.precision, self.max_grad_norm)
+        return step.detached(outputs)
 
     @torch.no_grad()
     def eval_batch(self, run, batch) -> dict:
         with self.precision.autocast():
-            return detached(model_outputs(run.module(batch)))
+            return step.detached(step.model_outputs(run.module(batch)))
 
     def loss_scale(self) -> float | None:
         """The current dynamic loss scale (one synchronisation), or ``None`` without dynamic scaling."""
@@ -145,5 +163,34 @@ class EagerBackend:
     def load_state_dict(self, state: dict) -> None:
         self.precision.load_state_dict(state.get("precision", {}))
 
-    def summary(self) -> dict:
-        return {}
+
+class EagerPlugin:
+    """The built-in plugin of the CPU and GPU device types (its config files are in csframework's own
+    ``conf/``, which names ``device: cpu`` as the default)."""
+
+    name = "eager"
+    specs = {"CPU": BackendSpec("CPU", CpuConfig, EagerBackend), "GPU": BackendSpec("GPU", GpuConfig, EagerBackend)}
+
+    @hookimpl
+    def csframework_device_types(self) -> list[str]:
+        return list(self.specs)
+
+    @hookimpl(trylast=True)  # asked after every other plugin: a package may replace it
+    def csframework_backend(self, device_type: str) -> BackendSpec | None:
+        return self.specs.get(device_type)
+
+    @hookimpl
+    def csframework_validate(self, config) -> list[str]:
+        return for_each_stage(config, _rules)
+
+
+def _rules(cfg) -> list[str]:
+    problems = [missing_cuda("device")] if cfg.device.type == "GPU" else []
+    b = cfg.backend
+    if isinstance(b, CpuConfig) and b.type == cfg.device.type:
+        problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
+    if isinstance(b, GpuConfig) and cfg.device.type == "GPU":
+        count = torch.cuda.device_count()
+        problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
+                                hint=f" (this machine has {count} CUDA devices)" if count else "")
+    return [p for p in problems if p]

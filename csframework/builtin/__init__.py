@@ -3,7 +3,10 @@ from __future__ import annotations
 
 
 def builtin_plugins() -> list[tuple[str, object]]:
-    """Fresh instances, in registration order (pluggy calls the last registered first)."""
+    """Fresh instances, in registration order (pluggy calls the last registered first): the features
+    (validation, checkpoint, metrics, progress, logging) and the backends (eager CPU/GPU, CSX)."""
+    from ..backends.csx.plugin import CsxPlugin
+    from ..backends.eager import EagerPlugin
     from . import validation
     from .checkpoint import CheckpointPlugin
     from .logs import LoggingPlugin
@@ -11,4 +14,5 @@ def builtin_plugins() -> list[tuple[str, object]]:
     from .progress import ProgressPlugin
 
     return [("validation", validation), ("checkpoint", CheckpointPlugin()), ("metrics", MetricsPlugin()),
-            ("progress", ProgressPlugin()), ("logging", LoggingPlugin())]
+            ("progress", ProgressPlugin()), ("logging", LoggingPlugin()), ("eager", EagerPlugin()),
+            ("csx", CsxPlugin())]

@@ -41,9 +41,9 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError, CsfError, PluginError
-from ..plugins import hookimpl
-from .metrics import write_json_atomic
+from ..errors import CheckpointWriteError, ConfigError, DamagedCheckpoint, PluginError, UnreadableCheckpoints
+from ..files import fsync_dir, write_json_atomic
+from ..hookspecs import hookimpl
 
 INDEX = "index.json"
 FORMAT = 2
@@ -57,18 +57,6 @@ MAX_INDEX_BYTES = 1 << 20
 MAX_META_BYTES = 64 << 20
 MAX_CONFIG_BYTES = 16 << 20
 MAX_DEPTH = 64
-
-
-class CheckpointWriteError(CsfError):
-    """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
-
-
-class DamagedCheckpoint(ValueError):
-    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
-
-
-class UnreadableCheckpoints(ConfigError):
-    """``checkpoints/`` exists but cannot be listed (permissions, or a file where the directory should be)."""
 
 
 # -- untrusted files ------------------------------------------------------------------------------------
@@ -275,14 +263,6 @@ def file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _commit(tmp: Path, final: Path) -> None:
     """Rename the complete temporary directory into place (replacing a checkpoint of the same step)."""
     if os.path.lexists(final):
@@ -292,7 +272,7 @@ def _commit(tmp: Path, final: Path) -> None:
         _remove_path(old)
     else:
         os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str) -> Path:
@@ -311,7 +291,7 @@ def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml
                  "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
         files["state.pt"]["records"] = _zip_records(tmp / "state.pt")
         write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _commit(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,7 @@ import sys
 
 import structlog
 
-from ..plugins import hookimpl
+from ..hookspecs import hookimpl
 
 
 class LoggingPlugin:

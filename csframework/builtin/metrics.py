@@ -4,22 +4,10 @@ when the run ends, fails or stops, ``summary.json`` (status, global step, device
 from __future__ import annotations
 
 import csv
-import json
-import os
 
-from ..plugins import hookimpl
+from ..files import write_json_atomic
+from ..hookspecs import hookimpl
 from .plot import write_curves
-
-
-def write_json_atomic(path, data) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename: never half-written."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)  # a planted link: refused
-    with open(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class MetricsPlugin:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..plugins import hookimpl
+from ..hookspecs import hookimpl
 
 
 class ProgressPlugin:

@@ -2,73 +2,32 @@
 
 Every rule returns problem lines that name the key and say how to fix it; all are reported together.
 Every number is range-checked with ``check_range`` (NaN and infinities included) before anything is built.
+These are the rules of the core; each backend plugin validates its own settings (``backends/eager.py``,
+``backends/csx/schema.py``), and composition refuses a backend setting of another device type.
 """
 from __future__ import annotations
 
 import math
 import os
 
-import torch
-
-from ..config import FIELDS_BY_OPTIMIZER, FIELDS_BY_TYPE, PRECISIONS, RunConfig, stage_config
-from ..config.backend import DEVICE_TYPES
+from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage, stage_config, stage_configs
+from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE, MAX_SEED,  # noqa: F401
+                             MAX_TIMEOUT_S, check_range)
 from ..errors import ConfigError
-from ..plugins import hookimpl
-
-
-#: Steps, epochs, batch sizes and other counts: exact as float64 (metrics, JSON) and far from int64 overflow.
-MAX_COUNT = 2**53
-#: Threads and loader worker processes: a sane ceiling (more would exhaust processes or memory).
-MAX_PARALLEL = 1024
-#: Longest wait a timeout may ask for: one year (a larger one overflows the waits underneath).
-MAX_TIMEOUT_S = 365 * 86400
-#: Seeds: the range of NumPy's seed; ``seed * 1_000_003 + epoch`` (data order) then stays below 2**64,
-#: the limit of ``torch.Generator.manual_seed``.
-MAX_SEED = 2**32 - 1
-#: Loss scales live in float32 tensors.
-MAX_SCALE = float(torch.finfo(torch.float32).max)
-#: The dynamic loss scaler counts towards ``growth_interval`` in an int32 tensor.
-MAX_GROWTH_INTERVAL = 2**31 - 1
-
-
-def check_range(key: str, value, low=None, high=None, *, open_low: bool = False, open_high: bool = False,
-                hint: str = "") -> list[str]:
-    """``[]`` when ``value`` is ``None`` (not set) or a finite number within the bounds (``open_*``: the
-    bound itself excluded), else the problem line naming ``key``. Finiteness is tested first: every
-    comparison with NaN is false, so a bare ``value < low`` would let NaN through."""
-    if value is None:
-        return []
-    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
-    if finite and not (low is not None and (value <= low if open_low else value < low)
-                       or high is not None and (value >= high if open_high else value > high)):
-        return []
-    shown = [f"{b:g}" if isinstance(b, float) else str(b) for b in (low, high)]
-    if low is not None and high is not None:
-        bounds = (f"between {shown[0]} and {shown[1]}" if not (open_low or open_high) else
-                  f"in {'(' if open_low else '['}{shown[0]}, {shown[1]}{')' if open_high else ']'}")
-    elif low is not None:
-        bounds = f"{'>' if open_low else '>='} {shown[0]}"
-    else:
-        bounds = f"{'<' if open_high else '<='} {shown[1]}"
-    return [f"{key}: {value} must be {'' if finite else 'a finite number '}{bounds}{hint}"]
+from ..hookspecs import hookimpl
 
 
 @hookimpl
 def csframework_validate(config: RunConfig) -> list[str]:
     problems = device_choice(config)
-    stages = [("", config)]
     for name, partial in config.stages.items():
         try:
-            stages.append((f"stages.{name}.", stage_config(config, name, partial)))
-        except ConfigError as e:
+            stage_config(config, name, partial)
+        except ConfigError as e:  # a stage that does not merge (the other rules skip it)
             problems.append(str(e))
-    base = run_rules(config, skip_device_pair=bool(problems))
-    problems += base
-    for prefix, cfg in stages[1:]:  # a stage inherits the base's problems: name only its own
-        if cfg.device.type == config.device.type:
-            problems += [prefix + p for p in run_rules(cfg) if p not in base]
-    problems += across_stages(config, stages[1:])
-    return problems
+    skip = bool(problems)  # when both groups chose the device, that is the one problem to report of it
+    problems += for_each_stage(config, lambda cfg: run_rules(cfg, skip_device_pair=skip and cfg is config))
+    return problems + across_stages(config, stage_configs(config))
 
 
 def device_choice(cfg: RunConfig) -> list[str]:
@@ -81,11 +40,8 @@ def device_choice(cfg: RunConfig) -> list[str]:
 
 
 def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
-    """The rules of one (stage) config. Backend settings are only judged when the backend's type is the
-    device's; otherwise the disagreement is the one problem to report."""
+    """The core rules of one (stage) config (composition already checked the device and backend types)."""
     problems = device_rules(cfg, skip_device_pair)
-    if cfg.backend.type == cfg.device.type:
-        problems += backend_rules(cfg)
     return (problems + precision_rules(cfg) + optimizer_rules(cfg) + loop_rules(cfg) + data_rules(cfg)
             + checkpoint_rules(cfg) + check_range("seed", cfg.seed, 0, MAX_SEED,
                                                   hint=" (the range of every generator seeded from it)"))
@@ -93,46 +49,10 @@ def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
 
 def device_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
     kind, backend = cfg.device.type, cfg.backend.type
-    problems = []
-    if kind not in DEVICE_TYPES:
-        problems.append(f"device.type: '{kind}' is not a device type; use device=cpu, device=gpu or device=csx")
-    if backend not in DEVICE_TYPES:
-        problems.append(f"backend.type: '{backend}' is not a device type; use CPU, GPU or CSX")
-    elif backend != kind and kind in DEVICE_TYPES and not skip_device_pair:
-        problems.append(f"device, backend.type: the backend is {backend} but the device is {kind}; "
-                        f"set only one of them (device={kind.lower()} picks its own backend)")
-    if kind == "GPU" and not torch.cuda.is_available():
-        problems.append("device: gpu needs CUDA, which is not available on this machine; use device=cpu "
-                        "(or device=csx to emulate a Cerebras system)")
-    return problems
-
-
-def backend_rules(cfg: RunConfig) -> list[str]:
-    """DESIGN 4.4 and 4.5: settings of another device type are errors, never ignored."""
-    kind, b = cfg.device.type, cfg.backend
-    if kind not in FIELDS_BY_TYPE:
-        return []
-    problems = []
-    own = FIELDS_BY_TYPE[kind]
-    for field_name in sorted({f for fields in FIELDS_BY_TYPE.values() for f in fields} - set(own)):
-        if getattr(b, field_name) is not None:
-            owners = "/".join(t for t, fields in FIELDS_BY_TYPE.items() if field_name in fields)
-            problems.append(f"backend.{field_name}: only {owners} understands it, and this run's device is "
-                            f"{kind}; remove it or use device={owners.split('/')[0].lower()}")
-    if kind == "CSX":
-        problems += check_range("backend.num_csx", b.num_csx, 1, cfg.data.batch_size,
-                                hint=" (data.batch_size): each system needs at least one sample")
-        problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
-                                hint=" (0: the default)")
-        if b.compile_only and b.validate_only:
-            problems.append("backend.compile_only, backend.validate_only: choose one of them")
-        return problems
-    problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
-    if kind == "GPU":
-        count = torch.cuda.device_count()
-        problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
-                                hint=f" (this machine has {count} CUDA devices)" if count else "")
-    return problems
+    if backend != kind and not skip_device_pair:
+        return [f"device, backend.type: the backend is {backend} but the device is {kind}; "
+                f"set only one of them (device={kind.lower()} picks its own backend)"]
+    return []
 
 
 def precision_rules(cfg: RunConfig) -> list[str]:
@@ -148,10 +68,7 @@ def precision_rules(cfg: RunConfig) -> list[str]:
                                     hint=", dynamic or null")
         except (TypeError, ValueError):
             problems.append(f"precision.loss_scaling: '{scaling}' is not dynamic, null or a positive number")
-    if p.name == "cbfloat16":
-        if cfg.device.type != "CSX":
-            problems.append(f"precision: cbfloat16 needs device=csx (this run's device is {cfg.device.type}); "
-                            "use precision=bfloat16 or float16 on CPU/GPU")
+    if p.name == "cbfloat16":  # which device it needs is the CSX plugin's rule
         if scaling != "dynamic":
             problems.append("precision.loss_scaling: cbfloat16 needs dynamic loss scaling; set it to dynamic")
     if p.name == "float16" and scaling in (None, "none"):
@@ -231,14 +148,6 @@ def checkpoint_rules(cfg: RunConfig) -> list[str]:
 
 
 def across_stages(config: RunConfig, stages: list[tuple[str, RunConfig]]) -> list[str]:
-    """DESIGN 4.3 and 4.5: one device type per run; CSX global settings equal in every stage."""
-    problems = []
-    for prefix, cfg in stages:
-        if cfg.device.type != config.device.type:
-            problems.append(f"{prefix}device: {cfg.device.type} differs from the run's device "
-                            f"{config.device.type}; all stages of a run use one device type")
-        for key in ("num_csx", "num_workers_per_csx"):
-            if getattr(cfg.backend, key) != getattr(config.backend, key):
-                problems.append(f"{prefix}backend.{key}: {getattr(cfg.backend, key)} differs from the run's "
-                                f"{getattr(config.backend, key)}; it is global across the stages of a run")
-    return problems
+    """DESIGN 4.3: one device type per run (a backend's own global settings are its plugin's rule)."""
+    return [f"{prefix}device: {cfg.device.type} differs from the run's device {config.device.type}; all stages "
+            "of a run use one device type" for prefix, cfg in stages if cfg.device.type != config.device.type]

@@ -1,16 +1,23 @@
-"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``."""
+"""Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``.
+
+Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
+schema of each device type; ``config_files``: the config directories of backend plugins).
+``csframework.api`` asks the plugins for these and passes them in.
+"""
 from __future__ import annotations
 
 import copy
 import os
-from typing import Iterable, Sequence
+from pathlib import Path
+from dataclasses import fields
+from typing import Callable, Iterable, Mapping, Sequence
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..errors import ConfigError
-from .backend import BackendConfig, DeviceConfig, FIELDS_BY_TYPE, Strategy
+from ..errors import ConfigError, ValidationError
+from .backend import BackendConfig, DeviceConfig
 from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
 from .run import STAGE_KEYS, Mode, RunConfig
@@ -18,10 +25,10 @@ from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
 __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
-    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "Strategy", "STAGE_KEYS",
-    "FIELDS_BY_TYPE", "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas",
-    "to_run_config", "stage_config", "explicit_groups", "describe_error", "user_config_dirs",
-    "check_config_files",
+    "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
+    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas", "to_run_config", "stage_config",
+    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
+    "user_config_dirs", "check_config_files",
 ]
 
 SCHEMA_NAME = "csframework_schema"
@@ -31,9 +38,19 @@ MAX_CONFIG_BYTES = 4 * 2**20
 MAX_CONFIG_NODES = 100_000
 
 
+def _schema() -> DictConfig:
+    """``RunConfig`` as Hydra composes it: typed, except the ``backend`` node, which takes any key until
+    ``to_run_config`` types it with the schema of its device type."""
+    schema = OmegaConf.structured(RunConfig)
+    with open_dict(schema):
+        schema.backend = {"type": "CPU"}
+    OmegaConf.set_struct(schema.backend, False)
+    return schema
+
+
 def register_schemas() -> None:
     """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema())
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -154,11 +171,14 @@ def _describe_known(error: BaseException) -> str | None:
     return None
 
 
-def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type]) -> RunConfig:
     """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved).
 
-    When only the ``backend`` group was chosen, the device type follows it (``backend=csx`` alone means a
-    CSX run); choosing both groups is left for the validation plugin to refuse.
+    ``backends`` maps each device type to its ``backend`` schema: ``backend`` becomes an instance of the
+    schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
+    only another device type's backend has is refused naming that type. When only the ``backend`` group was
+    chosen, the device type follows it (``backend=csx`` alone means a CSX run); choosing both groups is left
+    for the validation plugin to refuse.
     """
     try:
         cfg = copy.deepcopy(cfg)
@@ -168,10 +188,40 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = ()) -> RunConfig:
             cfg.device.type = cfg.backend.type
         cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.to_container(cfg, resolve=False))
-        return OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
+        typed = OmegaConf.merge(_schema(), OmegaConf.to_container(cfg, resolve=False))
+        run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e)) from e
+    run.backend = _typed_backend(run.backend, run.device.type, backends)
+    return run
+
+
+def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type]):
+    """``values`` (the ``backend`` node) as an instance of its type's schema."""
+    known = ", ".join(f"device={t.lower()}" for t in backends)
+    problems = []
+    if device_type not in backends:
+        problems.append(f"device.type: '{device_type}' is not a device type; use {known}")
+    kind = values.get("type", device_type)
+    schema = backends.get(kind)
+    if schema is None:
+        problems.append(f"backend.type: '{kind}' is not a device type; use {', '.join(backends)}")
+        raise ValidationError(problems)
+    own = {f.name for f in fields(schema)}
+    for key in sorted(set(values) - own):
+        owners = [t for t, other in backends.items() if key in {f.name for f in fields(other)}]
+        if owners:
+            problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
+                            f"{kind}; remove it or use device={owners[0].lower()}")
+        else:
+            problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
+                            f"{', '.join(sorted(own - {'type'}))})")
+    if problems:
+        raise ValidationError(problems)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"backend.{describe_error(e)}") from e
 
 
 def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
@@ -205,22 +255,22 @@ def _resolve_run_dir(cfg: DictConfig) -> None:
         HydraConfig.instance().cfg = saved
 
 
-def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
-            config_name: str = "config") -> RunConfig:
-    """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+            backends: Mapping[str, type], config_files: Iterable[str] = ()) -> RunConfig:
+    """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
-    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``).
-    Raises ``ConfigError`` naming the offending key.
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``);
+    ``config_files`` are the config directories of backend plugins (``register_config_files``);
+    ``backends`` as in ``to_run_config``. Raises ``ConfigError`` naming the offending key.
+    (``csf.compose`` is this with the plugins' backends.)
     """
     import yaml
     from hydra import compose as hydra_compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    from ..plugins import register_configs_from_entry_points
-
     register_schemas()
-    register_configs_from_entry_points()
+    register_config_files(config_files)
     overrides = list(overrides)
     if config_dir is not None:
         if not os.path.isdir(config_dir):
@@ -236,4 +286,50 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None,
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    return to_run_config(cfg, explicit_groups(overrides))
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends)
+
+
+def register_config_files(directories: Iterable[str]) -> None:
+    """Put the config files of each directory (``pkg://package`` or ``file://path``, holding
+    ``<group>/<option>.yaml``) into Hydra's ConfigStore, so their group options compose wherever Hydra
+    composes (the CLI's ``@hydra.main`` and ``compose``), e.g. a backend plugin's ``device/toy.yaml``."""
+    import importlib.resources
+
+    import yaml
+
+    for directory in directories:
+        scheme, _, where = directory.partition("://")
+        try:
+            root = Path(str(importlib.resources.files(where))) if scheme == "pkg" else Path(where)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"{directory}: no such package; a backend plugin's config_path must name one") from e
+        for file in sorted(root.rglob("*.yaml")):
+            group = file.parent.relative_to(root).as_posix()
+            try:
+                node = OmegaConf.load(file)
+            except (yaml.YAMLError, OmegaConfBaseException) as e:
+                raise ConfigError(f"{file}: {describe_error(e)}") from e
+            ConfigStore.instance().store(group=None if group == "." else group, name=file.stem, node=node)
+
+
+def stage_configs(config: RunConfig) -> list[tuple[str, RunConfig]]:
+    """``(prefix, config)`` of every stage that merges (``stages.<name>.``); the validation plugin reports
+    the ones that do not."""
+    found = []
+    for name, partial in config.stages.items():
+        try:
+            found.append((f"stages.{name}.", stage_config(config, name, partial)))
+        except ConfigError:
+            continue
+    return found
+
+
+def for_each_stage(config: RunConfig, rule: Callable[[RunConfig], list[str]]) -> list[str]:
+    """``rule``'s problems with the run's config and with each stage's of the same device type, each problem
+    once: a stage's own are prefixed with ``stages.<name>.`` (a stage inherits the run's problems)."""
+    base = rule(config)
+    problems = list(base)
+    for prefix, cfg in stage_configs(config):
+        if cfg.device.type == config.device.type:
+            problems += [prefix + p for p in rule(cfg) if p not in base]
+    return problems

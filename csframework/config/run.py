@@ -27,8 +27,9 @@ class Mode(str, Enum):
 class RunConfig(ReadOnly):
     device: DeviceConfig = field(default_factory=DeviceConfig)
     """The device type (group ``device``)."""
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    """The backend settings (group ``backend``; defaults to the ``device`` choice)."""
+    backend: Any = field(default_factory=BackendConfig)
+    """The backend settings (group ``backend``; defaults to the ``device`` choice): after ``to_run_config``
+    an instance of the schema of ``backend.type``'s backend (e.g. ``CsxConfig``)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """Optimizer and learning-rate schedule (group ``optimizer``)."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)

@@ -12,8 +12,9 @@ import csv
 import fcntl
 import io
 import json
-import os
 from pathlib import Path
+
+from ..files import write_text_atomic
 
 TABLE_JSON, TABLE_CSV, LOCK = "sweep.json", "sweep.csv", ".sweep.lock"
 #: Columns that follow the overridden keys, in this order; the metrics go between status and global_step.
@@ -63,15 +64,6 @@ def columns(rows: list[dict]) -> list[str]:
     return [*HEAD, *overridden, "status", *metrics, *TAIL]
 
 
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @contextlib.contextmanager
 def locked(sweep_dir: Path):
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
@@ -97,5 +89,5 @@ def write_table(sweep_dir: Path, rows: list[dict]) -> None:
     writer = csv.DictWriter(text, fieldnames=columns(rows), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    _replace(Path(sweep_dir) / TABLE_CSV, text.getvalue())
-    _replace(Path(sweep_dir) / TABLE_JSON, json.dumps(rows, indent=1, default=str) + "\n")
+    write_text_atomic(Path(sweep_dir) / TABLE_CSV, text.getvalue())
+    write_text_atomic(Path(sweep_dir) / TABLE_JSON, json.dumps(rows, indent=1, default=str) + "\n")

@@ -1,8 +1,9 @@
 """``CsxBackend``: the run's backend for ``device=csx``.
 
-The training step (forward, loss, backward with loss scaling, gradient clipping, optimizer update, with the
-learning rate and the global step as graph inputs) is traced into one static graph at the first step and
-that graph runs every step. The loop receives each step's outputs through a step closure, as user code does.
+The training step (``csframework.step.train_step``: forward, loss, backward with loss scaling, gradient
+clipping, optimizer update, with the learning rate and the global step as graph inputs) is traced into one
+static graph at the first step and that graph runs every step. The loop receives each step's outputs through
+a step closure, as user code does.
 
 Gradient accumulation (``loop.grad_accum_steps=k``): the micro-batches of a step are buffered on the host
 and one graph runs the k forward/backward passes (unrolled) and the update, when the last micro-batch
@@ -11,22 +12,21 @@ earlier micro-batches' ``train_batch`` calls return ``{}``.
 """
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
+from ... import step
 from ...data import epoch_batches, move_to
-from ...errors import ConfigError
-from ..eager import detached, model_outputs
+from ...files import write_json_atomic
+from ..base import BackendBase
 from . import optim as csx_optim
 from .compiler import CompileCache, Compiled, StaticStep, device_for_host
 from .precision import CsxPrecision
 from .tracer import step_closure
 
 
-class CsxBackend:
-    """The CSX emulator behind ``Run`` (see ``docs/csx.md``)."""
+class CsxBackend(BackendBase):
+    """The CSX emulator behind ``Run`` (see ``docs/csx.md``). ``backend.num_csx`` and the other settings
+    were checked by the CSX plugin's validation rules before it is built."""
 
     device_type = "CSX"
 
@@ -34,14 +34,10 @@ class CsxBackend:
         cfg = run.stage_config
         b = cfg.backend
         self.device = device_for_host()
-        self.rank, self.world_size = 0, 1
-        self.retrace = bool(b.retrace_every_iteration)
-        self.compile_only, self.validate_only = bool(b.compile_only), bool(b.validate_only)
-        self.num_csx = 1 if b.num_csx is None else int(b.num_csx)
-        self.num_workers_per_csx = int(b.num_workers_per_csx or 0)
-        if not 1 <= self.num_csx <= cfg.data.batch_size:
-            raise ConfigError(f"backend.num_csx: {self.num_csx} must be between 1 and the batch size "
-                              f"({cfg.data.batch_size})")
+        self.retrace = b.retrace_every_iteration
+        self.compile_only, self.validate_only = b.compile_only, b.validate_only
+        self.dry_run = "compiled" if b.compile_only else "validated" if b.validate_only else None
+        self.num_csx, self.num_workers_per_csx = b.num_csx, b.num_workers_per_csx
         self.cache = CompileCache(b.compile_dir)
         self.precision = CsxPrecision(cfg.precision, self.device)
         self.max_grad_norm = cfg.optimizer.max_grad_norm
@@ -54,8 +50,7 @@ class CsxBackend:
         self._pending: list = []
         self._delivered = None
         self._deliver = step_closure(self._store_outputs)
-        previous = getattr(run, "backend", None)
-        self._carried = previous.counts() if isinstance(previous, CsxBackend) else {}
+        self._carried = run.backend.counts() if isinstance(run.backend, CsxBackend) else {}  # earlier stages
 
     # -- assembly ---------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -83,31 +78,12 @@ class CsxBackend:
         self._delivered = outputs
 
     def _train_step(self, batches: list) -> None:
-        run, precision = self.run, self.precision
-        model, optimizer, hooks = run.model, run.optimizer, run.hooks
-        scaler = precision.scaler
-        n = len(batches)
-        outputs = None
-        for batch in batches:
-            with precision.compute():
-                outputs = model_outputs(model(batch))
-            loss = outputs["loss"]
-            hooks.on_before_backward(run=run, loss=loss)
-            scaler.scale_loss(loss / n if n > 1 else loss).backward()
-            hooks.on_after_backward(run=run)
-        skip = scaler.unscale([p for g in optimizer.param_groups for p in g["params"]])
-        hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
-        if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
-        csx_optim.step(optimizer, skip=skip)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        self._deliver(detached(outputs))
+        self._deliver(step.train_step(self.run, self.precision, self.run.model, batches, self.max_grad_norm))
 
     def _eval_step(self, batch) -> None:
-        with self.precision.compute():
-            outputs = model_outputs(self.run.model(batch))
-        self._deliver(detached(outputs))
+        with self.precision.autocast():
+            outputs = step.model_outputs(self.run.model(batch))
+        self._deliver(step.detached(outputs))
 
     # -- steps ------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
@@ -117,7 +93,6 @@ class CsxBackend:
         batches, self._pending = self._pending + [batch], []
         self._delivered = None
         self.train_step(((batches,)), {}, iteration=run.global_step + 1, global_step=run.global_step)
-        run.scheduler.step()
         return self._delivered
 
     def eval_batch(self, run, batch) -> dict:
@@ -127,18 +102,8 @@ class CsxBackend:
         return self._delivered
 
     # -- compile_only / validate_only ---------------------------------------------------------------------
-    def dry_run(self, run) -> str | None:
-        """``compile_only`` / ``validate_only``: trace (and compile) the train step of every stage, train
-        nothing; returns the run's status, or None when the backend trains normally."""
-        if not (self.compile_only or self.validate_only):
-            return None
-        for index in range(run.stage_index, len(run.stages)):
-            if index != run.stage_index:
-                run.enter_stage(index)
-            run.backend._dry_stage(run)
-        return "compiled" if self.compile_only else "validated"
-
-    def _dry_stage(self, run) -> None:
+    def dry_stage(self, run) -> None:
+        """``compile_only`` / ``validate_only``: trace (and compile) this stage's train step, train nothing."""
         batches = []
         for batch in epoch_batches(run.train_loader, run.epoch, run.batch_in_epoch):
             batches.append(self.to_device(batch))
@@ -165,9 +130,7 @@ class CsxBackend:
                       retrace_every_iteration=self.retrace)
         try:
             run.output_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-            os.replace(tmp, path)
+            write_json_atomic(path, report, durable=False)
             self.report_path = path
         except OSError as e:
             run.log.warning("compile_report_not_written", error=str(e))

@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...errors import CompileError
+from ...files import write_json_atomic, write_text_atomic
 from . import graph as graphs
 from .tracer import Signature, StepTracer, Traced, detailed_difference
 
@@ -46,16 +47,10 @@ class CompileCache:
         entry = self.entry(fp)
         try:
             entry.mkdir(parents=True, exist_ok=True)
-            _write_atomic(entry / "graph.py", code)
-            _write_atomic(entry / "report.json", json.dumps(report, indent=2, default=str))
+            write_text_atomic(entry / "graph.py", code, durable=False)
+            write_json_atomic(entry / "report.json", report, durable=False)
         except OSError as e:  # a read-only cache must not stop training
             report.setdefault("warnings", []).append(f"compile cache not written: {e}")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class Compiled:

@@ -12,15 +12,11 @@ import torch
 from ...errors import TracingError
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+#: The framework's directory, from this package's location: its code between the user's step and torch is
+#: never "the user's line" ...
 _CSF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-#: Framework code between the user's step and torch: never "the user's line".
-_INTERNAL = (
-    os.path.join(_CSF_DIR, "backends") + os.sep,
-    os.path.join(_CSF_DIR, "lowlevel.py"),
-    os.path.join(_CSF_DIR, "plugins.py"),
-    os.path.join(_CSF_DIR, "loop.py"),
-    os.path.join(_CSF_DIR, "run.py"),
-)
+#: ... except the models it ships, which are the user's code of a run.
+_MODELS = (os.path.join(_CSF_DIR, "models.py"), os.path.join(_CSF_DIR, "defaults") + os.sep)
 _STDLIB_SKIP = ("contextlib.py", "functools.py", "typing.py")
 
 
@@ -28,7 +24,7 @@ def is_internal(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         return True
     filename = os.path.abspath(filename)
-    if filename.startswith(_TORCH_DIR) or filename.startswith(_INTERNAL):
+    if filename.startswith(_TORCH_DIR) or (filename.startswith(_CSF_DIR) and not filename.startswith(_MODELS)):
         return True
     if os.sep + "pluggy" + os.sep in filename:
         return True
@@ -96,7 +92,7 @@ def user_frame_of(error: BaseException) -> Where | None:
 
 
 _FIX_VALUE = ("use torch.where(condition, a, b) to choose inside the graph, or read the value after the "
-              "step in a @csf.step_closure function (it runs after each step with real values)")
+              "step in a @csf.csx.step_closure function (it runs after each step with real values)")
 _WHY = "the traced step runs on placeholder tensors that have no values while it is captured into a static graph"
 
 KINDS = {
@@ -107,11 +103,11 @@ KINDS = {
     "numpy": ("`.numpy()` copies a tensor to the host", _FIX_VALUE),
     "format": ("formatting a tensor's value (f-string with a format spec)", _FIX_VALUE),
     "cpu": ("`.cpu()` / `.to(\"cpu\")` moves a tensor to the host",
-            "keep tensors on the device inside the step; read them after the step in a @csf.step_closure "
+            "keep tensors on the device inside the step; read them after the step in a @csf.csx.step_closure "
             "function, or return them from the step"),
     "data": ("an operation needs a tensor's value",
              "use torch.where or masking with static shapes instead, or move the computation into a "
-             "@csf.step_closure function"),
+             "@csf.csx.step_closure function"),
     "shape": ("an operation whose output shape depends on tensor values",
               "a static graph needs static shapes: use torch.where or a multiplicative mask instead of "
               "boolean indexing, nonzero() or unique()"),

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ...config import PrecisionConfig
+from ...precision import HALF_DTYPES
+from . import optim as csx_optim
 from .cbfloat16 import round_to_cbfloat16
 
-HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _CB16Compute(torch.autograd.Function):
@@ -131,10 +132,24 @@ class CsxPrecision:
         self.dtype = HALF_DTYPES.get(cfg.name)
         self.scaler = GraphLossScaler(cfg, device)
 
-    def compute(self):
-        """The context the step is traced in."""
+    def autocast(self):
+        """The context the forward pass is traced in."""
         if self.name == "cbfloat16":
             return CB16ComputeMode()
         if self.dtype is not None:
             return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
+
+    # -- the primitives of ``step.PrecisionOps``, traced into the step's graph -------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale_loss(loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """Unscale in the graph; returns the overflow flag the optimizer step obeys."""
+        return self.scaler.unscale([p for g in optimizer.param_groups for p in g["params"]])
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, skip: torch.Tensor | None) -> None:
+        csx_optim.step(optimizer, skip=skip)
+
+    def update(self) -> None:
+        self.scaler.update()

@@ -1,0 +1,121 @@
+"""What a backend is to the framework: the ``Backend`` protocol the loop and ``Run`` call, a base class with
+the optional capabilities' defaults, and ``BackendSpec``, which a plugin returns from the
+``csframework_backend`` hook to supply the backend of a device type (see docs/backends.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from ..run import Run
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Executes a run's steps on one device type. Built per stage by ``BackendSpec.create(run)``."""
+
+    device_type: str
+    """The device type it runs (``"CPU"``, ``"CSX"`` ...)."""
+    rank: int
+    """This process's rank among ``world_size`` data-parallel processes (0 and 1 when not distributed)."""
+    world_size: int
+    dry_run: str | None
+    """``None`` to train; else the final status of a run that only prepares each stage (CSX
+    ``compile_only`` -> ``"compiled"``), for which the loop calls ``dry_stage`` instead of training."""
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model to the device; returns the module the steps call (e.g. a DDP wrapper)."""
+
+    def attach(self, run: Run) -> None:
+        """Called once the stage's model, optimizer and schedule exist (before any step)."""
+
+    def to_device(self, batch: Any) -> Any:
+        """The batch on the device."""
+
+    def train_batch(self, run: Run, batch: Any, last: bool) -> dict:
+        """One micro-batch of the step (``last``: the step's final one, after which the optimizer steps, see
+        ``csframework.step``); returns the outputs (detached tensors), or ``{}`` if it has none yet."""
+
+    def eval_batch(self, run: Run, batch: Any) -> dict:
+        """The outputs of one evaluation batch (detached tensors)."""
+
+    def dry_stage(self, run: Run) -> None:
+        """Prepare the current stage without training (only called when ``dry_run`` is set)."""
+
+    def loss_scale(self) -> float | None:
+        """The current dynamic loss scale, or ``None`` without dynamic loss scaling."""
+
+    def any_rank_signal(self, signum: int | None) -> int | None:
+        """The stop signal any rank had received by the previous step boundary (``signum`` when alone)."""
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+
+    def finish(self) -> None:
+        """The stage or fit ended (however): wait, bounded, for collectives still in flight."""
+
+    def state_dict(self) -> dict:
+        """The backend's part of a checkpoint (tensors and plain values)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def summary(self) -> dict:
+        """Extra entries of ``summary.json``."""
+
+
+class BackendBase:
+    """The defaults of a single-process backend without dry runs, loss scaling or state."""
+
+    device_type = "CPU"
+    rank, world_size = 0, 1
+    dry_run: str | None = None
+
+    def attach(self, run: Run) -> None:
+        pass
+
+    def to_device(self, batch: Any) -> Any:
+        return batch
+
+    def dry_stage(self, run: Run) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no dry run")
+
+    def loss_scale(self) -> float | None:
+        return None
+
+    def any_rank_signal(self, signum: int | None) -> int | None:
+        return signum
+
+    def broadcast(self, value: Any) -> Any:
+        return value
+
+    def finish(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A plugin's backend for one device type (the ``csframework_backend`` hook returns it)."""
+
+    device_type: str
+    """Upper case, as ``device.type`` holds it (``device=toy`` composes ``device/toy.yaml``: ``type: TOY``)."""
+    schema: type
+    """The dataclass of the ``backend`` settings, with a ``type`` field: composition types ``backend`` with
+    it, so an unknown key or a wrong type names ``backend.<key>``."""
+    create: Callable[[Run], Backend]
+    """Builds the backend of the current stage (``run.stage_config``); ``run.backend`` is the previous
+    stage's backend, if any."""
+    config_path: str | None = None
+    """A directory (``pkg://package`` or ``file://dir``) holding ``device/<type>.yaml`` and
+    ``backend/<type>.yaml``; they are put into Hydra's ConfigStore before composition, so ``device=<type>``
+    and ``backend=<type>`` compose."""

@@ -1,0 +1,1 @@
+"""Hydra config files of the CSX backend (``device/csx.yaml``, ``backend/csx.yaml``), on the search path through the CSX plugin."""

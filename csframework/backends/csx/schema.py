@@ -1,0 +1,74 @@
+"""The ``backend`` settings of ``device=csx`` and the CSX validation rules (no torch, no tracer: importing
+this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.csx.backend``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ...config.ranges import MAX_PARALLEL, check_range
+from ...config.readonly import ReadOnly
+
+
+@dataclass
+class CsxConfig(ReadOnly):
+    """``backend.*`` on CSX."""
+    type: str = "CSX"
+    retrace_every_iteration: bool = False
+    """Trace the step every iteration (side effects every iteration); a changed graph is an error."""
+    compile_only: bool = False
+    """Trace and compile, write the compile report, train nothing."""
+    validate_only: bool = False
+    """Trace and check one step, execute nothing."""
+    num_csx: int = 1
+    """Number of systems (data parallel); global across stages; 1 <= num_csx <= batch size."""
+    num_workers_per_csx: int = 0
+    """Input workers per system; global across stages (0: the default)."""
+    compile_dir: Optional[str] = None
+    """Where compiled graphs are cached by fingerprint."""
+
+
+#: Settings every stage of a run must share.
+GLOBAL_SETTINGS = ("num_csx", "num_workers_per_csx")
+
+
+def num_csx_problem(num_csx: int, batch_size: int | None = None) -> str | None:
+    """Why ``num_csx`` cannot work (each system needs at least one sample of a batch), else ``None``; the
+    text follows the value (``f"num_csx={n} {problem}"``)."""
+    if num_csx < 1:
+        return "must be at least 1"
+    if batch_size is not None and num_csx > batch_size:
+        return (f"is larger than the batch size {batch_size}; each system needs at least one sample: lower "
+                "num_csx or raise the batch size")
+    return None
+
+
+def stage_rules(cfg) -> list[str]:
+    """The rules of one (stage) config: the CSX settings, and CSX-only precisions elsewhere."""
+    problems = []
+    if cfg.precision.name == "cbfloat16" and cfg.device.type != "CSX":
+        problems.append(f"precision: cbfloat16 needs device=csx (this run's device is {cfg.device.type}); "
+                        "use precision=bfloat16 or float16 on CPU/GPU")
+    b = cfg.backend
+    if not isinstance(b, CsxConfig) or cfg.device.type != "CSX":
+        return problems
+    problems += check_range("backend.num_csx", b.num_csx, 1, cfg.data.batch_size,
+                            hint=" (data.batch_size): each system needs at least one sample")
+    problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
+                            hint=" (0: the default)")
+    if b.compile_only and b.validate_only:
+        problems.append("backend.compile_only, backend.validate_only: choose one of them")
+    return problems
+
+
+def across_stages(config, stages) -> list[str]:
+    """CSX global settings are equal in every stage (``stages``: ``(prefix, stage config)`` pairs)."""
+    if not isinstance(config.backend, CsxConfig):
+        return []
+    problems = []
+    for prefix, cfg in stages:
+        for key in GLOBAL_SETTINGS:
+            ours, theirs = getattr(cfg.backend, key, None), getattr(config.backend, key)
+            if ours != theirs:
+                problems.append(f"{prefix}backend.{key}: {ours} differs from the run's {theirs}; it is global "
+                                "across the stages of a run")
+    return problems

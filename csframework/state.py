@@ -1,0 +1,93 @@
+"""``RunState``: where a run is. The loop owns it: it is the only writer of the position and the pending
+step outputs; the signal handler records a stop request through ``request_stop``; ``Run.load_state_dict``
+restores a saved position. Plugins read it (``run.state``, or the ``Run`` properties that mirror it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+#: The fields that locate a run in its stages, saved in a checkpoint (``state_dict()["loop"]``).
+POSITION = ("global_step", "stage_index", "stage_step", "epoch", "batch_in_epoch", "micro_step")
+
+
+@dataclass
+class RunState:
+    global_step: int = 0
+    """Optimizer steps taken, over all stages."""
+    stage_index: int = 0
+    """The current stage's index in ``run.stages``."""
+    stage_step: int = 0
+    """Optimizer steps taken in the current stage."""
+    epoch: int = 0
+    """The current stage's training epoch (0-based)."""
+    batch_in_epoch: int = 0
+    """Batches of ``epoch`` already consumed (where a resumed run starts in it)."""
+    micro_step: int = 0
+    """Batches of the stage consumed (``micro_step % grad_accum_steps == 0``: a step boundary)."""
+    stop_signal: int | None = None
+    """The SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``."""
+    stopping: bool = False
+    """Set at the step boundary where the run stops for ``stop_signal`` (the checkpoint plugin saves then)."""
+    pending: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The latest value of every reported metric."""
+
+    # -- written by the loop ------------------------------------------------------------------------------
+    def enter_stage(self, index: int) -> None:
+        """The start of stage ``index``: its counters at zero (the global step goes on)."""
+        self.stage_index, self.stage_step = index, 0
+        self.epoch = self.batch_in_epoch = self.micro_step = 0
+
+    def start_batch(self, accum: int) -> bool:
+        """A batch is about to run; returns whether it is the last of an optimizer step of ``accum``."""
+        self.micro_step += 1
+        return self.micro_step % accum == 0
+
+    def end_batch(self, last: bool) -> None:
+        """The batch ran (``last``: and with it an optimizer step)."""
+        self.batch_in_epoch += 1
+        if last:
+            self.global_step += 1
+            self.stage_step += 1
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = 0
+
+    def add_outputs(self, outputs: dict) -> None:
+        """Keep a step's scalar outputs until the next log."""
+        for key, value in outputs.items():
+            if isinstance(value, torch.Tensor) and value.ndim == 0:
+                self.pending.setdefault(key, []).append(value)
+
+    def clear_pending(self) -> None:
+        """The pending outputs were logged."""
+        self.pending.clear()
+
+    # -- stop requests ------------------------------------------------------------------------------------
+    def reset_stop(self) -> None:
+        self.stop_signal, self.stopping = None, False
+
+    def request_stop(self, signum: int) -> bool:
+        """Record a stop signal; returns ``False`` when one was already recorded (a second signal)."""
+        if self.stop_signal is not None:
+            return False
+        self.stop_signal = signum
+        return True
+
+    def stop_after_this_step(self, signum: int | None = None) -> None:
+        """The step that just ended is the last (``signum``: the signal the ranks agreed on, under DDP)."""
+        if signum is not None:
+            self.stop_signal = signum
+        self.stopping = True
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def position(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in POSITION}
+
+    def restore_position(self, position: dict) -> None:
+        for key in POSITION:
+            setattr(self, key, int(position[key]))

@@ -1,0 +1,100 @@
+"""One optimizer step: the order of hooks and work, written once for every backend.
+
+A step of ``loop.grad_accum_steps = k`` micro-batches::
+
+    for each micro-batch:                       # micro_batch()
+        forward under the precision policy's autocast
+        on_before_backward(loss)
+        backward of the loss scaled by the policy (divided by k when k > 1)
+        on_after_backward()
+    on the last micro-batch:                    # apply_gradients()
+        unscale the gradients (the policy says whether the step must be skipped: an overflow)
+        on_before_optimizer_step(optimizer)
+        clip the gradient norm to optimizer.max_grad_norm
+        optimizer step (skipped on overflow), loss-scale update, zero_grad
+
+The learning-rate schedule then advances once per step, in the loop (outside any traced graph, since the
+rate is an input of CSX's graph). The eager backend calls ``micro_batch`` as each batch arrives (under DDP
+in ``no_sync`` on the non-final ones) and ``apply_gradients`` on the last; the CSX backend traces
+``train_step`` over the step's buffered micro-batches into one static graph. A backend supplies only the
+primitives, as a ``PrecisionOps``.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from .run import Run
+
+
+class PrecisionOps(Protocol):
+    """What a backend's precision policy does inside a step."""
+
+    def autocast(self) -> AbstractContextManager:
+        """The context the forward pass runs in (autocast to a half precision, or nothing)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``backward`` of ``loss`` times the loss scale (if any)."""
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> Any:
+        """Divide the gradients by the loss scale; returns what ``optimizer_step`` needs to skip an
+        overflowing step (``None`` when the policy tracks that itself)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, skip: Any) -> None:
+        """``optimizer.step()``, skipped when ``skip`` (or the policy) says the gradients overflowed."""
+
+    def update(self) -> None:
+        """Adjust a dynamic loss scale after the step."""
+
+
+def model_outputs(out: Any) -> dict:
+    """The model contract: a loss tensor, or a dict with ``loss``."""
+    if isinstance(out, torch.Tensor):
+        return {"loss": out}
+    if isinstance(out, dict) and "loss" in out:
+        return out
+    raise TypeError("model.forward(batch) must return the loss tensor or a dict with a 'loss' key, "
+                    f"got {type(out).__name__}" + (f" with keys {sorted(out)}" if isinstance(out, dict) else ""))
+
+
+def detached(outputs: dict) -> dict:
+    """``outputs`` with every tensor detached (what hooks and the loop receive)."""
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+
+
+def micro_batch(run: Run, ops: PrecisionOps, module: torch.nn.Module, batch: Any, accum: int) -> dict:
+    """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs."""
+    with ops.autocast():
+        outputs = model_outputs(module(batch))
+    loss = outputs["loss"]
+    run.hooks.on_before_backward(run=run, loss=loss)
+    ops.backward(loss / accum if accum > 1 else loss)
+    run.hooks.on_after_backward(run=run)
+    return outputs
+
+
+def apply_gradients(run: Run, ops: PrecisionOps, max_grad_norm: float | None) -> None:
+    """The end of a step: unscale, ``on_before_optimizer_step``, clip, optimizer step, scale update,
+    ``zero_grad``."""
+    optimizer = run.optimizer
+    skip = ops.unscale(optimizer)
+    run.hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_grad_norm)
+    ops.optimizer_step(optimizer, skip)
+    ops.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def train_step(run: Run, ops: PrecisionOps, module: torch.nn.Module, batches: Iterable[Any],
+               max_grad_norm: float | None) -> dict:
+    """A whole step over its micro-batches at once; returns the outputs of the last one (detached)."""
+    batches = list(batches)
+    outputs: dict = {}
+    for batch in batches:
+        outputs = micro_batch(run, ops, module, batch, len(batches))
+    apply_gradients(run, ops, max_grad_norm)
+    return detached(outputs)

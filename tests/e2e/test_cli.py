@@ -1,0 +1,239 @@
+"""The command line: the headline commands, refused runs (exit status, the key
+named, no traceback, nothing written), entry-point plugins, ``--cfg job``, multirun, ``mode=check`` and
+what reaches the console."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+import fixtures
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs", "loop.eval_steps=2"]
+
+
+def cli(*overrides, env, flags=(), cwd=None, timeout=180, tiny=True):
+    """``python -m csframework [flags] [tiny config] overrides`` (Hydra wants flags such as ``-m`` first)."""
+    cmd = [sys.executable, "-m", "csframework", *flags, *(TINY if tiny else []), *overrides]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_nothing_written(run_dir: Path):
+    for name in ("checkpoints", "metrics.csv", "summary.json", "events.jsonl"):
+        assert not (run_dir / name).exists(), f"{name} was written"
+
+
+# -- 2. the headline command -----------------------------------------------------------------------------------
+def test_headline_csx_command_checks(tmp_path, cli_env):
+    run_dir = tmp_path / "run"
+    r = cli("device=csx", "backend.retrace_every_iteration=true", "mode=check", f"hydra.run.dir={run_dir}",
+            env=cli_env, cwd=tmp_path, tiny=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "check passed: device CSX" in r.stdout
+    assert_nothing_written(run_dir)
+
+
+# -- 3, 4. refused runs --------------------------------------------------------------------------------------------
+def test_device_and_backend_together_are_refused_naming_both(tmp_path, cli_env):
+    run_dir = tmp_path / "run"
+    r = cli("device=gpu", "backend=csx", "loop.max_steps=3", f"hydra.run.dir={run_dir}", env=cli_env)
+    assert r.returncode == 2, r.stderr
+    assert "device, backend: both choose the device (device=gpu, backend=csx)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert_nothing_written(run_dir)
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["backend.compile_only=true"], "backend.compile_only: only CSX understands it"),
+    (["optimizer.lr=abc"], "csframework: error: optimizer.lr: Value 'abc' of type 'str' could not be converted"),
+    (["loop.max_stepz=5"], "csframework: error: loop.max_stepz: Key 'max_stepz' not in 'LoopConfig'"),
+    (["precision=fp8"], "csframework: error: precision: no option 'fp8' in config group 'precision'"),
+    (["+stages.a.loop.max_steps=2", "+stages.b.device=csx"],
+     "stages.b.device: CSX differs from the run's device CPU"),
+], ids=["compile_only-on-cpu", "lr-not-a-number", "unknown-key", "no-such-precision", "stage-device"])
+def test_bad_runs_exit_2_naming_the_key_without_traceback(tmp_path, cli_env, overrides, line):
+    run_dir = tmp_path / "run"
+    r = cli("loop.max_steps=3", *overrides, f"hydra.run.dir={run_dir}", env=cli_env)
+    assert r.returncode == 2, r.stderr
+    assert line in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    assert_nothing_written(run_dir)
+
+
+# -- 5. plugins from the command line -------------------------------------------------------------------------------
+PLUGIN = '''
+import os
+from csframework import hookimpl
+
+@hookimpl
+def on_train_batch_end(run, batch_idx):
+    with open(os.environ["STEP_COUNTER_FILE"], "a") as f:
+        f.write(f"{run.global_step}\\n")
+'''
+
+
+def install_entry_point_plugin(site: Path, name: str = "step_counter") -> None:
+    """A distribution as pip would leave it: a module and ``<name>-0.1.dist-info`` with an entry point."""
+    (site / f"{name}_plugin.py").write_text(PLUGIN)
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[csframework.plugins]\n{name} = {name}_plugin\n")
+
+
+def test_an_entry_point_plugin_is_discovered_and_can_be_disabled(tmp_path, cli_env):
+    site = tmp_path / "site"
+    site.mkdir()
+    install_entry_point_plugin(site)
+    counter = tmp_path / "calls.txt"
+    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", STEP_COUNTER_FILE=str(counter))
+
+    r = cli("loop.max_steps=7", f"hydra.run.dir={tmp_path / 'on'}", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert counter.read_text().split() == [str(s) for s in range(1, 8)]  # once per step
+
+    counter.unlink()
+    r = cli("loop.max_steps=7", "plugins.disable=[step_counter]", f"hydra.run.dir={tmp_path / 'off'}", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not counter.exists()
+    assert json.loads((tmp_path / "off" / "summary.json").read_text())["global_step"] == 7
+
+
+def test_a_broken_entry_point_plugin_is_named(tmp_path, cli_env):
+    site = tmp_path / "site"
+    site.mkdir()
+    install_entry_point_plugin(site, "broken")
+    (site / "broken_plugin.py").write_text("raise ImportError('missing dependency foo')\n")
+    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}")
+    r = cli("loop.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}", env=env)
+    assert r.returncode != 0
+    assert "plugin 'broken' failed: ImportError: missing dependency foo" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_plugin_module_that_fails_to_import_is_named(tmp_path, cli_env):
+    r = cli("loop.max_steps=2", "plugins.enable=[no.such.module]", f"hydra.run.dir={tmp_path / 'run'}",
+            env=cli_env)
+    assert r.returncode != 0
+    assert "plugin 'no.such.module' failed: ModuleNotFoundError" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert_nothing_written(tmp_path / "run")
+
+
+def test_a_plugin_raising_in_a_hook_fails_the_run_with_its_name(tmp_path, cli_env):
+    (tmp_path / "exploding.py").write_text(textwrap.dedent('''
+        from pathlib import Path
+        from csframework import hookimpl
+
+        @hookimpl
+        def on_eval_end(run, metrics):
+            raise ValueError("cannot handle " + ", ".join(sorted(metrics)))
+
+        @hookimpl
+        def on_exception(run, error):
+            (Path(run.output_dir) / "on_exception.txt").write_text(type(error).__name__)
+    '''))
+    env = dict(cli_env, PYTHONPATH=f"{tmp_path}:{cli_env['PYTHONPATH']}")
+    run_dir = tmp_path / "run"
+    r = cli("loop.max_steps=4", "loop.eval_every=2", "checkpoint.every_steps=1", "plugins.enable=[exploding]",
+            f"hydra.run.dir={run_dir}", env=env)
+    assert r.returncode == 1
+    assert ("csframework: error: plugin 'exploding' in hook 'on_eval_end' failed: "
+            "ValueError: cannot handle val/accuracy, val/loss") in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert (run_dir / "on_exception.txt").read_text() == "PluginError"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["global_step"] == 2
+    # the evaluation at step 2 failed before step 2's checkpoint: step 1's is the last, intact
+    index = json.loads((run_dir / "checkpoints" / "index.json").read_text())
+    assert index["checkpoints"][-1] == "step-00000001"
+
+
+# -- 8. the config on the command line -------------------------------------------------------------------------------
+def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path, cli_env):
+    r = cli("optimizer=sgd", "optimizer.lr=0.25", "loop.max_steps=42", flags=["--cfg", "job"],
+            env=cli_env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["optimizer"]["name"] == "sgd" and cfg["optimizer"]["lr"] == 0.25
+    assert cfg["loop"]["max_steps"] == 42 and cfg["model"]["_target_"] == "csframework.models.Supervised"
+    assert cfg["device"]["type"] == "CPU" and cfg["backend"]["type"] == "CPU"
+    assert "hydra" not in cfg
+    assert list(tmp_path.iterdir()) == []  # no run directory
+
+
+def test_check_mode_from_the_cli_trains_nothing(tmp_path, cli_env):
+    run_dir = tmp_path / "run"
+    r = cli("mode=check", f"hydra.run.dir={run_dir}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "check passed: device CPU, stages main" in r.stdout
+    assert_nothing_written(run_dir)
+
+
+def test_validate_mode_evaluates_a_trained_run_s_checkpoint(tmp_path, cli_env):
+    trained = tmp_path / "trained"
+    r = cli("loop.max_steps=6", "loop.eval_every=3", f"hydra.run.dir={trained}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    final = json.loads((trained / "summary.json").read_text())["metrics"]["val/loss"]
+
+    run_dir = tmp_path / "validate"
+    r = cli("mode=validate", f"checkpoint.resume={trained}", f"hydra.run.dir={run_dir}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stderr and "val/loss=" in r.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 6
+    assert summary["metrics"]["val/loss"] == pytest.approx(final, rel=1e-6)  # the trained weights, evaluated
+    assert not (run_dir / "checkpoints").exists()  # evaluating writes no checkpoint
+
+    r = cli("mode=validate", f"hydra.run.dir={tmp_path / 'fresh'}", env=cli_env)  # nothing to restore
+    assert r.returncode == 0 and "validating_initial_weights" in r.stderr and "checkpoint.resume=" in r.stderr
+
+
+def test_multirun_runs_one_job_per_choice(tmp_path, cli_env):
+    sweep = tmp_path / "sweep"
+    r = cli("optimizer=sgd,adamw", "loop.max_steps=3", f"hydra.sweep.dir={sweep}", flags=["-m"], env=cli_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job, optimizer in zip(jobs, ["sgd", "adamw"]):
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["global_step"] == 3
+        assert yaml.safe_load((job / ".hydra" / "config.yaml").read_text())["optimizer"]["name"] == optimizer
+    assert len((sweep / "sweep.csv").read_text().splitlines()) == 3
+
+
+# -- logging --------------------------------------------------------------------------------------------------------
+def test_console_shows_each_event_once(tmp_path, cli_env):
+    run_dir = tmp_path / "run"
+    r = cli("loop.max_steps=6", "loop.log_every=2", "loop.eval_every=3", f"hydra.run.dir={run_dir}", env=cli_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [line.split(" ", 1)[-1] for line in r.stderr.splitlines() if line.strip()]  # drop the timestamp
+    assert lines, "nothing on stderr"
+    assert len(lines) == len(set(lines)), "a line appears twice:\n" + r.stderr
+    assert sum("fit_start" in line for line in lines) == 1
+    assert sum(" train " in f" {line} " for line in lines) == 3  # steps 2, 4, 6
+    assert not list(run_dir.glob("*.log"))  # Hydra's job log is off: the run logs through structlog
+    events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert {e["event"] for e in events} >= {"fit_start", "metrics", "checkpoint_saved", "fit_end"}
+    assert all({"run_id", "stage", "step"} <= set(e) for e in events)
+
+
+def test_importing_and_running_configures_no_logging(tmp_path, cli_env):
+    script = textwrap.dedent(f'''
+        import logging, structlog
+        root = logging.getLogger()
+        before = (list(root.handlers), root.level, structlog.is_configured())
+        import csframework as csf, fixtures
+        assert (list(root.handlers), root.level, structlog.is_configured()) == before, "import"
+        csf.Run(fixtures.compose("loop.max_steps=2"), output_dir={str(tmp_path / "run")!r}).fit()
+        assert (list(root.handlers), root.level, structlog.is_configured()) == before, "run"
+        assert not structlog.is_configured()
+        print("ok")
+    ''')
+    r = subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

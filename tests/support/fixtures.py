@@ -1,0 +1,80 @@
+"""Small models, datasets and plugins for tests (importable as ``fixtures``; CLI tests put tests/ on
+PYTHONPATH)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import csframework as csf
+
+
+class Blobs(Dataset):
+    """A deterministic classification set: ``n`` points in ``dim`` dimensions around ``classes`` centres."""
+
+    def __init__(self, n: int = 256, dim: int = 8, classes: int = 4, seed: int = 0, noise: float = 0.5):
+        g = torch.Generator().manual_seed(seed)
+        centres = torch.randn(classes, dim, generator=torch.Generator().manual_seed(1234)) * 2
+        self.y = torch.randint(0, classes, (n,), generator=g)
+        self.x = centres[self.y] + noise * torch.randn(n, dim, generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def mlp(dim: int = 8, hidden: int = 16, classes: int = 4, dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes))
+
+
+#: The test config directory (``compose(..., config_dir=CONF)``, ``--config-dir``) and overrides for a fast
+#: run on the Blobs set with a small MLP (add loop.max_steps etc. as needed).
+CONF = str(Path(__file__).parent / "conf")
+#: Where subprocesses find the test helpers and the test modules (models named by ``_target_``).
+TEST_PATHS = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "unit"), str(Path(__file__).parents[1] / "e2e")]
+
+
+def pythonpath(*first: str) -> str:
+    """``PYTHONPATH`` for a ``python -m csframework`` subprocess: ``first``, the test paths, then the caller's."""
+    return os.pathsep.join([*first, *TEST_PATHS, os.environ.get("PYTHONPATH", "")])
+TINY = ["model=blobs_mlp", "data=blobs", "loop.max_steps=8", "loop.eval_every=null", "loop.eval_steps=null",
+        "loop.log_every=2", "optimizer=sgd", "optimizer.lr=0.1"]
+
+
+def compose(*overrides: str):
+    """``csf.compose`` of the tiny run plus ``overrides``."""
+    return csf.compose(TINY + list(overrides), config_dir=CONF)
+
+
+class Recorder:
+    """Records every hook call by name (and the global step when it ran)."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, hook):  # pragma: no cover - pluggy looks hooks up by attribute
+        raise AttributeError(hook)
+
+
+def _make_recording_hook(hook_name):
+    @csf.hookimpl
+    def hook(self, run):
+        self.calls.append((hook_name, run.global_step))
+
+    hook.__name__ = hook_name
+    return hook
+
+
+for _name in ["on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start",
+              "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_eval_start",
+              "on_eval_end", "on_eval_epoch_start", "on_eval_epoch_end", "on_eval_batch_start",
+              "on_eval_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+              "on_log_metrics", "on_checkpoint_save", "on_checkpoint_load", "on_exception"]:
+    setattr(Recorder, _name, _make_recording_hook(_name))

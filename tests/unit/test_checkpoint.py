@@ -1,0 +1,434 @@
+"""Durability and safety, in process: checkpoints that cannot run code, damaged and incompatible
+checkpoints, non-finite losses, failing plugins and failing writes."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import signal
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import csframework as csf
+from csframework.builtin import checkpoint as ckpt
+from csframework.builtin.checkpoint import (DamagedCheckpoint, list_checkpoints, read_checkpoint,
+                                            write_checkpoint)
+from csframework.signals import Interrupted, stop_on_signals
+from csframework.state import RunState
+
+import fixtures
+
+STEADY = ["optimizer=adamw", "optimizer.lr=0.02", "+model.net.dropout=0.2", "loop.log_every=4"]
+
+
+def fit(tmp_path, *overrides, plugins=()):
+    run = csf.Run(fixtures.compose(*overrides), output_dir=tmp_path, plugins=plugins)
+    return run, run.fit()
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def params(run) -> dict:
+    return {k: v.clone() for k, v in run.model.state_dict().items()}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- format -------------------------------------------------------------------------------------------------
+def test_a_checkpoint_is_data_json_and_yaml_with_checksums(tmp_path):
+    fit(tmp_path, "loop.max_steps=4", "checkpoint.every_steps=2")
+    root = tmp_path / "checkpoints"
+    assert json.loads((root / "index.json").read_text()) == {"checkpoints": ["step-00000002", "step-00000004"]}
+    newest = root / "step-00000004"
+    assert sorted(p.name for p in newest.iterdir()) == ["config.yaml", "meta.json", "state.pt"]
+    meta = json.loads((newest / "meta.json").read_text())
+    assert set(meta["files"]) == {"state.pt", "config.yaml"}
+    assert meta["files"]["state.pt"]["bytes"] == (newest / "state.pt").stat().st_size
+    assert "max_steps: 4" in (newest / "config.yaml").read_text()  # the composed config, as YAML
+    # every tensor is loadable with weights_only=True: no pickled objects in the file
+    state = torch.load(newest / "state.pt", weights_only=True)
+    assert state["loop"]["global_step"] == 4 and isinstance(state["rng"]["numpy"], torch.Tensor)
+    assert not list(root.glob(".tmp-*"))
+
+
+def _crafted(path: Path, marker: Path, as_zip: bool) -> None:
+    """A checkpoint directory whose state.pt runs ``touch marker`` when unpickled, with matching checksums
+    (so it is the loader, not the checksum, that must refuse it)."""
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path.mkdir(parents=True)
+    payload = {"model": Exploit(), "version": 1}
+    if as_zip:
+        torch.save(payload, path / "state.pt")
+    else:
+        (path / "state.pt").write_bytes(pickle.dumps(payload, protocol=2))
+    files = {"state.pt": {"bytes": (path / "state.pt").stat().st_size, "crc32": ckpt.file_crc32(path / "state.pt")},
+             "config.yaml": {"bytes": 0, "crc32": "00000000"}}
+    (path / "config.yaml").write_text("")
+    (path / "meta.json").write_text(json.dumps({"global_step": 3, "files": files, "format": ckpt.FORMAT}))
+
+
+@pytest.mark.parametrize("as_zip", [True, False], ids=["torch.save", "plain-pickle"])
+def test_a_checkpoint_crafted_to_run_code_is_refused_and_runs_nothing(tmp_path, as_zip):
+    marker = tmp_path / "pwned"
+    crafted = tmp_path / "evil" / "step-00000003"
+    _crafted(crafted, marker, as_zip)
+    with pytest.raises(DamagedCheckpoint, match="refused to load"):
+        read_checkpoint(crafted)
+    assert not marker.exists()
+    # through a run: an explicit path is refused naming it; auto skips it and starts from scratch
+    with pytest.raises(csf.CsfError, match=re.escape(f"checkpoint.resume: checkpoint {crafted}: refused to load")):
+        fit(tmp_path / "run", "loop.max_steps=2", f"checkpoint.resume={crafted}")
+    assert not marker.exists()
+    run_dir = tmp_path / "auto"
+    _crafted(run_dir / "checkpoints" / "step-00000003", marker, as_zip)
+    run, summary = fit(run_dir, "loop.max_steps=2", "checkpoint.resume=auto")
+    assert summary["status"] == "completed" and not marker.exists()
+    assert any(e["event"] == "checkpoint_damaged" for e in events(run_dir))
+
+
+# -- damaged checkpoints ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no-meta", "no-state"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path, damage):
+    straight, _ = fit(tmp_path / "straight", "loop.max_steps=12", *STEADY)
+    run_dir = tmp_path / "run"
+    fit(run_dir, "loop.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=3", *STEADY)
+    newest = run_dir / "checkpoints" / "step-00000008"
+    state_file = newest / "state.pt"
+    if damage == "truncate":
+        data = state_file.read_bytes()
+        state_file.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        data = bytearray(state_file.read_bytes())
+        data[len(data) * 3 // 4] ^= 0x01  # one bit inside tensor data: same size, zip still valid
+        state_file.write_bytes(bytes(data))
+    elif damage == "no-meta":
+        (newest / "meta.json").unlink()
+    else:
+        state_file.unlink()
+    with pytest.raises(DamagedCheckpoint, match=str(newest)):
+        read_checkpoint(newest)
+
+    resumed, summary = fit(run_dir, "loop.max_steps=12", "checkpoint.resume=auto", *STEADY)
+    log = events(run_dir)
+    warning = next(e for e in log if e["event"] == "checkpoint_damaged")
+    assert warning["path"] == str(newest) and warning["level"] == "warning"
+    assert next(e for e in log if e["event"] == "resumed")["path"] == str(run_dir / "checkpoints" / "step-00000006")
+    assert summary["status"] == "completed" and summary["global_step"] == 12
+    assert same(params(straight), params(resumed))
+
+
+def test_an_explicit_resume_path_that_is_damaged_or_missing_is_refused(tmp_path):
+    fit(tmp_path / "a", "loop.max_steps=2", "checkpoint.every_steps=1")
+    newest = tmp_path / "a" / "checkpoints" / "step-00000002"
+    (newest / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(csf.CsfError, match=re.escape(f"checkpoint.resume: checkpoint {newest}: state.pt has 7 bytes")):
+        fit(tmp_path / "b", "loop.max_steps=3", f"checkpoint.resume={newest}")
+    missing = tmp_path / "nowhere" / "step-00000001"
+    with pytest.raises(csf.ValidationError, match=re.escape(f"checkpoint.resume: no checkpoint at '{missing}'")):
+        csf.Run(fixtures.compose("loop.max_steps=3", f"checkpoint.resume={missing}"), output_dir=tmp_path / "c")
+
+
+def test_resume_from_another_run_directory_takes_its_newest_good_checkpoint(tmp_path):
+    first, _ = fit(tmp_path / "a", "loop.max_steps=4", "checkpoint.every_steps=2", *STEADY)
+    run, summary = fit(tmp_path / "b", "loop.max_steps=6", f"checkpoint.resume={tmp_path / 'a'}", *STEADY)
+    assert next(e for e in events(tmp_path / "b") if e["event"] == "resumed")["step"] == 4
+    assert summary["global_step"] == 6
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_mismatch(tmp_path):
+    fit(tmp_path, "loop.max_steps=2")
+    with pytest.raises(csf.PluginError) as info:
+        fit(tmp_path, "loop.max_steps=4", "model.net.hidden=32", "checkpoint.resume=auto")
+    message = str(info.value)
+    assert "net.0.weight is [16, 8] in the checkpoint, [32, 8] in the model" in message
+    assert "model.net.hidden is 16 in the checkpoint, 32 now" in message
+    assert str(tmp_path / "checkpoints" / "step-00000002") in message
+    assert info.value.exit_code == 2
+    with pytest.raises(csf.PluginError, match="optimizer.name: its state is SGD's, this run uses AdamW"):
+        fit(tmp_path, "loop.max_steps=4", "optimizer=adamw", "checkpoint.resume=auto")
+
+
+def test_plugin_state_and_metrics_come_back_on_resume(tmp_path):
+    class Counter:
+        name = "counter"
+
+        def __init__(self):
+            self.count, self.loaded, self.metrics_at_load = 0, None, None
+
+        @csf.hookimpl
+        def on_train_batch_end(self):
+            self.count += 1
+
+        @csf.hookimpl
+        def on_checkpoint_save(self, state):
+            state["counter"] = {"count": self.count}
+
+        @csf.hookimpl
+        def on_checkpoint_load(self, run, state):
+            self.metrics_at_load = dict(run.metrics)
+            self.loaded = state["counter"]
+            self.count = state["counter"]["count"]
+
+    fit(tmp_path, "loop.max_steps=4", plugins=[Counter()])
+    again = Counter()
+    run, summary = fit(tmp_path, "loop.max_steps=6", "checkpoint.resume=auto", plugins=[again])
+    assert again.loaded == {"count": 4} and again.count == 6
+    assert "train/loss" in again.metrics_at_load  # the metrics of the checkpoint, before any new step
+
+
+# -- non-finite loss ----------------------------------------------------------------------------------------
+NAN_MODEL = ["model._target_=durability_plugin.NanAt", "+model.step=7", "~model.net", "~model.loss"]
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_a_nan_loss_stops_the_run_naming_the_step_and_no_checkpoint_holds_it(tmp_path, every):
+    with pytest.raises(csf.NonFiniteLossError, match="the loss is nan at step 7"):
+        fit(tmp_path, "loop.max_steps=12", "loop.log_every=10", f"checkpoint.every_steps={every}", *NAN_MODEL)
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    state, meta = read_checkpoint(newest)
+    assert meta["global_step"] == (6 if every == 1 else 5) < 7
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "step 7" in summary["error"]
+
+
+@pytest.mark.slow
+def test_a_nan_loss_through_the_cli_is_one_line_naming_the_step(tmp_path, cli_env):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "csframework", "--config-dir", fixtures.CONF, *fixtures.TINY,
+                        "loop.max_steps=12", "checkpoint.every_steps=3", *NAN_MODEL, f"hydra.run.dir={tmp_path}"],
+                       env=cli_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "csframework: error: the loss is nan at step 7" in r.stderr and "Traceback" not in r.stderr
+    assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step-00000006"
+
+
+def test_non_finite_parameters_are_never_checkpointed(tmp_path):
+    class Blowup:
+        name = "blowup"
+
+        @csf.hookimpl
+        def on_before_optimizer_step(self, run, optimizer):
+            if run.global_step == 4:  # during step 5: the loss is finite, the update is not
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        p.grad.fill_(float("inf"))
+
+    with pytest.raises(csf.NonFiniteLossError, match=r"parameter net\.\d\.weight is not finite after step 5"):
+        fit(tmp_path, "loop.max_steps=8", "checkpoint.every_steps=1", "loop.log_every=100", plugins=[Blowup()])
+    assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step-00000004"
+
+
+def test_dynamic_loss_scaling_skips_non_finite_steps_then_stops_at_min_scale(tmp_path):
+    # float16 on CPU with dynamic scaling: steps 7.. are NaN and skipped; the scale halves from 8 each time
+    with pytest.raises(csf.NonFiniteLossError, match=r"loss scale fell to 0.5, below precision.min_scale=1, by step 10"):
+        fit(tmp_path, "precision=float16", "precision.init_scale=8", "loop.max_steps=20", "loop.log_every=5",
+            "checkpoint.every_steps=2", *NAN_MODEL)
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    state, meta = read_checkpoint(newest)
+    assert meta["global_step"] == 8  # skipped steps left the parameters finite
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert state["backend"]["precision"]["scale"] == 2.0
+
+
+def test_dynamic_loss_scaling_skips_a_single_non_finite_step_and_goes_on(tmp_path):
+    run, summary = fit(tmp_path, "precision=float16", "precision.init_scale=8", "loop.max_steps=10",
+                       "loop.log_every=5", "checkpoint.every_steps=1", "model._target_=durability_plugin.NanAt",
+                       "+model.step=4", "+model.once=true", "~model.net", "~model.loss")
+    assert summary["status"] == "completed" and summary["global_step"] == 10
+    assert run.backend.loss_scale() == 4.0  # halved once
+    assert summary["metrics"]["train/loss"] == summary["metrics"]["train/loss"]  # the skipped step left out
+    state, _ = read_checkpoint(list_checkpoints(tmp_path / "checkpoints")[-1])
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+# -- failing plugins and writes -----------------------------------------------------------------------------
+class Recorder:
+    name = "watcher"
+
+    def __init__(self):
+        self.errors = []
+
+    @csf.hookimpl
+    def on_exception(self, run, error):
+        self.errors.append(error)
+
+
+def test_a_plugin_failing_in_a_hook_is_named_and_the_last_checkpoint_is_intact(tmp_path):
+    class Faulty:
+        name = "faulty"
+
+        @csf.hookimpl
+        def on_checkpoint_save(self, run, state):
+            if run.global_step == 6:
+                raise RuntimeError("disk quota of the plugin")
+
+    watcher = Recorder()
+    with pytest.raises(csf.PluginError, match="plugin 'faulty' in hook 'on_checkpoint_save' failed: "
+                                              "RuntimeError: disk quota of the plugin"):
+        fit(tmp_path, "loop.max_steps=8", "checkpoint.every_steps=2", plugins=[Faulty(), watcher])
+    assert len(watcher.errors) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "faulty" in summary["error"]
+    root = tmp_path / "checkpoints"
+    assert [p.name for p in list_checkpoints(root)] == ["step-00000002", "step-00000004"]
+    read_checkpoint(root / "step-00000004")
+    assert sorted(p.name for p in root.iterdir()) == ["index.json", "step-00000002", "step-00000004"]
+
+
+def test_a_failed_checkpoint_write_is_reported_and_leaves_the_previous_intact(tmp_path, monkeypatch):
+    class FullFile:  # a file on a disk that fills up after 1000 bytes
+        def __init__(self, f):
+            self.f, self.size = f, 0
+
+        def write(self, data):
+            if self.size + len(data) > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.size += len(data)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    real_open = open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        return FullFile(f) if str(path).endswith("state.pt") and "w" in mode else f
+
+    class FillDiskAtStep6:
+        name = "filler"
+
+        @csf.hookimpl
+        def on_checkpoint_save(self, run):
+            if run.global_step == 6:
+                monkeypatch.setattr(ckpt, "open", full_open, raising=False)
+
+    watcher = Recorder()
+    with pytest.raises(csf.PluginError) as info:
+        fit(tmp_path, "loop.max_steps=8", "checkpoint.every_steps=2", plugins=[FillDiskAtStep6(), watcher])
+    root = tmp_path / "checkpoints"
+    assert (f"checkpoint: could not write {root / 'step-00000006'} (No space left on device); the previous "
+            "checkpoints are intact") in str(info.value)
+    assert watcher.errors and json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    assert sorted(p.name for p in root.iterdir()) == ["index.json", "step-00000002", "step-00000004"]
+    read_checkpoint(root / "step-00000004")
+
+
+def test_a_large_checkpoint_synced_in_the_background_reads_back_and_reports_a_sync_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt, "_SYNC_EVERY", 1 << 16)  # a background fdatasync every 64 KiB
+    synced = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(ckpt.os, "fdatasync", lambda fd: synced.append(fd) or real_fdatasync(fd))
+    state = {"model": {f"w{i}": torch.randn(64, 64) for i in range(20)}}  # 20 records of 16 KiB
+    root = tmp_path / "checkpoints"
+    write_checkpoint(root, "step-1", state, {"global_step": 1}, "a: 1\n")
+    assert synced  # the background thread ran
+    loaded, _ = read_checkpoint(root / "step-1")
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
+
+    def failing(fd):  # the disk reports an I/O error to the background sync only
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ckpt.os, "fdatasync", failing)
+    with pytest.raises(ckpt.CheckpointWriteError, match="step-2 .Input/output error"):
+        write_checkpoint(root, "step-2", state, {"global_step": 2}, "a: 1\n")
+    assert sorted(p.name for p in root.iterdir()) == ["step-1"]
+
+
+def test_write_checkpoint_replaces_a_same_step_checkpoint_whole(tmp_path):
+    root = tmp_path / "checkpoints"
+    write_checkpoint(root, "step-1", {"model": {"w": torch.zeros(2)}}, {"global_step": 1}, "a: 1\n")
+    write_checkpoint(root, "step-1", {"model": {"w": torch.ones(2)}}, {"global_step": 1}, "a: 2\n")
+    state, _ = read_checkpoint(root / "step-1")
+    assert torch.equal(state["model"]["w"], torch.ones(2))
+    assert sorted(p.name for p in root.iterdir()) == ["step-1"]
+
+
+# -- signals, in process ------------------------------------------------------------------------------------
+def test_sigterm_in_process_stops_after_the_step_and_handlers_are_restored(tmp_path):
+    class Term:
+        name = "term"
+
+        @csf.hookimpl
+        def on_train_batch_start(self, run):
+            if run.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    run = csf.Run(fixtures.compose("loop.max_steps=8"), output_dir=tmp_path, plugins=[Term()])
+    with pytest.raises(Interrupted) as info:
+        run.fit()
+    assert info.value.exit_code == 143 and info.value.step == 4
+    assert isinstance(info.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert run.status == "interrupted"
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    assert list_checkpoints(tmp_path / "checkpoints")[-1].name == "step-00000004"
+
+
+def test_signal_handlers_are_left_alone_outside_the_main_thread():
+    import threading
+
+    seen = []
+
+    def body():
+        with stop_on_signals(RunState()):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [signal.getsignal(signal.SIGTERM)]
+
+
+# -- bounded memory -----------------------------------------------------------------------------------------
+def test_nothing_per_step_accumulates_in_the_run(tmp_path):
+    run, _ = fit(tmp_path, "loop.max_steps=40", "loop.log_every=5", "checkpoint.every_steps=10")
+    assert all(len(v) == 0 for v in run.state.pending.values())
+    assert len(run.metrics) < 20
+    assert len(list_checkpoints(tmp_path / "checkpoints")) == 2
+
+
+# -- multi-stage resume -------------------------------------------------------------------------------------
+STAGES = "+stages={warm:{optimizer:{lr:0.05},loop:{max_steps:5}},main:{optimizer:{lr:0.01},loop:{max_steps:7}}}"
+
+
+@pytest.mark.parametrize("crash_at", [3, 5, 9])  # inside the first stage, at its end, inside the second
+def test_a_crash_in_any_stage_resumes_to_the_uninterrupted_result(tmp_path, crash_at):
+    class Crash:
+        name = "crash"
+
+        @csf.hookimpl
+        def on_train_batch_end(self, run):
+            if run.global_step == crash_at:
+                raise RuntimeError("preempted")
+
+    straight, summary = fit(tmp_path / "straight", STAGES, *STEADY)
+    assert summary["global_step"] == 12 and summary["stage"] == "main"
+    run_dir = tmp_path / "run"
+    with pytest.raises(csf.PluginError, match="preempted"):
+        fit(run_dir, STAGES, "checkpoint.every_steps=2", "checkpoint.resume=auto", *STEADY, plugins=[Crash()])
+    resumed, summary = fit(run_dir, STAGES, "checkpoint.every_steps=2", "checkpoint.resume=auto", *STEADY)
+    assert summary["status"] == "completed" and summary["global_step"] == 12
+    assert same(params(straight), params(resumed))

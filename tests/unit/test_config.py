@@ -1,0 +1,78 @@
+"""Composition without plugins: ``csframework.config`` takes the backend schemas and config paths as
+arguments, and types ``backend`` with the schema of its device type."""
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from csframework.backends.csx.schema import CsxConfig
+from csframework.backends.eager import CpuConfig, GpuConfig
+from csframework.config import compose, register_config_files, stage_config
+from csframework.errors import ConfigError, ValidationError
+
+BACKENDS = {"CPU": CpuConfig, "GPU": GpuConfig, "CSX": CsxConfig}
+CSX_CONF = ["pkg://csframework.backends.csx.conf"]
+
+
+def test_the_schemas_import_without_the_plugin_system():
+    code = ("import csframework.config, sys; "
+            "assert not {'csframework.plugins', 'csframework.builtin', 'csframework.run'} & set(sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_backend_is_typed_by_its_device_types_schema():
+    cfg = compose(["device=csx", "backend.num_csx=2"], backends=BACKENDS, config_files=CSX_CONF)
+    assert isinstance(cfg.backend, CsxConfig) and cfg.backend.num_csx == 2
+    assert isinstance(compose([], backends=BACKENDS).backend, CpuConfig)
+
+
+def test_a_device_type_nobody_supplies_is_refused_naming_the_known_ones():
+    with pytest.raises(ValidationError, match="backend.type: 'CSX' is not a device type; use CPU, GPU"):
+        compose(["device=csx"], backends={"CPU": CpuConfig, "GPU": GpuConfig}, config_files=CSX_CONF)
+
+
+def test_a_setting_of_another_backend_names_its_owner_and_an_unknown_one_the_settings():
+    with pytest.raises(ValidationError) as e:
+        compose(["backend.compile_only=true", "+backend.turbo=1"], backends=BACKENDS)
+    assert e.value.problems == [
+        "backend.compile_only: only CSX understands it, and this run's device is CPU; remove it or use device=csx",
+        "backend.turbo: the CPU backend has no such setting (its settings: strategy, threads)"]
+    with pytest.raises(ConfigError, match="backend.num_csx: Value 'x' of type 'str' could not be converted"):
+        compose(["device=csx", "backend.num_csx=x"], backends=BACKENDS, config_files=CSX_CONF)
+
+
+def test_a_new_backend_schema_is_all_composition_needs():
+    @dataclass
+    class Other:
+        type: str = "CPU"
+        knob: int = 3
+
+    cfg = compose(["+backend.knob=4", "~backend.strategy", "~backend.threads"], backends={"CPU": Other})
+    assert cfg.backend == Other(knob=4)
+
+
+def test_a_stage_merges_onto_the_typed_backend():
+    cfg = compose(["device=csx", "+stages.a.loop.max_steps=2", "+stages.b.backend.num_csx=2"],
+                  backends=BACKENDS, config_files=CSX_CONF)
+    assert stage_config(cfg, "b", cfg.stages["b"]).backend == CsxConfig(num_csx=2, compile_dir=cfg.backend.compile_dir)
+    with pytest.raises(ConfigError, match="stages.a.backend.strategy"):
+        stage_config(cfg, "a", {"backend": {"strategy": "ddp"}})
+
+
+def test_a_backends_config_files_become_group_options(tmp_path):
+    (tmp_path / "device").mkdir()
+    (tmp_path / "device" / "tiny.yaml").write_text("type: TINY\n")
+    (tmp_path / "backend").mkdir()
+    (tmp_path / "backend" / "tiny.yaml").write_text("type: TINY\nknob: [1\n")
+    with pytest.raises(ConfigError, match="tiny.yaml"):  # a broken file is named
+        register_config_files([f"file://{tmp_path}"])
+    (tmp_path / "backend" / "tiny.yaml").write_text("type: TINY\nknob: 1\n")
+
+    @dataclass
+    class Tiny:
+        type: str = "TINY"
+        knob: int = 0
+
+    cfg = compose(["device=tiny"], backends={"TINY": Tiny}, config_files=[f"file://{tmp_path}"])
+    assert cfg.backend == Tiny(knob=1)

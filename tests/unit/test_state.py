@@ -1,0 +1,44 @@
+"""``RunState``: the loop's position, stop request and pending outputs, written through its methods."""
+import torch
+
+from csframework.state import POSITION, RunState
+
+
+def test_a_step_of_two_micro_batches_advances_the_position_once():
+    state = RunState()
+    assert state.start_batch(2) is False
+    state.end_batch(False)
+    assert (state.micro_step, state.batch_in_epoch, state.global_step) == (1, 1, 0)
+    assert state.start_batch(2) is True
+    state.end_batch(True)
+    assert (state.micro_step, state.batch_in_epoch, state.global_step, state.stage_step) == (2, 2, 1, 1)
+    state.next_epoch()
+    assert (state.epoch, state.batch_in_epoch) == (1, 0)
+    state.enter_stage(1)
+    assert state.position() == dict(global_step=1, stage_index=1, stage_step=0, epoch=0, batch_in_epoch=0,
+                                    micro_step=0)
+
+
+def test_the_position_round_trips():
+    state = RunState(global_step=7, stage_index=1, stage_step=3, epoch=2, batch_in_epoch=5, micro_step=9)
+    other = RunState()
+    other.restore_position(state.position())
+    assert other.position() == state.position() and set(state.position()) == set(POSITION)
+
+
+def test_only_the_first_stop_request_is_recorded():
+    state = RunState()
+    assert state.request_stop(15) is True and state.request_stop(2) is False
+    assert state.stop_signal == 15 and not state.stopping
+    state.stop_after_this_step()
+    assert state.stopping and state.stop_signal == 15
+    state.reset_stop()
+    assert (state.stop_signal, state.stopping) == (None, False)
+
+
+def test_only_scalar_outputs_are_kept_until_the_log():
+    state = RunState()
+    state.add_outputs({"loss": torch.tensor(1.0), "logits": torch.zeros(2, 3), "name": "x"})
+    assert list(state.pending) == ["loss"]
+    state.clear_pending()
+    assert state.pending == {}

@@ -1,0 +1,69 @@
+"""``csframework.step``: the order of hooks and work of one optimizer step, written once."""
+import contextlib
+
+import torch
+
+from csframework import step
+
+
+class Recorder:
+    """Hooks and precision primitives that record what happens, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):  # any hook
+        return lambda **kwargs: self.calls.append(name)
+
+    @contextlib.contextmanager
+    def autocast(self):
+        self.calls.append("autocast")
+        yield
+
+    def backward(self, loss):
+        self.calls.append(f"backward {float(loss.detach()):g}")
+        loss.backward()
+
+    def unscale(self, optimizer):
+        self.calls.append("unscale")
+        return "overflow?"
+
+    def optimizer_step(self, optimizer, skip):
+        self.calls.append(f"optimizer_step {skip}")
+        optimizer.step()
+
+    def update(self):
+        self.calls.append("update")
+
+
+class FakeRun:
+    def __init__(self):
+        self.model = torch.nn.Linear(2, 1, bias=False)
+        torch.nn.init.ones_(self.model.weight)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.hooks = Recorder()
+
+
+def test_a_step_of_two_micro_batches_in_order():
+    run = FakeRun()
+    ops = run.hooks  # one recorder for hooks and primitives: one sequence
+    module = lambda batch: {"loss": run.model(batch).sum(), "n": 1}  # noqa: E731
+    batch = torch.ones(1, 2)
+    outputs = step.train_step(run, ops, module, [batch, batch], max_grad_norm=0.5)
+    assert ops.calls == ["autocast", "on_before_backward", "backward 1", "on_after_backward",
+                         "autocast", "on_before_backward", "backward 1", "on_after_backward",
+                         "unscale", "on_before_optimizer_step", "optimizer_step overflow?", "update"]
+    assert not outputs["loss"].requires_grad and outputs["n"] == 1
+    assert run.model.weight.grad is None  # zero_grad(set_to_none=True)
+    # the accumulated gradient [2, 2] was clipped to norm 0.5 before the SGD step
+    assert torch.allclose(run.model.weight, torch.full((1, 2), 1 - 0.1 * 0.5 / 2 ** 0.5))
+
+
+def test_the_model_contract():
+    assert step.model_outputs(torch.tensor(1.0)).keys() == {"loss"}
+    try:
+        step.model_outputs({"logits": 1})
+    except TypeError as e:
+        assert "dict with a 'loss' key" in str(e) and "['logits']" in str(e)
+    else:
+        raise AssertionError("no TypeError")
