@@ -78,12 +78,16 @@ def forward_signals():
 
 
 def _stop_idle_workers() -> None:
-    """joblib's loky workers outlive the multirun until the interpreter's exit, which waits for them
-    several seconds: stop them now (they are idle; every job has ended)."""
+    """Every job has ended: stop joblib's loky workers now (else the interpreter's exit waits several
+    seconds for them) and leave Ray (a cluster started on the fly stops; its workers' last log lines are
+    printed before the multirun's own last lines)."""
     loky = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(loky, "_executor", None)
     if executor is not None:
         executor.shutdown(wait=True, kill_workers=True)
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def finish() -> int:

@@ -43,3 +43,13 @@ def test_a_row_per_job_replaced_on_rerun_with_the_columns_in_order(tmp_path):
     assert columns(rows) == ["job", "optimizer.lr", "extra", "status", "val/loss", "global_step", "wall_time_s",
                              "run_dir"]
     assert (tmp_path / "sweep.csv").read_text().splitlines()[0] == ",".join(columns(rows))
+
+
+def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    rows = [{"job": 0, "optimizer.lr": 0.1, "status": "completed", "run_dir": str(tmp_path / "0")}]
+    assert write_sweep_plot(tmp_path, rows) is None and not (tmp_path / "sweep.png").exists()
+    assert capsys.readouterr().err == ('csframework: sweep.png needs matplotlib: pip install "csframework[plot]" '
+                                       "(sweep.csv is written without it)\n")
