@@ -103,12 +103,14 @@ def finish() -> int:
     if rows and status < 128:  # interrupted: leave promptly; the table is there, a rerun draws the plot
         write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
     failed = [r for r in rows if r.get("status") == "failed"]
-    lines = [f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {_SWEEP_DIR / TABLE_CSV}):"] if failed else []
+    lines = []
+    if failed:
+        lines.append(f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {_SWEEP_DIR / TABLE_CSV}):")
     for row in failed:
         overrides = [f"{k}={v}" for k, v in row_overrides(row).items()]
         lines.append(f"  - {describe(row['job'], overrides)}: {row['run_dir']}")
     if status >= 128:
-        lines.append(f"csframework: sweep interrupted; run the same command with checkpoint.resume=auto to "
+        lines.append("csframework: sweep interrupted; run the same command with checkpoint.resume=auto to "
                      "continue it")
     sys.stderr.write("".join(line + "\n" for line in lines))
     return status

@@ -108,6 +108,11 @@ def _registered(sweep_dir: Path):
         me.unlink(missing_ok=True)
 
 
+def _point(overrides: dict[str, str]) -> dict[str, str]:
+    """What makes a job the same job on a rerun: its overrides, whether resuming or not aside."""
+    return {k: v for k, v in overrides.items() if k != "checkpoint.resume"}
+
+
 def default_threads(hydra_cfg) -> int | None:
     """Under a parallel launcher on one machine (joblib), each job's share of the cores."""
     n_jobs = hydra_cfg.launcher.get("n_jobs") if "n_jobs" in hydra_cfg.launcher else None
@@ -132,10 +137,10 @@ def run_sweep_job(cfg, run_job) -> float | None:
         return None  # the sweep was stopped before this job started: no row, nothing run
     if str(cfg.checkpoint.resume) == "auto":
         before = next((r for r in read_rows(sweep_dir) if r.get("job") == num), None)
-        if before is not None and row_overrides(before) != override_columns(overrides):
+        if before is not None and _point(row_overrides(before)) != _point(override_columns(overrides)):
+            other = " ".join(f"{k}={v}" for k, v in row_overrides(before).items())
             sys.stderr.write(f"csframework: {describe(num, overrides)} failed: its run directory {run_dir} holds "
-                             f"job {num} of another sweep ({' '.join(f'{k}={v}' for k, v in row_overrides(before).items())});"
-                             " run this sweep in a new hydra.sweep.dir\n")
+                             f"job {num} of another sweep ({other}); run this sweep in a new hydra.sweep.dir\n")
             with open(sweep_dir / REFUSED, "a") as f:  # the multirun exits 1; the other sweep's row stays
                 f.write(f"{num}\n")
             return None
