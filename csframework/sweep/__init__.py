@@ -37,12 +37,29 @@ class SweepCallback(Callback):
         _SWEEP_DIR.mkdir(parents=True, exist_ok=True)
         for mark in (INTERRUPTED, REFUSED):
             (_SWEEP_DIR / mark).unlink(missing_ok=True)
+        for stale in (_SWEEP_DIR / JOBS).glob("*"):  # left by a job killed outright in an earlier run
+            stale.unlink(missing_ok=True)
 
 
 def _job_pids(sweep_dir: Path) -> list[int]:
+    """The processes running a job of this multirun now. Where /proc tells, a pid counts only if that
+    process was started under this multirun (a stale entry's pid may belong to another process now)."""
+    mine = f"{PARENT_ENV}={os.getpid()}".encode()
+    pids = []
     with contextlib.suppress(FileNotFoundError):
-        return [int(p.name) for p in (sweep_dir / JOBS).iterdir() if p.name.isdigit()]
-    return []
+        for entry in (sweep_dir / JOBS).iterdir():
+            if entry.name.isdigit() and entry.name != str(os.getpid()):
+                try:
+                    environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
+                except FileNotFoundError:
+                    if Path("/proc/self").exists():
+                        continue  # no such process any more
+                    environ = [mine]  # no /proc here: trust the entry
+                except OSError:
+                    continue
+                if mine in environ:
+                    pids.append(int(entry.name))
+    return pids
 
 
 @contextlib.contextmanager
@@ -58,9 +75,8 @@ def forward_signals():
         if _SWEEP_DIR is not None:
             mark_interrupted(_SWEEP_DIR, signum)
             for pid in _job_pids(_SWEEP_DIR):
-                if pid != os.getpid():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signum)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
         with contextlib.suppress(OSError):
             if len(received) == 1:
                 os.write(2, f"\ncsframework: {signal_name(signum)}: stopping the sweep; running jobs finish "
@@ -98,6 +114,8 @@ def finish() -> int:
     _stop_idle_workers()
     if _SWEEP_DIR is None:
         return 0
+    with contextlib.suppress(OSError):  # empty now: every job has ended
+        (_SWEEP_DIR / JOBS).rmdir()
     rows = read_rows(_SWEEP_DIR)
     status = exit_status_of(_SWEEP_DIR, rows)
     if rows and status < 128:  # interrupted: leave promptly; the table is there, a rerun draws the plot
