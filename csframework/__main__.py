@@ -2,9 +2,14 @@
 
 Errors csframework raises on purpose (bad config, a rejected run, a failing plugin, a tracing error) are
 printed without a traceback, one line per problem, with the exit status of the error (2 for config and
-validation errors); ``debug=true`` shows the traceback. Before Hydra starts a single run, the overrides
-are composed once here, so a composition error (unknown key, wrong type, missing group option, a broken
-YAML file, an unparsable override) is one line naming the key or file too.
+validation errors); ``debug=true`` shows the traceback. Before Hydra starts, the overrides are composed
+once here (a sweep's: every swept value), so a composition error (unknown key, wrong type, missing group
+option, a broken YAML file, an unparsable override) is one line naming the key or file too.
+
+A rejected run writes nothing: Hydra writes no ``.hydra/`` (``hydra.output_subdir: null``; ``HydraRecord``
+writes it once the run starts), and the run directory, resolved here and handed to Hydra, is removed again
+with the parents this process created for it when nothing was written there (``mode=check``, a refused
+run, a torchrun rank other than 0, which writes into rank 0's directory).
 
 Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
 rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
@@ -18,13 +23,16 @@ import contextlib
 import io
 import os
 import sys
+from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from . import api
-from .config import explicit_groups
-from .errors import CsfError, ValidationError, one_line
+from .config import (check_config_files, compose_dict, describe_error, explicit_groups, resolve_run_dir,
+                     to_run_config, user_config_dirs)
+from .errors import ConfigError, CsfError, ValidationError, one_line
+from .plugins import hookimpl
 
 EXIT_INTERRUPTED = 130
 
@@ -44,26 +52,100 @@ def report_error(error: CsfError) -> None:
     sys.stderr.flush()
 
 
-def precompose(argv: list[str]) -> None:
-    """Compose a single run's config from the command line as Hydra will, raising ``ConfigError`` (one
-    line naming the key or file) if it does not compose. Multirun, help and info modes are left to Hydra,
-    once the user's config files are checked (``check_config_files``)."""
+def precompose(argv: list[str], backends: dict[str, type]) -> Path | None:
+    """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
+    the key or file) if it does not compose: for a single run its config, for a sweep every value of every
+    swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
+    are left to Hydra. ``backends``: each device type's ``backend`` schema (``api.composition()``)."""
     from hydra._internal.utils import get_args_parser
-
-    from .config import check_config_files, user_config_dirs
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             args = get_args_parser().parse_args(argv)
     except SystemExit:  # a usage error, or --version: Hydra reports it
-        return
-    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun
-            or args.experimental_rerun or args.config_path or args.resolve
-            or any(o.startswith("hydra.mode=") for o in args.overrides)):
+        return None
+    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+            or args.experimental_rerun or args.config_path or args.resolve):
         config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
         check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
-        return
-    api.compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
+        return None
+    name = args.config_name or "config"
+    if args.multirun or any(o.startswith("hydra.mode=") for o in args.overrides):
+        check_config_files(user_config_dirs(args.overrides, args.config_dir))
+        if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
+            for job, swept in sweep_samples(args.overrides):
+                try:
+                    to_run_config(compose_dict(job, args.config_dir, name), explicit_groups(job), backends=backends)
+                except ConfigError as e:
+                    raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
+        return None
+    cfg = compose_dict(args.overrides, args.config_dir, name)
+    to_run_config(cfg, explicit_groups(args.overrides), backends=backends)
+    return Path(resolve_run_dir(cfg)).absolute()
+
+
+def sweep_samples(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Jobs of a sweep that together use every value of every swept key (the first job, then one more per
+    further value), as Hydra's basic sweeper spells them: ``(overrides, the swept ones among them)``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_discrete_sweep()
+                   else [f"{o.get_key_element()}={o.get_value_element_as_str()}"]
+                   for o in parsed if not o.is_sweep_override() or o.is_discrete_sweep()]
+    except HydraException as e:
+        raise ConfigError(describe_error(e)) from e
+    first = [values[0] for values in choices]
+    jobs = [first]
+    for i, values in enumerate(choices):
+        jobs += [first[:i] + [value] + first[i + 1:] for value in values[1:]]
+    swept = [i for i, values in enumerate(choices) if len(values) > 1]
+    return [(job, [job[i] for i in swept]) for job in jobs]
+
+
+def new_directories(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def remove_if_empty(directories: list[Path]) -> None:
+    """Remove the directories this process created for a run that then wrote nothing there (a rejected
+    run, ``mode=check``, a rank other than 0); ``rmdir`` refuses any directory that holds something."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+
+
+class HydraRecord:
+    """Writes what Hydra writes into ``.hydra/`` (the composed config, Hydra's config, the overrides) when
+    the run starts writing, under the run directory's lock: ``conf/config.yaml`` sets
+    ``hydra.output_subdir: null`` so that Hydra itself writes nothing for a run that is then refused."""
+
+    name = "hydra_record"
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    @hookimpl(tryfirst=True)
+    def on_fit_start(self, run) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        if run.rank != 0 or hydra_cfg.output_subdir is not None:  # the user asked Hydra to write it: done
+            return
+        record = run.output_dir / ".hydra"
+        record.mkdir(parents=True, exist_ok=True)
+        for name, node in (("config.yaml", self.cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                           ("overrides.yaml", hydra_cfg.overrides.task)):
+            (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
 def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
@@ -71,13 +153,13 @@ def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
     from .run import Run
 
     config = api.to_run_config(cfg, explicit_groups(overrides))
-    run = Run(config)
+    run = Run(config, plugins=[HydraRecord(cfg)])
     mode = config.mode.value
     if mode == "check":
         result = run.check()
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
-    metrics = run.validate() if mode == "validate" else run.fit()["metrics"]
+    metrics = (run.validate() if mode == "validate" else run.fit())["metrics"]
     return metrics.get("val/loss", metrics.get("train/loss"))
 
 
@@ -106,8 +188,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
     try:
-        api.composition()  # the plugins' configs and the backends' config files, into Hydra's ConfigStore
-        precompose(sys.argv[1:])
+        found = api.composition()  # the plugins' configs and the backends' config files, into Hydra's ConfigStore
+        run_dir = precompose(sys.argv[1:], found.schemas)
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise
@@ -120,8 +202,17 @@ def main() -> None:
         with sweep.forward_signals():
             hydra_main()
         sys.exit(sweep.finish())
+    created = []
+    if run_dir is not None:  # Hydra uses exactly this directory; what it creates for nothing is removed
+        created = new_directories(run_dir)
+        quoted = str(run_dir).replace("'", "\\'")
+        sys.argv = [a for a in sys.argv if a.lstrip("+").split("=", 1)[0] != "hydra.run.dir"]
+        sys.argv.append(f"hydra.run.dir='{quoted}'")
     try:
-        hydra_main()
+        try:
+            hydra_main()
+        finally:
+            remove_if_empty(created)
     except SystemExit as e:
         leave_process_group(e.code)
         raise
@@ -138,7 +229,6 @@ def leave_process_group(status) -> None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
     import logging
-    import os
 
     code = status if isinstance(status, int) else (0 if status is None else 1)
     try:

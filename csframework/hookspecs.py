@@ -123,9 +123,10 @@ def csframework_validate(config: RunConfig) -> list[str] | None:
 # -- fit ------------------------------------------------------------------------------------------------
 @hookspec
 def on_fit_start(run: Run) -> None:
-    """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.status`` is ``"running"`` or
-    ``"validating"``), after the model, data and optimizer are built. The built-in checkpoint plugin loads
-    ``checkpoint.resume`` first, so ``run.global_step`` already tells where training resumes.
+    """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.mode`` is ``"fit"`` or ``"validate"``,
+    ``run.status`` ``"running"`` or ``"validating"``), after the model, data and optimizer are built. The
+    built-in checkpoint plugin loads ``checkpoint.resume`` first, so ``run.global_step`` already tells where
+    training resumes.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
     """

@@ -3,7 +3,9 @@
 The loop owns ``run.state`` (``RunState``): it alone advances the position and keeps the per-step outputs.
 The steps themselves are the backend's (``csframework.step``: one sequence for every backend); the loop
 steps the learning-rate schedule after each. The one host-device synchronisation is at ``loop.log_every``
-(and evaluation), where the losses of the last steps are averaged; see ``hookspecs`` for the order of hooks.
+(and evaluation, and before a checkpoint), where the losses of the last steps are averaged; see
+``hookspecs`` for the order of hooks. A loss in host memory (CPU, the CSX emulator) is also checked at
+every step, which costs nothing there, so a run stops at the step whose loss is not finite.
 """
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ def train_stage(run: Run) -> None:
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
     accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
     state.clear_pending()
+    state.last_log = (time.perf_counter(), run.global_step)
     last_eval_step = -1
-    timer = [time.perf_counter(), run.global_step]
     run.module.train()
     hooks.on_train_start(run=run)
     while not _stage_done(run):
@@ -62,8 +64,11 @@ def train_stage(run: Run) -> None:
             if last:
                 run.scheduler.step()
                 state.add_outputs(outputs)
+                loss = outputs.get("loss")
+                if isinstance(loss, torch.Tensor) and loss.device.type == "cpu" and not bool(loss.isfinite()):
+                    check_finite(run)  # free on the host: stop at this step (not an error under dynamic scaling)
                 if run.global_step % log_every == 0:
-                    _log_train_metrics(run, timer)
+                    log_train_metrics(run)
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                     last_eval_step = run.global_step
@@ -79,8 +84,7 @@ def train_stage(run: Run) -> None:
             state.next_epoch()
             continue
         hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
-    if state.pending:
-        _log_train_metrics(run, timer)
+    log_train_metrics(run)
     if run.val_loader is not None and last_eval_step != run.global_step:
         evaluate(run)
     hooks.on_train_end(run=run)
@@ -92,7 +96,7 @@ def _stop_requested(run: Run) -> int | None:
     return run.backend.any_rank_signal(run.stop_signal)
 
 
-def _log_train_metrics(run: Run, timer: list) -> None:
+def log_train_metrics(run: Run) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
     pending = run.state.pending
     if not pending.get("loss"):
@@ -104,8 +108,9 @@ def _log_train_metrics(run: Run, timer: list) -> None:
     now = time.perf_counter()
     metrics = {f"train/{k}": float(v.mean()) for k, v in values.items()}
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
-    metrics["steps_per_sec"] = (run.global_step - timer[1]) / max(now - timer[0], 1e-9)
-    timer[:] = [now, run.global_step]
+    since, step = run.state.last_log
+    metrics["steps_per_sec"] = (run.global_step - step) / max(now - since, 1e-9)
+    run.state.last_log = (now, run.global_step)
     run.state.clear_pending()
     run.report(metrics)
 

@@ -42,7 +42,9 @@ def load_module_path(path: str) -> Any:
             if isinstance(obj, type):
                 obj = obj()
     except Exception as e:  # noqa: BLE001
-        raise PluginError(path, None, e) from e
+        error = PluginError(path, None, e)
+        error.exit_code = 2  # a plugin that cannot be loaded is a bad config: the run never started
+        raise error from e
     return obj
 
 

@@ -59,7 +59,8 @@ class Run:
     once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
     too), ``model``, ``module`` (what the steps call: a DDP wrapper under
     DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type`` (``"CPU"|"GPU"|"CSX"|...``),
-    ``output_dir``, ``log`` (a structlog logger), ``status``, ``rank`` / ``world_size``, and ``state``
+    ``output_dir``, ``log`` (a structlog logger), ``mode`` (``"fit"`` or ``"validate"``: what the run
+    is doing), ``status``, ``rank`` / ``world_size``, and ``state``
     (``RunState``: the position, the stop request and the metrics, written by the loop), whose fields are
     also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
     ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
@@ -96,6 +97,7 @@ class Run:
         self.log = _quiet_logger()
         self.status = "created"
         self.state = RunState()
+        self.mode = "fit"  # what the run is doing: "fit" or "validate"
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -183,9 +185,9 @@ class Run:
 
     # -- running ----------------------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train every stage; returns the summary (``status``, ``global_step``, ``metrics`` ...)."""
+        """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does."""
         def body():
-            self.status = "running"
+            self.mode, self.status = "fit", "running"
             self.hooks.on_fit_start(run=self)
             self.status = loop.fit(self)
             self.hooks.on_fit_end(run=self)
@@ -195,22 +197,24 @@ class Run:
             return self._guarded(body)
 
     def validate(self) -> dict:
-        """Evaluate on ``data.val`` once; returns the ``val/*`` metrics (``mode=validate``).
+        """Evaluate on ``data.val`` once (``mode=validate``); returns the run's summary (see ``summary``),
+        as ``fit`` does, whose ``metrics`` hold the ``val/*`` results.
 
         Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
-        ``status == "validating"`` meanwhile: logging, metrics and ``summary.json`` work as in a fit, and the
-        checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a trained run's weights).
+        ``mode == "validate"`` and ``status == "validating"`` meanwhile: logging, metrics and ``summary.json``
+        work as in a fit, and the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a
+        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights.
         """
         if self.val_loader is None:
             raise ConfigError("data.val: mode=validate needs a validation dataset")
 
         def body():
-            self.status = "validating"
+            self.mode, self.status = "validate", "validating"
             self.hooks.on_fit_start(run=self)
-            metrics = loop.evaluate(self)
+            loop.evaluate(self)
             self.status = "completed"
             self.hooks.on_fit_end(run=self)
-            return metrics
+            return self.summary()
 
         with self._writer_lock():
             return self._guarded(body)
@@ -247,6 +251,13 @@ class Run:
         if self.backend is not None:
             self.backend.finish()
 
+    def flush_metrics(self) -> None:
+        """Report the training metrics of the steps since the last log now (``on_log_metrics``), after
+        checking their losses (``NonFiniteLossError``). The checkpoint plugin calls it before saving, so a
+        checkpoint, like ``summary.json``, holds the metrics of the steps before it."""
+        if self.state.pending.get("loss"):
+            loop.log_train_metrics(self)
+
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
         infinite (under dynamic loss scaling: if the scale fell below ``precision.min_scale``), or if a
@@ -265,10 +276,13 @@ class Run:
         self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
     def summary(self) -> dict:
-        """What ``summary.json`` holds."""
-        return {"status": self.status, "global_step": self.global_step, "device_type": self.device_type,
-                "stage": self.stage, "metrics": dict(self.metrics), "run_id": self.run_id,
-                **self.backend.summary()}
+        """What ``fit`` and ``validate`` return and ``summary.json`` holds: ``status`` (``completed``,
+        ``failed``, ``interrupted``; on CSX ``compiled``/``validated`` for a dry run), ``mode`` (``fit`` or
+        ``validate``), ``global_step``, ``device_type``, ``stage``, ``metrics`` (the latest value of every
+        metric), ``run_id``, and the backend's figures (on CSX: traces, executions, compile cache)."""
+        return {"status": self.status, "mode": self.mode, "global_step": self.global_step,
+                "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
+                "run_id": self.run_id, **self.backend.summary()}
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

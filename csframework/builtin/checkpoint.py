@@ -558,7 +558,7 @@ class CheckpointPlugin:
 
     @hookimpl(tryfirst=True)
     def on_fit_start(self, run):
-        if not self.restore(run) and run.status == "validating":
+        if not self.restore(run) and run.mode == "validate" and run.global_step == 0:  # not after a fit
             run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
                             fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
 
@@ -664,6 +664,7 @@ class CheckpointPlugin:
         """
         if run.rank != 0:
             return None
+        run.flush_metrics()
         run.check_finite()
         root = self._root(run)
         plugin_state = plugin_checkpoint_state(run)

@@ -1,14 +1,28 @@
-"""The logging plugin: ``run.log`` writes structlog events to the console and, as JSON lines with run id,
-stage and step, to ``events.jsonl`` in the run directory. Nothing is configured globally: the logger is
-the run's own, so importing csframework never touches the user's logging."""
+"""The logging plugin: ``run.log`` writes structlog events, as JSON lines with run id, stage, step, level and
+timestamp, to ``events.jsonl`` in the run directory (every event, whatever the terminal; the schema is in
+``docs/events.md``), and to the console through the standard library logger ``csframework``.
+
+On the console, csframework's messages and the user's own ``logging`` share one stream and format: under
+the CLI, Hydra's job logging (``conf/hydra/job_logging/csframework.yaml``: stderr,
+``[time][logger][LEVEL] - message``) governs both. From Python, records go to whatever handlers the user
+configured; with none configured anywhere, the plugin writes the same format to stderr itself. Nothing is
+configured globally, so importing csframework never touches the user's logging.
+"""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import structlog
 
 from ..hookspecs import hookimpl
+
+#: One console format for csframework and everything else under the CLI (also in the job-logging config).
+FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+LOGGER = "csframework"
+#: Keys of an event that the console line leaves out (the format shows time and level).
+_NOT_ON_CONSOLE = ("run_id", "timestamp", "level", "sweep_dir")
 
 
 class LoggingPlugin:
@@ -18,11 +32,21 @@ class LoggingPlugin:
         self.stream = stream
         self.file = None
 
+    def _console(self):
+        """``(logger, handler)``: where console records go. A handler of our own only for an explicit
+        ``stream``, or when no handler is configured for the ``csframework`` logger or any of its parents."""
+        logger = logging.getLogger(LOGGER)
+        if self.stream is None and logger.hasHandlers():
+            return logger, None
+        handler = logging.StreamHandler(self.stream or sys.stderr)
+        handler.setFormatter(logging.Formatter(FORMAT))
+        return logger, handler
+
     @hookimpl(tryfirst=True)
     def on_fit_start(self, run):
-        stream = self.stream or sys.stderr
-        tty = stream.isatty()
-        console = structlog.dev.ConsoleRenderer(colors=tty)
+        logger, handler = self._console()
+        tty = (self.stream or sys.stderr).isatty()
+        render = structlog.dev.ConsoleRenderer(colors=False)
         if run.rank == 0:
             run.output_dir.mkdir(parents=True, exist_ok=True)
             self.file = open(run.output_dir / "events.jsonl", "a", encoding="utf-8")
@@ -36,40 +60,46 @@ class LoggingPlugin:
             return event
 
         def emit(_, __, event: dict):
+            on_console = event.pop("console", True)  # False: events.jsonl only (what a progress bar shows)
             if file is not None and not file.closed:  # after the run, run.log still reaches the console
                 file.write(json.dumps(event, default=str) + "\n")
                 file.flush()
-            if run.rank == 0:
-                line = console(None, None, {k: v for k, v in event.items() if k not in ("run_id", "sweep_dir")})
-                stream.write(("\r\x1b[K" if tty else "") + line + "\n")
-                stream.flush()
+            if run.rank == 0 and on_console:
+                level = logging.getLevelName(event["level"].upper())
+                message = render(None, None, {k: v for k, v in event.items() if k not in _NOT_ON_CONSOLE})
+                if tty:  # clear a progress bar drawn on this line
+                    (self.stream or sys.stderr).write("\r\x1b[K")
+                if handler is None:
+                    logger.log(level, message)
+                else:
+                    handler.handle(logger.makeRecord(LOGGER, level, __name__, 0, message, (), None))
             raise structlog.DropEvent
 
         run.log = structlog.wrap_logger(
             None, processors=[context, structlog.processors.add_log_level,
                               structlog.processors.TimeStamper(fmt="iso", utc=True), emit],
             wrapper_class=structlog.make_filtering_bound_logger(20))
-        run.log.info("fit_start", output_dir=str(run.output_dir), device_type=run.device_type,
-                     stages=[name for name, _ in run.stages], resumed_at=run.global_step or None)
+        run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
+                     stages=[name for name, _ in run.stages])
 
     @hookimpl
     def on_log_metrics(self, run, metrics, step):
         """Metrics go to events.jsonl only; the progress plugin shows them on the console."""
-        if self.file is not None:
-            event = {"event": "metrics", "run_id": run.run_id, **structlog.contextvars.get_contextvars(),
-                     "stage": run.stage, "step": step, **metrics}
-            self.file.write(json.dumps(event) + "\n")
-            self.file.flush()
+        run.log.info("metrics", console=False, step=step, **metrics)
 
     @hookimpl(trylast=True)  # after every other plugin's on_fit_end, which may still log
     def on_fit_end(self, run):
-        run.log.info("fit_end", status=run.status, **{k: round(v, 5) for k, v in run.metrics.items()})
+        run.log.info(f"{run.mode}_end", status=run.status, **{k: round(v, 5) for k, v in run.metrics.items()})
         self._close()
 
     @hookimpl(trylast=True)
     def on_exception(self, run, error):
-        run.log.error("fit_failed" if run.status == "failed" else "fit_interrupted",
-                      error=f"{type(error).__name__}: {error}")
+        """A failure at error level; an interruption (a signal, Ctrl-C) is expected: warning level."""
+        error = f"{type(error).__name__}: {error}"
+        if run.status == "failed":
+            run.log.error(f"{run.mode}_failed", error=error)
+        else:
+            run.log.warning(f"{run.mode}_interrupted", error=error)
         self._close()
 
     def _close(self):

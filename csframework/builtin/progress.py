@@ -1,5 +1,6 @@
 """The progress plugin: on a terminal, a bar with loss and steps/s redrawn in place; otherwise a log line
-whenever training metrics are logged (``loop.log_every``) and after each evaluation."""
+whenever training metrics are logged (``loop.log_every``) and after each evaluation. The ``train`` event
+reaches ``events.jsonl`` either way (on a terminal, the bar shows it instead of the console)."""
 from __future__ import annotations
 
 import sys
@@ -36,9 +37,8 @@ class ProgressPlugin:
     def on_log_metrics(self, run, metrics, step):
         if "train/loss" in metrics:
             self.loss = metrics["train/loss"]
-            if not self.tty:
-                run.log.info("train", progress=f"{step}/{self.total}", loss=round(self.loss, 4),
-                             lr=float(f"{metrics['lr']:.4g}"), steps_per_sec=round(metrics["steps_per_sec"], 1))
+            run.log.info("train", progress=f"{step}/{self.total}", loss=round(self.loss, 4), console=not self.tty,
+                         lr=float(f"{metrics['lr']:.4g}"), steps_per_sec=round(metrics["steps_per_sec"], 1))
         elif any(k.startswith("val/") for k in metrics):
             run.log.info("eval", **{k: round(v, 4) for k, v in metrics.items()})
 

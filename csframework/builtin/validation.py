@@ -30,6 +30,20 @@ def csframework_validate(config: RunConfig) -> list[str]:
     return problems + across_stages(config, stage_configs(config))
 
 
+@hookimpl
+def on_train_start(run) -> None:
+    """Warn (not refuse: a short trial run is legitimate) when the learning-rate warm-up is longer than the
+    stage's training, so the rate never reaches ``optimizer.lr``."""
+    cfg = run.stage_config
+    warmup, steps = cfg.optimizer.schedule.warmup_steps, run.total_steps(cfg)
+    if warmup > steps:
+        length = (f"loop.max_steps ({steps})" if cfg.loop.max_steps is not None
+                  else f"loop.max_epochs ({cfg.loop.max_epochs}, {steps} steps)")
+        run.log.warning("warmup_longer_than_training", warmup_steps=warmup, steps=steps,
+                        problem=f"optimizer.schedule.warmup_steps ({warmup}) is longer than {length}: the "
+                                "learning rate never reaches optimizer.lr; lower optimizer.schedule.warmup_steps")
+
+
 def device_choice(cfg: RunConfig) -> list[str]:
     """DESIGN 4.2: ``device`` and ``backend`` are mutually exclusive ways to choose the device."""
     if {"device", "backend"} <= set(cfg.selected):

@@ -7,9 +7,12 @@ schema of each device type; ``config_files``: the config directories of backend 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
 import os
-from pathlib import Path
+import re
 from dataclasses import fields
+from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -26,9 +29,9 @@ from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
-    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "register_schemas", "to_run_config", "stage_config",
-    "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
-    "user_config_dirs", "check_config_files",
+    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "compose_dict", "register_schemas", "to_run_config",
+    "stage_config", "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
+    "user_config_dirs", "check_config_files", "resolve_run_dir",
 ]
 
 SCHEMA_NAME = "csframework_schema"
@@ -121,9 +124,12 @@ def check_config_files(dirs: Iterable[str]) -> None:
                                       "nodes (an alias bomb?); a config file must stay below that")
 
 
-def describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException, prefix: str = "") -> str:
     """One line for a composition error, naming the full key where OmegaConf knows it (or the override,
-    the config group or the file)."""
+    the config group or the file); ``prefix`` is the path of the node the error is relative to
+    (``stages.<name>.``). An unknown key gets the nearest known one ("did you mean"); a key of an open
+    map that does not exist (``stages.b.loop.max_steps=3`` without a stage ``b``) gets Hydra's ``+`` form."""
+    append = re.search(r"To append to your config use (\S+)", str(error))
     seen = error
     while seen is not None:
         found = _describe_known(seen)
@@ -131,11 +137,27 @@ def describe_error(error: BaseException) -> str:
             return found
         if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
             msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
+            key = prefix + seen.full_key
+            if append and getattr(seen, "object_type", None) is dict:
+                return f"{key}: not in the config; to add it, write {append.group(1)}"
             hint = next((h for text, h in _INTERPOLATION_HINTS.items() if text in msg), "")
-            return f"{seen.full_key}: {msg}{hint}"
+            return f"{key}: {msg}{hint}{_did_you_mean(seen, key)}"
         seen = seen.__cause__ or seen.__context__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return " ".join(lines[:3]) if lines else type(error).__name__
+    return prefix + (" ".join(lines[:3]) if lines else type(error).__name__)
+
+
+def _did_you_mean(error: OmegaConfBaseException, key: str) -> str:
+    """``; did you mean `loop.max_steps`?`` for an unknown key of a schema, when one is close enough."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    schema = getattr(error, "object_type", None)
+    name = getattr(error, "key", None)
+    if not (isinstance(error, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(schema)
+            and isinstance(name, str) and key.endswith(name)):
+        return ""
+    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(schema) if f.name != name], n=1)
+    return f"; did you mean `{key[:len(key) - len(name)]}{close[0]}`?" if close else ""
 
 
 #: What to do about OmegaConf's interpolation errors, found by their message.
@@ -158,8 +180,10 @@ def _describe_known(error: BaseException) -> str | None:
         missing = error.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
         if group and error.options is not None:
+            close = difflib.get_close_matches(option, error.options, n=1)
+            hint = f"; did you mean `{group.replace('/', '.')}={close[0]}`?" if close else ""
             return (f"{group.replace('/', '.')}: no option '{option}' in config group '{group}' "
-                    f"(available: {', '.join(error.options) or 'none'})")
+                    f"(available: {', '.join(error.options) or 'none'}){hint}")
         first = str(error).splitlines()[0].strip()
         return f"{missing or 'config'}: {first}" if missing and missing not in first else first
     if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
@@ -186,14 +210,23 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
         cfg.pop("hydra", None)
         if "backend" in selected and "device" not in selected:
             cfg.device.type = cfg.backend.type
-        cfg.selected = list(selected)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
         typed = OmegaConf.merge(_schema(), OmegaConf.to_container(cfg, resolve=False))
+        _device_types_upper(typed)
         run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends)
+    run.selected = tuple(selected)
     return run
+
+
+def _device_types_upper(cfg: DictConfig) -> None:
+    """``device.type`` and ``backend.type`` are case-insensitive (``cpu`` is ``CPU``), as ``device=cpu`` is."""
+    for section in ("device", "backend"):
+        node = cfg.get(section)
+        if isinstance(node, DictConfig) and isinstance(node.get("type"), str):
+            node.type = node.type.upper()
 
 
 def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type]):
@@ -233,24 +266,25 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
         if key not in STAGE_KEYS:
             raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(STAGE_KEYS)}")
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
-        partial.device = {"type": partial.device.upper()}
+        partial.device = {"type": partial.device}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(base), partial)
         merged.stages = {}
+        _device_types_upper(merged)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"stages.{name}.{describe_error(e)}") from e
+        raise ConfigError(describe_error(e, prefix=f"stages.{name}.")) from e
 
 
-def _resolve_run_dir(cfg: DictConfig) -> None:
-    """Resolve ``hydra.run.dir`` as a run does before anything else (with ``HydraConfig`` set, for
+def resolve_run_dir(cfg: DictConfig) -> str:
+    """``hydra.run.dir`` resolved as a run does before anything else (with ``HydraConfig`` set, for
     ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""
     from hydra.core.hydra_config import HydraConfig
 
     saved = HydraConfig.instance().cfg
     try:
         HydraConfig.instance().set_config(cfg)
-        OmegaConf.select(cfg, "hydra.run.dir")
+        return str(OmegaConf.select(cfg, "hydra.run.dir"))
     finally:
         HydraConfig.instance().cfg = saved
 
@@ -259,34 +293,48 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
             backends: Mapping[str, type], config_files: Iterable[str] = ()) -> RunConfig:
     """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
-    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``);
-    ``config_files`` are the config directories of backend plugins (``register_config_files``);
-    ``backends`` as in ``to_run_config``. Raises ``ConfigError`` naming the offending key.
-    (``csf.compose`` is this with the plugins' backends.)
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``), before
+    csframework's own, so it may also hold the primary config ``config_name``; ``config_files`` are the
+    config directories of backend plugins (``register_config_files``); ``backends`` as in
+    ``to_run_config``. Raises ``ConfigError`` naming the offending key. (``csf.compose`` is this with the
+    plugins' backends.)
     """
+    overrides = list(overrides)
+    return to_run_config(compose_dict(overrides, config_dir, config_name, config_files=config_files),
+                         explicit_groups(overrides), backends=backends)
+
+
+def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+                 config_files: Iterable[str] = ()) -> DictConfig:
+    """The composed ``DictConfig`` (with the ``hydra`` node, its run directory checked), searching
+    ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does. Raises ``ConfigError``."""
     import yaml
-    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra import compose as hydra_compose
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
     register_schemas()
     register_config_files(config_files)
-    overrides = list(overrides)
+    search_path = create_config_search_path("pkg://csframework.conf")
     if config_dir is not None:
         if not os.path.isdir(config_dir):
             raise ConfigError(f"config_dir: no such directory: {config_dir}")
-        overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
-    check_config_files(user_config_dirs(overrides))
+        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    check_config_files(user_config_dirs(overrides, config_dir))
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module("csframework.conf", version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-            _resolve_run_dir(cfg)
+        Hydra.create_main_hydra2(task_name="csframework", config_search_path=search_path)  # sets GlobalHydra
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        resolve_run_dir(cfg)
+        return cfg
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         raise ConfigError(describe_error(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    return to_run_config(cfg, explicit_groups(overrides), backends=backends)
 
 
 def register_config_files(directories: Iterable[str]) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List
+from typing import Any, ClassVar, Dict, Tuple
 
 from omegaconf import MISSING
 
@@ -56,5 +56,6 @@ class RunConfig(ReadOnly):
     ``check`` (compose, validate, build; train nothing)."""
     debug: bool = False
     """Show Python tracebacks for errors that are otherwise reported in one line per problem."""
-    selected: List[str] = field(default_factory=list)
-    """Set by composition: the config groups (``device``/``backend``) the user chose explicitly."""
+    selected: ClassVar[Tuple[str, ...]] = ()
+    """Set on the instance by composition, not a config key (so ``--help`` and ``--cfg`` do not show it):
+    the config groups (``device``/``backend``) the user chose explicitly."""

@@ -2,7 +2,9 @@
 PYTHONPATH)."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -78,3 +80,36 @@ for _name in ["on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "o
               "on_eval_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
               "on_log_metrics", "on_checkpoint_save", "on_checkpoint_load", "on_exception"]:
     setattr(Recorder, _name, _make_recording_hook(_name))
+
+
+def events(run_dir: Path) -> list[dict]:
+    """The events of ``events.jsonl`` in ``run_dir``."""
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+class StopAt:
+    """Asks the run to stop (as SIGINT would) when step ``step`` begins."""
+
+    name = "stop_at"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @csf.hookimpl
+    def on_train_batch_start(self, run):
+        if run.global_step == self.step:
+            run.state.request_stop(signal.SIGINT)
+
+
+class PoisonAt:
+    """Makes the loss NaN from step ``step`` on (a weight becomes NaN just before it)."""
+
+    name = "poison_at"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @csf.hookimpl
+    def on_train_batch_start(self, run):
+        if run.global_step == self.step - 1:
+            next(run.model.parameters()).data.fill_(float("nan"))

@@ -84,13 +84,15 @@ def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[d
     return results
 
 
-def run_chains(chains: list[list[dict]], env: dict, parallel: int = 2, timeout: float = 600) -> list[list[dict]]:
-    """Run ``chains`` through a fresh ``forkrun.py`` process started with ``env``; returns the results."""
+def run_chains(chains: list[list[dict]], env: dict, parallel: int = 2, timeout: float = 600,
+               cwd: str | None = None) -> list[list[dict]]:
+    """Run ``chains`` through a fresh ``forkrun.py`` process started with ``env`` in ``cwd``; returns the
+    results."""
     with tempfile.TemporaryDirectory() as tmp:
         jobs, results = Path(tmp) / "jobs.json", Path(tmp) / "results.json"
         jobs.write_text(json.dumps(chains))
         done = subprocess.run([sys.executable, __file__, str(jobs), str(results), str(parallel)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
+                              cwd=cwd, capture_output=True, text=True, timeout=timeout)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(results.read_text())
 

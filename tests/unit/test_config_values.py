@@ -40,10 +40,11 @@ def composed(*groups: str) -> RunConfig:
 
 def config(groups: tuple[str, ...], values: dict) -> RunConfig:
     """``composed(*groups)`` with ``values`` (dotted key -> value) set as a command line would set them."""
-    base = OmegaConf.structured(composed(*groups))
+    run_config = composed(*groups)
+    base = OmegaConf.structured(run_config)
     for key, value in values.items():
         OmegaConf.update(base, key, value, force_add=key.startswith("stages."))
-    return to_run_config(base, base.selected)
+    return to_run_config(base, run_config.selected)  # not a config key: set on the instance
 
 
 def problems(groups: tuple[str, ...], values: dict) -> list[str]:

@@ -135,7 +135,7 @@ class CsxBackend(BackendBase):
         except OSError as e:
             run.log.warning("compile_report_not_written", error=str(e))
         if not self.compile_only:
-            run.log.info("compiled", step="train_step", fingerprint=compiled.fingerprint,
+            run.log.info("compiled", graph="train_step", fingerprint=compiled.fingerprint,
                          cache=compiled.report["cache"]["status"], ops=compiled.report["ops"]["total"],
                          trace_seconds=compiled.report["trace_seconds"])
 

@@ -1,0 +1,128 @@
+"""The events schema (issue 14, item 5): every event of a fit, a resumed fit, a validate, a CSX compile, a
+failed and an interrupted run matches the table in docs/events.md, which names every event the code logs;
+``events.jsonl`` is the same whatever the terminal."""
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+import csframework as csf
+import fixtures
+from fixtures import PoisonAt, StopAt, events
+from csframework.builtin.logs import LoggingPlugin
+from csframework.builtin.progress import ProgressPlugin
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = {"event": "str", "level": "str", "timestamp": "str", "run_id": "str", "stage": "str", "step": "int"}
+TYPES = {"str": (str,), "int": (int,), "float": (int, float), "list": (list,), "bool": (bool,)}
+
+
+def documented() -> dict[str, tuple[str, dict[str, str]]]:
+    """``{event: (level, {field: type})}`` from the table of docs/events.md."""
+    schema = {}
+    for line in (ROOT / "docs" / "events.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[1] in ("info", "warning", "error"):
+            fields = dict(re.findall(r"`([\w*?/]+): (\w+)`", cells[2]))
+            schema[cells[0].strip("`")] = (cells[1], fields)
+    return schema
+
+
+SCHEMA = documented()
+
+
+def problems_of(event: dict) -> list[str]:
+    name = event.get("event")
+    if name not in SCHEMA:
+        return [f"{name}: not in docs/events.md"]
+    level, fields = SCHEMA[name]
+    expected = dict(COMMON, **{k.rstrip("?"): t for k, t in fields.items() if k != "*"})
+    found = []
+    if event.get("level") != level:
+        found.append(f"{name}: level {event.get('level')}, documented {level}")
+    for key, kind in expected.items():
+        optional = f"{key}?" in fields
+        if key not in event:
+            if not optional:
+                found.append(f"{name}: no {key}")
+        elif isinstance(event[key], bool) and kind != "bool" or not isinstance(event[key], TYPES[kind]):
+            found.append(f"{name}: {key} is {event[key]!r}, documented {kind}")
+    for key in set(event) - set(expected):
+        if "*" not in fields:
+            found.append(f"{name}: undocumented field {key}")
+        elif isinstance(event[key], bool) or not isinstance(event[key], TYPES[fields["*"]]):
+            found.append(f"{name}: {key} is {event[key]!r}, documented {fields['*']}")
+    return found
+
+
+def test_the_doc_names_every_event_the_code_logs():
+    logged = set()
+    for path in (ROOT / "csframework").rglob("*.py"):
+        for name in re.findall(r"\blog\.(?:info|warning|error)\(\s*f?\"([\w{}.]+)\"", path.read_text()):
+            for mode in ("fit", "validate"):
+                logged.add(name.replace("{run.mode}", mode))
+    assert logged, "no log calls found"
+    assert logged <= set(SCHEMA), f"undocumented: {sorted(logged - set(SCHEMA))}"
+    assert set(SCHEMA) <= logged, f"documented but never logged: {sorted(set(SCHEMA) - logged)}"
+
+
+def test_every_event_of_fit_validate_csx_failure_and_interrupt_matches_the_schema(tmp_path):
+    runs = {}
+    fit = tmp_path / "fit"
+    csf.Run(fixtures.compose("loop.max_steps=4", "loop.eval_every=2", "checkpoint.every_steps=2",
+                             "optimizer.schedule.warmup_steps=10"), output_dir=fit).fit()
+    runs["fit"] = events(fit)
+    csf.Run(fixtures.compose("loop.max_steps=6", "checkpoint.resume=auto"), output_dir=fit).fit()
+    runs["resumed"] = events(fit)[len(runs["fit"]):]
+    validate = tmp_path / "validate"
+    csf.Run(fixtures.compose("mode=validate", f"checkpoint.resume={fit}"), output_dir=validate).validate()
+    runs["validate"] = events(validate)
+    csx = tmp_path / "csx"
+    csf.Run(fixtures.compose("device=csx", "loop.max_steps=2"), output_dir=csx).fit()
+    runs["csx"] = events(csx)
+    compile_only = tmp_path / "compile_only"
+    csf.Run(fixtures.compose("device=csx", "backend.compile_only=true"), output_dir=compile_only).fit()
+    runs["compile_only"] = events(compile_only)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(csf.Interrupted):
+        csf.Run(fixtures.compose("loop.max_steps=6"), plugins=[StopAt(2)], output_dir=stopped).fit()
+    runs["interrupted"] = events(stopped)
+    failed = tmp_path / "failed"
+    with pytest.raises(csf.NonFiniteLossError):
+        csf.Run(fixtures.compose("loop.max_steps=6"), plugins=[PoisonAt(2)], output_dir=failed).fit()
+    runs["failed"] = events(failed)
+
+    names = {kind: [e["event"] for e in found] for kind, found in runs.items()}
+    assert names["fit"][0] == "fit_start" and names["fit"][-1] == "fit_end"
+    assert {"train", "metrics", "eval", "checkpoint_saved", "warmup_longer_than_training"} <= set(names["fit"])
+    assert names["resumed"][:2] == ["fit_start", "resumed"]
+    assert names["validate"][:2] == ["validate_start", "resumed"] and names["validate"][-1] == "validate_end"
+    assert not any(n.startswith("fit_") for n in names["validate"])
+    assert "compiled" in names["csx"] and "compile_only" in names["compile_only"]
+    assert names["interrupted"][-1] == "fit_interrupted" and runs["interrupted"][-1]["level"] == "warning"
+    assert names["failed"][-1] == "fit_failed" and runs["failed"][-1]["level"] == "error"
+    assert "resumed_at" not in runs["fit"][0]
+    problems = [f"{kind}: {p}" for kind, found in runs.items() for e in found for p in problems_of(e)]
+    assert not problems, "\n".join(problems)
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "tty"])
+def test_events_jsonl_is_the_same_on_a_terminal(tmp_path, terminal):
+    stream = Terminal() if terminal else io.StringIO()
+    logging_plugin, progress_plugin = LoggingPlugin(stream=stream), ProgressPlugin(stream=stream)
+    logging_plugin.name, progress_plugin.name = "logging_under_test", "progress_under_test"
+    cfg = fixtures.compose("loop.max_steps=4", "loop.eval_every=2", "plugins.disable=[logging,progress]")
+    csf.Run(cfg, plugins=[logging_plugin, progress_plugin], output_dir=tmp_path).fit()
+    names = [e["event"] for e in events(tmp_path)]
+    assert names.count("train") == 2 and names.count("metrics") == 4  # train x2, eval x2 (steps 2 and 4)
+    console = stream.getvalue()
+    assert ("train " in console) is not terminal  # on a terminal the bar shows it instead
+    assert "][csframework][INFO] - fit_start" in console
