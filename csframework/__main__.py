@@ -52,17 +52,24 @@ def report_error(error: CsfError) -> None:
     sys.stderr.flush()
 
 
-def precompose(argv: list[str], backends: dict[str, type]) -> Path | None:
-    """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
-    the key or file) if it does not compose: for a single run its config, for a sweep every value of every
-    swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
-    are left to Hydra. ``backends``: each device type's ``backend`` schema (``api.composition()``)."""
+def parse_args(argv: list[str]):
+    """Hydra's parse of the command line, or ``None`` for a usage error or ``--version`` (Hydra reports it)."""
     from hydra._internal.utils import get_args_parser
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            args = get_args_parser().parse_args(argv)
-    except SystemExit:  # a usage error, or --version: Hydra reports it
+            return get_args_parser().parse_args(argv)
+    except SystemExit:
+        return None
+
+
+def precompose(argv: list[str], found) -> Path | None:
+    """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
+    the key or file) if it does not compose: for a single run its config, for a sweep every value of every
+    swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
+    are left to Hydra. ``found``: the plugins' contributions (``api.command_line_composition``)."""
+    args = parse_args(argv)
+    if args is None:
         return None
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
             or args.experimental_rerun or args.config_path or args.resolve):
@@ -75,12 +82,13 @@ def precompose(argv: list[str], backends: dict[str, type]) -> Path | None:
         if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
             for job, swept in sweep_samples(args.overrides):
                 try:
-                    to_run_config(compose_dict(job, args.config_dir, name), explicit_groups(job), backends=backends)
+                    to_run_config(compose_dict(job, args.config_dir, name, sections=found.sections),
+                                  explicit_groups(job), backends=found.schemas, sections=found.sections)
                 except ConfigError as e:
                     raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
         return None
-    cfg = compose_dict(args.overrides, args.config_dir, name)
-    to_run_config(cfg, explicit_groups(args.overrides), backends=backends)
+    cfg = compose_dict(args.overrides, args.config_dir, name, sections=found.sections)
+    to_run_config(cfg, explicit_groups(args.overrides), backends=found.schemas, sections=found.sections)
     return Path(resolve_run_dir(cfg)).absolute()
 
 
@@ -188,8 +196,11 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
     try:
-        found = api.composition()  # the plugins' configs and the backends' config files, into Hydra's ConfigStore
-        run_dir = precompose(sys.argv[1:], found.schemas)
+        args = parse_args(sys.argv[1:])
+        # the schema with the plugins' sections, their configs and the backends' config files, into Hydra's
+        # ConfigStore (plugins.enable / plugins.disable of the command line count)
+        found = api.command_line_composition(args.overrides if args is not None else [])
+        run_dir = precompose(sys.argv[1:], found)
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise

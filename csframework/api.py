@@ -1,9 +1,10 @@
-"""Composition with the plugins: ``csf.compose`` and the CLI ask the plugins (entry points and built-ins)
-for what composition needs (each device type's ``backend`` schema, the backends' config directories,
-``csframework_register_configs``) and hand it to ``csframework.config``, which knows no plugin."""
+"""Composition with the plugins: ``csf.compose`` and the CLI ask the plugins (entry points, ``plugins.enable``
+and built-ins, minus ``plugins.disable``) for what composition needs (each device type's ``backend``
+schema, the backends' config directories, the plugins' config sections, ``csframework_register_configs``)
+and hand it to ``csframework.config``, which knows no plugin."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -12,7 +13,7 @@ from omegaconf import DictConfig
 from . import config
 from .backends.base import BackendSpec
 from .builtin import builtin_plugins
-from .plugins import Hooks, backend_specs, build_manager
+from .plugins import COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, plugin_choices
 
 
 @dataclass
@@ -21,6 +22,10 @@ class Composition:
 
     backends: dict[str, BackendSpec]
     """Each device type's backend."""
+    sections: dict[str, type] = field(default_factory=dict)
+    """The plugins' own config sections (``csframework_config_sections``)."""
+    disabled: list[str] = field(default_factory=list)
+    """The disabled plugins (their sections are gone)."""
 
     @property
     def schemas(self) -> dict[str, type]:
@@ -32,15 +37,23 @@ class Composition:
         return list(dict.fromkeys(spec.config_path for spec in self.backends.values() if spec.config_path))
 
 
-def composition(plugins: Iterable[Any] = ()) -> Composition:
-    """Ask the entry-point plugins, ``plugins`` and the built-ins; puts the schema, the backends' config
-    files and the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore."""
-    hooks = Hooks(build_manager(builtin_plugins(), extra=plugins))
-    found = Composition(backend_specs(hooks))
-    config.register_schemas()
+def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable: Iterable[str] = ()) -> Composition:
+    """Ask the entry-point plugins, the ``enable`` modules, ``plugins`` and the built-ins, minus ``disable``
+    (never imported); puts the schema (with the plugins' config sections), the backends' config files and
+    the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore."""
+    pm = build_manager(builtin_plugins(), enable, plugins, disable, asking=COMPOSITION_HOOKS)
+    hooks = Hooks(pm)
+    found = Composition(backend_specs(hooks), config_sections(pm), list(disable))
+    config.register_schemas(found.sections)
     config.register_config_files(found.config_files)
     hooks.csframework_register_configs(config_store=ConfigStore.instance())
     return found
+
+
+def command_line_composition(overrides: Sequence[str], plugins: Iterable[Any] = ()) -> Composition:
+    """``composition`` with the ``plugins.enable`` / ``plugins.disable`` the overrides set."""
+    enable, disable = plugin_choices(overrides)
+    return composition(plugins, enable, disable)
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config",
@@ -51,10 +64,14 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     are asked for backends and configs besides the installed (entry-point) and built-in ones.
     Raises ``ConfigError`` naming the offending key.
     """
-    found = composition(plugins)
-    return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas)
+    found = command_line_composition(overrides, plugins)
+    return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
+                          sections=found.sections, disabled=found.disabled)
 
 
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterable[Any] = ()) -> config.RunConfig:
-    """``config.to_run_config`` with the plugins' backend schemas (a config Hydra composed)."""
-    return config.to_run_config(cfg, selected, backends=composition(plugins).schemas)
+    """``config.to_run_config`` with the plugins' backend schemas and sections (a config Hydra composed,
+    whose own ``plugins.enable`` / ``plugins.disable`` say which plugins count)."""
+    chosen = cfg.get("plugins") or {}
+    found = composition(plugins, list(chosen.get("enable") or ()), list(chosen.get("disable") or ()))
+    return config.to_run_config(cfg, selected, backends=found.schemas, sections=found.sections)

@@ -1,7 +1,9 @@
 """Data loaders owned by the framework: a sampler whose order is a function of (seed, epoch) and which can
-start in the middle of an epoch, so resume is exact and distributed sharding is explicit."""
+start in the middle of an epoch, so resume is exact and distributed sharding is explicit; iterable datasets
+sharded across ranks and workers the same way."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -9,7 +11,7 @@ import weakref
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .errors import DataTimeoutError
 from .rng import seed_everything
@@ -17,11 +19,13 @@ from .rng import seed_everything
 
 class ResumableSampler(Sampler[int]):
     """Indices of one epoch for one rank: permuted by ``seed + epoch`` when shuffling, sharded by rank,
-    starting at ``start`` (samples already consumed in this epoch)."""
+    starting at ``start`` (samples already consumed in this epoch). With ``tag_epoch`` each index is sent as
+    ``epoch * size + index`` (for ``WorkerSeeded``, which seeds each batch by its epoch)."""
 
-    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
+                 tag_epoch: bool = False):
         self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.tag_epoch = rank, world_size, tag_epoch
         self.epoch = 0
         self.start = 0
 
@@ -35,37 +39,122 @@ class ResumableSampler(Sampler[int]):
         else:
             order = torch.arange(self.size)
         per_rank = self.size // self.world_size  # equal shards, so every rank takes the same steps
-        order = order[self.rank: per_rank * self.world_size: self.world_size]
-        return iter(order[self.start:].tolist())
+        order = order[self.rank: per_rank * self.world_size: self.world_size][self.start:]
+        if self.tag_epoch:
+            order = order + self.epoch * self.size
+        return iter(order.tolist())
 
     def __len__(self) -> int:
         return self.size // self.world_size - self.start
 
 
-def _seed_worker(worker_id: int) -> None:
-    """Start of a loader worker. It ignores SIGINT/SIGTERM (the main process stops the run, then its
-    workers), dies with the main process (``_die_with_parent``), and seeds Python, NumPy and torch before each batch from the epoch's seed and the batch's
-    first sample: a batch's random augmentations then depend neither on which worker loads it nor on
-    where in the epoch a resumed run started, so resume is exact with workers too."""
-    import signal
+class WorkerSeeded(Dataset):
+    """A map-style dataset as loader workers read it: the sampler sends ``epoch * len + index``, and each
+    batch is fetched after seeding Python, NumPy and torch from (seed, epoch, first index). A batch's random
+    augmentations then depend neither on which worker loads it, nor on where in the epoch a resumed run
+    started, nor on whether the workers persist across epochs (``data.persistent_workers``), so resume is
+    exact with workers too."""
 
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed, self.size = dataset, seed, len(dataset)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, tagged: int):
+        return self.__getitems__([tagged])[0]
+
+    def __getitems__(self, tagged: list):
+        epoch, first = divmod(int(tagged[0]), self.size)
+        seed_everything(((self.seed * 1_000_003 + epoch) * 1_000_003 + first) % 2**63)
+        indices = [int(i) % self.size for i in tagged]
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return getitems(indices) if getitems else [self.dataset[i] for i in indices]
+
+
+class IterableShards(IterableDataset):
+    """An ``IterableDataset`` as one rank and one loader worker read it, so each sample is read once per
+    epoch across ranks and workers, in the batches a single process would make.
+
+    Of every ``world_size`` consecutive samples, rank r keeps the r-th (an incomplete last group is dropped,
+    so every rank takes the same number of steps); of the rank's batches, worker w loads every
+    ``num_workers``-th, which the loader's round robin yields in order. ``set_epoch(epoch, start)`` passes
+    the epoch on (to the dataset's own ``set_epoch`` if it has one) and skips the first ``start`` samples of
+    the rank's share: resume re-reads the epoch up to its position, exact when the dataset yields the same
+    samples for the same epoch. A dataset with ``state_dict``/``load_state_dict`` is restored from the
+    checkpoint instead (with ``data.num_workers=0``, where its state is this process's)."""
+
+    def __init__(self, dataset: IterableDataset, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+        self.restored = False  # load_state_dict() ran: the dataset continues by itself, skip nothing
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, 0 if self.restored else start
+        self.restored = False
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def stateful(self) -> bool:
+        return callable(getattr(self.dataset, "state_dict", None)) and callable(
+            getattr(self.dataset, "load_state_dict", None))
+
+    def state_dict(self):
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.dataset.load_state_dict(state)
+        self.restored = True
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        group: list = []
+        position = 0  # in this rank's share of the epoch
+        for sample in self.dataset:
+            group.append(sample)
+            if len(group) < self.world_size:
+                continue
+            mine, group = group[self.rank], []
+            if position >= self.start and ((position - self.start) // self.batch_size) % workers == worker:
+                yield mine
+            position += 1
+
+
+def _worker_start(worker_id: int) -> None:
+    """Start of a loader worker: it ignores SIGINT/SIGTERM (the main process stops the run, then its
+    workers), dies with the main process (``_die_with_parent``), and seeds every generator from torch's
+    per-worker seed (``WorkerSeeded`` reseeds before each batch)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
-
     seed_everything(torch.initial_seed() % 2**32)
-    info = torch.utils.data.get_worker_info()
-    epoch_seed, dataset = info.seed - info.id, info.dataset  # the loader's base seed, drawn per epoch
-    getitems = getattr(dataset, "__getitems__", None)
 
-    def seeded_getitems(indices):
-        seed_everything((epoch_seed * 1_000_003 + int(indices[0])) % 2**63)
-        return getitems(indices) if getitems else [dataset[i] for i in indices]
 
-    try:  # the fetcher calls dataset.__getitems__(batch indices) when the dataset has one
-        dataset.__getitems__ = seeded_getitems
-    except AttributeError:  # pragma: no cover - a dataset with __slots__: seeded per worker only
-        pass
+def build_collate(spec: Any, key: str = "data.collate_fn"):
+    """The ``collate_fn`` of ``spec`` (``None``: torch's default): a ``_target_`` naming a function (the other
+    keys are bound as keyword arguments) or a class (built with them; its instances are called)."""
+    if spec is None:
+        return None
+    from hydra._internal.utils import _locate
+    from hydra.utils import instantiate
+
+    from .errors import ConfigError
+
+    from .schedule import plain
+
+    spec = {"_target_": spec} if isinstance(spec, str) else plain(spec)
+    target = spec.pop("_target_", None)
+    try:
+        found = _locate(target)
+        made = instantiate({"_target_": target, **spec}) if isinstance(found, type) else (
+            functools.partial(found, **spec) if spec else found)
+    except Exception as e:
+        raise ConfigError(f"{key}: could not build '{target}': " + " ".join(str(e).split())) from e
+    if not callable(made):
+        raise ConfigError(f"{key}: '{target}' built a {type(made).__name__}, which is not callable")
+    return made
 
 
 def _die_with_parent() -> None:
@@ -97,12 +186,17 @@ class Batches:
 
     def __init__(self, iterator, loader: "FrameworkLoader"):
         self._iterator, self._loader = iterator, loader
-        self._length = len(iterator)
+        try:
+            self._length = len(iterator)
+        except TypeError:  # an IterableDataset: its length is known when its iterator ends
+            self._length = None
 
     def __iter__(self):
         return self
 
     def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("a pass over an IterableDataset has no length")
         return self._length
 
     def __next__(self):
@@ -116,7 +210,7 @@ class Batches:
             who = f"worker {worker_id} (pid {pid})" if pid else "a worker"
             raise DataTimeoutError(
                 f"{self._loader.role}: loader {who} gave no batch in {self._loader.timeout:g} s "
-                f"(data.timeout_s) and was stopped: {type(self._loader.dataset).__name__}.__getitem__ hangs "
+                f"(data.timeout_s) and was stopped: {self._loader.reader()} hangs "
                 "or is too slow; fix it, or raise data.timeout_s (0 waits forever)") from e
 
     def _awaited_worker(self) -> tuple[int | None, int | None]:
@@ -134,6 +228,8 @@ class Batches:
         would wait for it), then kill any worker still running (stuck in ``__getitem__``: torch gives up on
         it after 2 x 5 s, and its SIGTERM does not reach workers, which ignore it)."""
         it, self._iterator = self._iterator, iter(())
+        if getattr(self._loader, "_iterator", None) is it:  # persistent workers: the next pass starts anew
+            self._loader._iterator = None
         workers = list(getattr(it, "_workers", ()))
         if not workers:
             return
@@ -151,6 +247,8 @@ class Batches:
                 w.join(timeout=5)
 
     def __del__(self):  # a pass dropped unfinished (a break, an error): torch's shutdown alone may leave one
+        if self._loader.persistent_workers:  # the loader keeps them for its next pass; close() stops them
+            return
         try:
             self.close()
         except Exception:  # pragma: no cover - nothing to report to during garbage collection
@@ -183,29 +281,56 @@ class FrameworkLoader(DataLoader):
     def close(self) -> None:
         for batches in list(self._passes):
             batches.close()
+        if getattr(self, "_iterator", None) is not None:  # persistent workers outlive their passes
+            Batches(self._iterator, self).close()
+
+    def reader(self) -> str:
+        """What a worker runs for a batch, for error messages: ``Dataset.__getitem__`` or ``.__iter__``."""
+        dataset = self.dataset
+        if isinstance(dataset, (IterableShards, WorkerSeeded)):
+            dataset = dataset.dataset
+        return f"{type(dataset).__name__}.{'__iter__' if isinstance(dataset, IterableDataset) else '__getitem__'}"
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int,
                 drop_last: bool, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
+                collate_fn=None, persistent_workers: bool = False, prefetch_factor: int | None = None,
                 timeout_s: float = 0, role: str = "data") -> FrameworkLoader:
-    """A ``FrameworkLoader`` over ``dataset`` with a ``ResumableSampler`` (reachable as ``loader.sampler``).
+    """A ``FrameworkLoader`` over ``dataset``: a map-style one through a ``ResumableSampler``
+    (``loader.sampler``), an ``IterableDataset`` through ``IterableShards`` (``loader.dataset``).
     ``timeout_s`` bounds the wait for a batch from the workers (``0``: none; no workers: does not apply);
     ``role`` names the loader in errors (``data.train``)."""
+    from .errors import ConfigError
+
+    common = dict(batch_size=batch_size, num_workers=num_workers, drop_last=drop_last, pin_memory=pin_memory,
+                  collate_fn=collate_fn, worker_init_fn=_worker_start, prefetch_factor=prefetch_factor,
+                  persistent_workers=persistent_workers and num_workers > 0,
+                  generator=torch.Generator().manual_seed(seed), role=role,
+                  timeout=timeout_s if num_workers > 0 else 0)
+    if isinstance(dataset, IterableDataset):
+        if persistent_workers:
+            raise ConfigError("data.persistent_workers: an IterableDataset's workers learn the epoch and the "
+                              "resume position when they start, so they cannot persist; set it to false")
+        return FrameworkLoader(IterableShards(dataset, batch_size, seed, rank, world_size), **common)
     try:
         size = len(dataset)
     except TypeError as e:
         raise TypeError(f"{type(dataset).__name__} is not a map-style dataset with __len__") from e
-    sampler = ResumableSampler(size, shuffle, seed, rank, world_size)
-    return FrameworkLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                           drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=_seed_worker,
-                           generator=torch.Generator().manual_seed(seed), role=role,
-                           timeout=timeout_s if num_workers > 0 else 0)
+    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=num_workers > 0)
+    if num_workers > 0:
+        dataset = WorkerSeeded(dataset, seed)
+    return FrameworkLoader(dataset, sampler=sampler, **common)
+
+
+def is_iterable(loader: DataLoader) -> bool:
+    return isinstance(loader.dataset, IterableShards)
 
 
 def epoch_batches(loader: DataLoader, epoch: int, start_batch: int = 0):
     """Iterate the batches of ``epoch`` starting after ``start_batch`` batches."""
-    loader.sampler.set_epoch(epoch, start_batch * loader.batch_size)
-    loader.generator.manual_seed(loader.sampler.seed * 1_000_003 + epoch)  # worker seeds per epoch
+    position = loader.dataset if is_iterable(loader) else loader.sampler
+    position.set_epoch(epoch, start_batch * loader.batch_size)
+    loader.generator.manual_seed(position.seed * 1_000_003 + epoch)  # worker seeds per epoch
     return iter(loader)
 
 

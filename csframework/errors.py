@@ -50,6 +50,14 @@ class ReadOnlyConfigError(CsfError, AttributeError):
     Raised in a hook, it fails the run as a ``PluginError`` naming the plugin (exit 1)."""
 
 
+class PluginImportError(PluginError):
+    """A plugin that could not be imported or instantiated: says where it came from and how to turn it off."""
+
+    def __init__(self, plugin: str, source: str, error: BaseException, fix: str):
+        super().__init__(plugin, None, error)
+        self.args = (f"plugin '{plugin}' ({source}) failed to load: {type(error).__name__}: {error}; {fix}",)
+
+
 class TracingError(CsfError):
     """CSX: the traced step did something a static graph cannot express (names the user's line)."""
 

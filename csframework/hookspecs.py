@@ -71,10 +71,24 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def csframework_register_configs(config_store: ConfigStore) -> None:
     """Register structured configs or config files before Hydra composes.
 
-    Called before each composition, for plugins found by entry point and the built-ins (``plugins.enable``
-    comes from the config and so is too late).
+    Called before each composition, for the plugins known then: entry points, the built-ins and the
+    ``plugins.enable`` modules of the command line or ``csf.compose`` (not those set in a config file).
 
     :param config_store: Hydra's ``ConfigStore`` instance.
+    """
+
+
+@hookspec
+def csframework_config_sections() -> dict[str, type]:
+    """Return ``{section_name: dataclass_type}``: config sections of this plugin's own.
+
+    Each section becomes a top-level key of the composed config holding the dataclass's defaults, set
+    like a built-in section (``early_stopping.patience=3`` on the command line, a user YAML, a stage) and
+    type-checked the same way; the plugin reads it as ``run.config.<section_name>`` (read-only during the
+    run, like the rest). Asked before composition, so only plugins known then can declare one: installed
+    entry points, the modules of ``plugins.enable`` given on the command line or to ``csf.compose``, and
+    ``csf.compose(plugins=...)`` (not a plugin given only to ``Run(plugins=[...])`` with a composed
+    config). A class plugin is instantiated (no arguments) to be asked.
     """
 
 

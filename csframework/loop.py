@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .data import epoch_batches
-from .errors import NonFiniteLossError
+from .errors import ConfigError, NonFiniteLossError
 from .signals import Interrupted
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ def fit(run: Run) -> str:
     """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end; returns
     the run's final status (``completed``, or a backend's dry run's: CSX ``compiled`` / ``validated``)."""
     for index in range(run.stage_index, len(run.stages)):
+        if run.stop_reason is not None:  # run.request_stop: later stages are skipped
+            break
         if index != run.stage_index:
             run.enter_stage(index)
         if run.backend.dry_run:  # e.g. CSX compile_only: prepare the stage, train nothing
@@ -51,7 +53,7 @@ def train_stage(run: Run) -> None:
     last_eval_step = -1
     run.module.train()
     hooks.on_train_start(run=run)
-    while not _stage_done(run):
+    while not _stage_done(run) and run.stop_reason is None:
         epoch = run.epoch
         hooks.on_train_epoch_start(run=run, epoch=epoch)
         for batch in epoch_batches(run.train_loader, epoch, run.batch_in_epoch):
@@ -77,9 +79,13 @@ def train_stage(run: Run) -> None:
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             if run.stopping:
                 raise Interrupted(run.stop_signal, run.global_step)
-            if last and _stage_done(run):
+            if last and (_stage_done(run) or run.stop_reason is not None):
                 break
         else:  # the epoch ran out of batches
+            if run.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
+                raise ConfigError(f"data.train: epoch {epoch} yielded no batch (fewer samples than "
+                                  "data.batch_size x the number of processes?); check the dataset")
+            run.scheduler.epoch_end()  # a schedule with optimizer.schedule.interval=epoch steps here
             hooks.on_train_epoch_end(run=run, epoch=epoch)
             state.next_epoch()
             continue

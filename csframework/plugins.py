@@ -3,94 +3,205 @@ hands it, minus ``plugins.disable``; hooks called through ``Hooks``, whose error
 and hook. It imports no plugin itself (``csframework.api`` and ``Run`` pass the built-ins)."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
-from importlib.metadata import distributions
+import os
+from importlib.metadata import entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import pluggy
 
 from . import hookspecs
 from .config.readonly import read_only_error
-from .errors import ConfigError, NonFiniteLossError, PluginError
+from .errors import ConfigError, NonFiniteLossError, PluginError, PluginImportError
 from .hookspecs import PROJECT, hookimpl
 
 if TYPE_CHECKING:
     from .backends.base import BackendSpec
 
-__all__ = ["ENTRY_POINT_GROUP", "Hooks", "build_manager", "backend_specs", "hookimpl", "plugin_name"]
+__all__ = ["ENTRY_POINT_GROUP", "AUTOLOAD_ENV", "COMPOSITION_HOOKS", "Hooks", "build_manager", "backend_specs",
+           "config_sections", "check_sections", "plugin_choices", "hookimpl", "plugin_name"]
 
 ENTRY_POINT_GROUP = "csframework.plugins"
+#: ``0``/``none``: load no entry-point plugin; ``a,b``: only those; unset, ``1`` or ``all``: every one
+#: (like ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``; keeps a test suite independent of what else is installed).
+AUTOLOAD_ENV = "CSFRAMEWORK_PLUGINS_AUTOLOAD"
+#: The hooks asked before composition; a class plugin is instantiated then only if it implements one.
+COMPOSITION_HOOKS = ("csframework_register_configs", "csframework_config_sections", "csframework_device_types",
+                     "csframework_backend")
 
 
 def plugin_name(plugin: Any) -> str:
-    """A plugin's name: a module's dotted path, else its ``name`` attribute, else its class name."""
+    """A plugin's name: its ``name`` attribute, else a module's dotted path, else its class name (of a
+    class or an instance). An entry point's name overrides all of these."""
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str):
+        return name
     if isinstance(plugin, ModuleType):
         return plugin.__name__
-    name = getattr(plugin, "name", None)
-    return name if isinstance(name, str) else type(plugin).__name__
+    return plugin.__name__ if isinstance(plugin, type) else type(plugin).__name__
+
+
+def instantiate(name: str, plugin: Any) -> Any:
+    """A class plugin becomes an instance (no arguments); modules and instances are used as they are."""
+    if not isinstance(plugin, type):
+        return plugin
+    try:
+        return plugin()
+    except Exception as e:  # noqa: BLE001 - named like an import failure
+        raise PluginImportError(name, f"class {plugin.__module__}.{plugin.__qualname__}", e,
+                                f"make it instantiable with no arguments, or turn it off with "
+                                f"plugins.disable=[{name}]") from e
+
+
+def _autoload() -> set[str] | None:
+    """The entry-point names ``CSFRAMEWORK_PLUGINS_AUTOLOAD`` allows (``None``: all)."""
+    value = os.environ.get(AUTOLOAD_ENV, "").strip()
+    if value.lower() in ("", "1", "all"):
+        return None
+    if value.lower() in ("0", "none"):
+        return set()
+    return {n.strip() for n in value.split(",") if n.strip()}
+
+
+def installed_entry_points() -> list:
+    """The entry points of group ``csframework.plugins`` that ``CSFRAMEWORK_PLUGINS_AUTOLOAD`` allows,
+    by name; nothing is imported."""
+    allowed = _autoload()
+    return sorted((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if allowed is None or ep.name in allowed),
+                  key=lambda e: e.name)
+
+
+def load_entry_points(disabled: Iterable[str] = ()) -> list[tuple[str, Any]]:
+    """Plugins of installed distributions except ``disabled``, which are never imported; the entry-point
+    name is the plugin name. One that fails to import is named with its distribution."""
+    disabled = set(disabled)
+    found = []
+    for ep in installed_entry_points():
+        if ep.name in disabled:
+            continue
+        try:
+            found.append((ep.name, ep.load()))
+        except Exception as e:  # noqa: BLE001 - any import failure is reported with the plugin's name
+            dist = getattr(ep, "dist", None)
+            source = f"distribution {dist.name} {dist.version}" if dist is not None else f"entry point {ep.value}"
+            raise PluginImportError(ep.name, source, e, f"turn it off with plugins.disable=[{ep.name}]") from e
+    return found
 
 
 def load_module_path(path: str) -> Any:
-    """``pkg.module`` or ``pkg.module:attribute`` (an attribute that is a class is instantiated)."""
+    """``pkg.module`` or ``pkg.module:attribute`` (a module, an instance or a class)."""
     module_name, _, attr = path.partition(":")
     try:
         obj = importlib.import_module(module_name)
-        if attr:
-            obj = getattr(obj, attr)
-            if isinstance(obj, type):
-                obj = obj()
+        return getattr(obj, attr) if attr else obj
     except Exception as e:  # noqa: BLE001
-        error = PluginError(path, None, e)
-        error.exit_code = 2  # a plugin that cannot be loaded is a bad config: the run never started
+        error = PluginImportError(path, "plugins.enable", e, "fix it or remove it from plugins.enable")
+        error.exit_code = 2  # a plugin the config names that cannot be loaded is a bad config: nothing ran
         raise error from e
-    return obj
 
 
-def _entry_point_names() -> list[str]:
-    """Installed plugins' names, in the order pluggy's ``load_setuptools_entrypoints`` visits them."""
-    return [ep.name for dist in distributions() for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+def plugin_choices(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``plugins.enable`` and ``plugins.disable`` as command-line overrides set them (sweeps and unparsable
+    overrides are left to Hydra)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-
-def _load_entry_points(pm: pluggy.PluginManager) -> None:
-    """pluggy's ``load_setuptools_entrypoints``; a plugin that fails to import is named."""
+    chosen: dict[str, list[str]] = {"plugins.enable": [], "plugins.disable": []}
+    wanted = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] in chosen]
     try:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    except (ConfigError, PluginError):  # refused by Manager.register, naming it
-        raise
-    except Exception as e:  # noqa: BLE001 - the first entry point not yet loaded (nor blocked) failed
-        failed = next((n for n in _entry_point_names() if not pm.has_plugin(n) and not pm.is_blocked(n)), "unknown")
-        raise PluginError(failed, None, e) from e
+        parsed = OverridesParser.create().parse_overrides(wanted)
+    except Exception:  # noqa: BLE001 - Hydra reports it when it composes
+        return [], []
+    for override in parsed:
+        if override.is_sweep_override() or override.is_delete():
+            continue
+        value = override.value()
+        chosen[override.key_or_group] = [str(v) for v in (value if isinstance(value, list) else [value])]
+    return chosen["plugins.enable"], chosen["plugins.disable"]
 
 
 def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (), extra: Iterable[Any] = (),
-                  disable: Iterable[str] = ()) -> pluggy.PluginManager:
+                  disable: Iterable[str] = (), asking: Sequence[str] | None = None) -> pluggy.PluginManager:
     """All plugins: entry points, ``enable`` (module paths), ``extra`` (objects), then ``builtins``
     (``(name, plugin)`` pairs), minus the names in ``disable`` (blocked: never imported or registered).
 
-    pluggy calls the last registered first, so built-ins run before user plugins in each hook.
+    pluggy calls the last registered first, so built-ins run before user plugins in each hook. A class is
+    instantiated here (no arguments), so each run has its own instance; with ``asking`` (hook names, before
+    composition) only a class that implements one of them is.
     """
-    builtins, disable = list(builtins), list(disable)
-    pm = Manager(PROJECT)
-    pm.add_hookspecs(hookspecs)
-    known = _entry_point_names() + list(enable) + [plugin_name(p) for p in extra] + [n for n, _ in builtins]
-    unknown = set(disable) - set(known)
+    disable = set(disable)
+    candidates = load_entry_points(disable)
+    candidates += [(plugin_name(obj), obj) for obj in (load_module_path(p) for p in enable if p not in disable)]
+    candidates += [(plugin_name(p), p) for p in extra] + list(builtins)
+    known = {n for n, _ in candidates} | {ep.name for ep in installed_entry_points()} | set(enable)
+    unknown = disable - known
     if unknown:
         raise ConfigError(f"plugins.disable: no plugin named {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(set(known)))})")
+                          f"(known: {', '.join(sorted(known))})")
+    pm = Manager(PROJECT)
+    pm.add_hookspecs(hookspecs)
     for name in disable:
         pm.set_blocked(name)
-    _load_entry_points(pm)
-    candidates = [(path, load_module_path(path)) for path in enable if not pm.is_blocked(path)]
-    candidates += [(plugin_name(p), p) for p in extra] + builtins
     for name, plugin in candidates:
         if pm.is_blocked(name):
             continue
+        if asking is not None and isinstance(plugin, type) and not any(hasattr(plugin, h) for h in asking):
+            continue
         if pm.has_plugin(name):
             raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")
-        pm.register(plugin, name=name)
+        pm.register(instantiate(name, plugin), name=name)
     return pm
+
+
+def _declared(impl) -> dict:
+    """What one implementation of ``csframework_config_sections`` declares (its plugin named if it raises)."""
+    try:
+        declared = impl.function() or {}
+    except Exception as e:  # noqa: BLE001
+        raise PluginError(impl.plugin_name, "csframework_config_sections", e) from e
+    if not isinstance(declared, dict):
+        raise ConfigError(f"plugin '{impl.plugin_name}': csframework_config_sections must return a dict "
+                          f"{{section: dataclass}}, got {type(declared).__name__}")
+    return declared
+
+
+def config_sections(pm: pluggy.PluginManager) -> dict[str, type]:
+    """The plugins' config sections (``csframework_config_sections``), ``{section: dataclass}``. A section
+    that is a built-in key, or that two plugins declare, or that is not a dataclass is a ``ConfigError``
+    naming the plugin(s) and the key."""
+    from .config import RunConfig
+
+    builtin = {f.name for f in dataclasses.fields(RunConfig)}
+    sections: dict[str, type] = {}
+    owners: dict[str, str] = {}
+    for impl in pm.hook.csframework_config_sections.get_hookimpls():  # in registration order
+        plugin = impl.plugin_name
+        for section, schema in _declared(impl).items():
+            if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+                raise ConfigError(f"{section}: plugin '{plugin}' declares it as {schema!r}; a config section "
+                                  "must be a dataclass type")
+            if section in builtin:
+                raise ConfigError(f"{section}: plugin '{plugin}' declares config section '{section}', which is "
+                                  "a built-in key; the plugin must name its section differently")
+            if section in owners:
+                raise ConfigError(f"{section}: plugins '{owners[section]}' and '{plugin}' both declare config "
+                                  f"section '{section}'; turn one off with plugins.disable=[{plugin}]")
+            sections[section], owners[section] = schema, plugin
+    return sections
+
+
+def check_sections(pm: pluggy.PluginManager, config) -> None:
+    """A plugin that declares a section the composed config lacks was not known before composition."""
+    have = {f.name for f in dataclasses.fields(config)}
+    for impl in pm.hook.csframework_config_sections.get_hookimpls():
+        missing = sorted(set(_declared(impl)) - have)
+        if missing:
+            raise ConfigError(f"{missing[0]}: plugin '{impl.plugin_name}' declares config section "
+                              f"'{missing[0]}', but the config was composed without it; a plugin with a config "
+                              "section must be installed (entry point) or given in plugins.enable, not only "
+                              "to Run(plugins=[...])")
 
 
 def backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:

@@ -20,9 +20,9 @@ from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
 from .config.readonly import freeze
-from .data import make_loader
+from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
-from .plugins import Hooks, backend_specs, build_manager
+from .plugins import Hooks, backend_specs, build_manager, check_sections
 from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
@@ -65,7 +65,8 @@ class Run:
     also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
     ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
     stop, else ``None``), ``stopping`` (set at the step boundary where the run stops for it: the checkpoint
-    plugin saves then) and ``metrics`` (latest value of every reported metric).
+    plugin saves then), ``stop_reason`` (set by ``request_stop``) and ``metrics`` (latest value of every
+    reported metric). Plugins may add entries to ``summary_extra`` (merged into ``summary.json``).
     """
 
     backend: Backend | None = None
@@ -80,7 +81,9 @@ class Run:
         else:  # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
             config = copy.deepcopy(config)
         self.config: RunConfig = config
-        self.hooks = Hooks(build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable))
+        manager = build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable)
+        check_sections(manager, config)
+        self.hooks = Hooks(manager)
         self.backends = backend_specs(self.hooks)
         self.hooks.csframework_configure(config=config)
         self.stages = self._stage_configs()
@@ -98,6 +101,7 @@ class Run:
         self.status = "created"
         self.state = RunState()
         self.mode = "fit"  # what the run is doing: "fit" or "validate"
+        self.summary_extra: dict[str, Any] = {}
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -120,6 +124,15 @@ class Run:
     stop_signal = property(lambda self: self.state.stop_signal, doc="The signal that asked fit to stop.")
     stopping = property(lambda self: self.state.stopping, doc="This step is the last before stopping.")
     metrics = property(lambda self: self.state.metrics, doc="The latest value of every reported metric.")
+    stop_reason = property(lambda self: self.state.stop_reason, doc="Why request_stop ended training, or None.")
+
+    def request_stop(self, reason: str) -> None:
+        """Stop training after the current step as at a normal end: the final evaluation and checkpoint
+        run, later stages are skipped, ``summary.json`` says ``status: completed`` and ``stop_reason``.
+        Under DDP, call it on every rank (evaluation metrics are the same on every rank)."""
+        if self.state.stop_reason is None:
+            self.state.stop_reason = str(reason)
+            self.log.info("stop_requested", reason=self.state.stop_reason)
 
     # -- assembly ---------------------------------------------------------------------------------------
     def _stage_configs(self) -> list[tuple[str, RunConfig]]:
@@ -164,11 +177,17 @@ class Run:
             val = instantiate(data.val, _convert_="all") if data.val else None
         except Exception as e:
             raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
+        pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
-                      pin_memory=self.device_type == "GPU", timeout_s=data.timeout_s)
+                      pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
+                      persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
         train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
                                    role="data.train", **common)
-        if len(train_loader) == 0:
+        if is_iterable(train_loader):
+            if cfg.loop.max_steps is None:
+                raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
+                                  "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+        elif len(train_loader) == 0:
             raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
                               f"({len(train)} samples per process) with drop_last; lower it")
         val_loader = None
@@ -279,10 +298,14 @@ class Run:
         """What ``fit`` and ``validate`` return and ``summary.json`` holds: ``status`` (``completed``,
         ``failed``, ``interrupted``; on CSX ``compiled``/``validated`` for a dry run), ``mode`` (``fit`` or
         ``validate``), ``global_step``, ``device_type``, ``stage``, ``metrics`` (the latest value of every
-        metric), ``run_id``, and the backend's figures (on CSX: traces, executions, compile cache)."""
-        return {"status": self.status, "mode": self.mode, "global_step": self.global_step,
-                "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
-                "run_id": self.run_id, **self.backend.summary()}
+        metric), ``run_id``, the backend's figures (on CSX: traces, executions, compile cache), what plugins
+        put in ``summary_extra`` (e.g. ``best_checkpoint``) and, after ``request_stop``, ``stop_reason``."""
+        summary = {"status": self.status, "mode": self.mode, "global_step": self.global_step,
+                   "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
+                   "run_id": self.run_id, **self.backend.summary(), **self.summary_extra}
+        if self.stop_reason is not None:
+            summary["stop_reason"] = self.stop_reason
+        return summary
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -296,7 +319,16 @@ class Run:
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),
             "rng": rng_state(),
+            "data": self._data_state(),
         }
+
+    def _data_state(self):
+        """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
+        process (``data.num_workers=0``); otherwise resume re-reads the epoch to its position."""
+        shards = self.train_loader.dataset
+        if is_iterable(self.train_loader) and self.train_loader.num_workers == 0 and shards.stateful():
+            return shards.state_dict()
+        return None
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
@@ -318,6 +350,8 @@ class Run:
         self.backend.load_state_dict(state["backend"])
         self.state.restore_position(position)
         set_rng_state(state["rng"])
+        if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
+            self.train_loader.dataset.load_state_dict(state["data"])
 
 
 def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:

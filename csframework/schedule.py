@@ -1,11 +1,19 @@
-"""Learning-rate schedules as a pure function of the step, so eager and traced (CSX) runs share them."""
+"""Optimizers and learning-rate schedules: the built-in ones (a schedule is a pure function of the step, so
+eager and traced (CSX) runs share it), or any class named by ``_target_``."""
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import warnings
 
 import torch
 
 from .config import OptimizerConfig
+from .errors import ConfigError
+
+#: Settings of the ``optimizer`` group a ``_target_`` optimizer receives when its constructor takes them.
+SHARED_SETTINGS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps")
 
 
 def lr_factor(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
@@ -52,6 +60,9 @@ class Schedule:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * factor
 
+    def epoch_end(self) -> None:
+        """Called at the end of each training epoch; the built-in schedules count optimizer steps only."""
+
     def get_last_lr(self) -> list[float]:
         """The rate of each param group for the next optimizer step."""
         return [group["lr"] for group in self.optimizer.param_groups]
@@ -65,13 +76,62 @@ class Schedule:
         self._apply()
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int) -> Schedule:
+class TargetSchedule:
+    """A torch ``LRScheduler`` (``optimizer.schedule._target_``) behind the ``Schedule`` interface, stepped
+    after each optimizer step or, with ``optimizer.schedule.interval=epoch``, at the end of each epoch.
+    Other attributes are the scheduler's own; its ``state_dict`` goes into checkpoints, so resume is exact."""
+
+    def __init__(self, scheduler, per_epoch: bool):
+        self.scheduler, self.per_epoch = scheduler, per_epoch
+
+    def step(self) -> None:
+        if not self.per_epoch:
+            self._step()
+
+    def epoch_end(self) -> None:
+        if self.per_epoch:
+            self._step()
+
+    def _step(self) -> None:
+        with warnings.catch_warnings():
+            # the optimizer step ran, but not through `optimizer.step()` (a skipped loss-scaled step, or the
+            # CSX graph), which torch counts to warn about a scheduler stepped first
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+    def __getattr__(self, name):
+        return getattr(self.scheduler, name)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
     """The schedule of ``cfg.schedule`` for ``total_steps`` optimizer steps (stepped once per step)."""
+    if cfg.schedule._target_:
+        cls, kwargs = schedule_spec(cfg)
+        try:
+            scheduler = cls(optimizer, **kwargs)
+        except Exception as e:
+            raise ConfigError(f"optimizer.schedule._target_: could not build {cfg.schedule._target_}: {e}") from e
+        return TargetSchedule(scheduler, getattr(cfg.schedule.interval, "value", cfg.schedule.interval) == "epoch")
     return Schedule(optimizer, cfg, total_steps)
 
 
 def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """The torch optimizer named by ``cfg.name`` with the settings it understands."""
+    """The optimizer of ``cfg``: the class of ``_target_``, or the built-in one ``cfg.name`` names."""
+    if cfg._target_:
+        cls, kwargs = optimizer_spec(cfg)
+        try:
+            return cls(params, **kwargs)
+        except Exception as e:
+            raise ConfigError(f"optimizer._target_: could not build {cfg._target_}: {e}") from e
     name = getattr(cfg.name, "value", cfg.name)
     if name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -82,3 +142,114 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     if cfg.eps is not None:
         kwargs["eps"] = cfg.eps
     return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, **kwargs)
+
+
+# -- classes by `_target_` ----------------------------------------------------------------------------------
+def locate(path: str, key: str) -> type:
+    """The class at the dotted ``path``, or a ``ConfigError`` naming ``key``."""
+    from hydra._internal.utils import _locate  # hydra.utils.get_class also logs the error
+
+    try:
+        found = _locate(path)
+    except Exception as e:
+        cause = e.__cause__ or e
+        raise ConfigError(f"{key}: cannot import '{path}' ({type(cause).__name__}: {cause}); "
+                          "give the dotted path of a class") from e
+    if not isinstance(found, type):
+        raise ConfigError(f"{key}: '{path}' is a {type(found).__name__}, not a class")
+    return found
+
+
+def _takes(cls) -> tuple[set[str] | None, set[str]]:
+    """The keyword arguments ``cls`` takes after its first (``None``: any, it has ``**kwargs``) and those
+    it requires."""
+    try:
+        params = list(inspect.signature(cls).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None, set()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        takes = None
+    else:
+        takes = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {p.name for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return takes, required
+
+
+@functools.lru_cache(maxsize=None)
+def _group_defaults(name: str) -> dict:
+    """The values of the built-in ``optimizer/<name>.yaml`` group file (empty if there is none)."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    try:
+        text = resources.files("csframework.conf").joinpath("optimizer", f"{name}.yaml").read_text()
+    except (FileNotFoundError, ModuleNotFoundError):
+        return {}
+    return OmegaConf.to_container(OmegaConf.create(text))
+
+
+def _is_default(value, key: str, group: dict, schema) -> bool:
+    """Whether ``value`` of ``key`` is what the built-in group file or the schema sets, not the user."""
+    return value == getattr(schema, key) or value == group.get(key)
+
+
+def plain(args) -> dict:
+    """``args`` as a plain dict of plain values (a frozen run config holds read-only OmegaConf containers)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(args, resolve=True) if isinstance(args, DictConfig) else dict(args or {})
+
+
+def _check_args(path: str, key: str, args: dict, takes, required, given) -> None:
+    for name in args:
+        if takes is not None and name not in takes:
+            raise ConfigError(f"{key}.args.{name}: {path} does not take '{name}' "
+                              f"(it takes {', '.join(sorted(takes)) or 'nothing'}); remove it")
+    missing = sorted(required - set(given))
+    if missing:
+        raise ConfigError(f"{key}.args.{missing[0]}: {path} needs it; set {key}.args.{missing[0]}=<value>")
+
+
+def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
+    """The class of ``optimizer._target_`` and its keyword arguments: ``optimizer.args``, plus the shared
+    settings (``lr``, ``weight_decay``, ...) its constructor takes. A shared setting it does not take is
+    left out while it is the built-in group's or schema's default, and an error naming it when set."""
+    path = cfg._target_
+    cls = locate(path, "optimizer._target_")
+    takes, required = _takes(cls)
+    group, schema = _group_defaults(getattr(cfg.name, "value", cfg.name)), OptimizerConfig()
+    kwargs = {}
+    for key in SHARED_SETTINGS:
+        value = getattr(cfg, key)
+        if value is None:
+            continue
+        if takes is None or key in takes:
+            kwargs[key] = tuple(value) if key == "betas" else value
+        elif not _is_default(value, key, group, schema):
+            raise ConfigError(f"optimizer.{key}: {path} does not take '{key}'; remove it")
+    args = plain(cfg.args)
+    if "params" in args:
+        raise ConfigError("optimizer.args.params: the framework passes the model's parameters; remove it")
+    _check_args(path, "optimizer", args, takes, required - {"params"}, [*kwargs, *args])
+    return cls, {**kwargs, **args}
+
+
+def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
+    """The class of ``optimizer.schedule._target_`` and its keyword arguments (``optimizer.schedule.args``).
+    The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``) are errors when set."""
+    sched = cfg.schedule
+    path = sched._target_
+    cls = locate(path, "optimizer.schedule._target_")
+    group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
+    schema = type(sched)()
+    for key in ("name", "warmup_steps", "min_lr"):
+        value = getattr(getattr(sched, key), "value", getattr(sched, key))
+        if not _is_default(value, key, group, schema):
+            raise ConfigError(f"optimizer.schedule.{key}: only the built-in schedules use it, and "
+                              f"optimizer.schedule._target_ is {path}; remove it")
+    takes, required = _takes(cls)
+    args = plain(sched.args)
+    _check_args(path, "optimizer.schedule", args, takes, required, args)
+    return cls, args

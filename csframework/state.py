@@ -30,6 +30,8 @@ class RunState:
     """The SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``."""
     stopping: bool = False
     """Set at the step boundary where the run stops for ``stop_signal`` (the checkpoint plugin saves then)."""
+    stop_reason: str | None = None
+    """Set by ``Run.request_stop``: training ends after the current step, as at a normal end."""
     pending: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
     metrics: dict[str, float] = field(default_factory=dict)

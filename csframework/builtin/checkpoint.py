@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -468,6 +469,20 @@ def list_checkpoints(root: Path) -> list[Path]:
     return [root / name for name in checkpoint_names(root)[0]]
 
 
+def read_best(root: Path) -> dict | None:
+    """The index's ``best`` entry (``checkpoint.keep_best``: ``name``, ``metric``, ``value``), or ``None``
+    when there is none or it does not name one of the checkpoint directories in ``root``."""
+    try:
+        best = read_json(root / INDEX, MAX_INDEX_BYTES).get("best")
+        found = scan_checkpoints(root)
+    except (OSError, ValueError, AttributeError, UnreadableCheckpoints):
+        return None
+    if (isinstance(best, dict) and best.get("name") in found and isinstance(best.get("metric"), str)
+            and isinstance(best.get("value"), (int, float))):
+        return best
+    return None
+
+
 def resume_source(target: Path) -> tuple[Path, bool]:
     """What ``checkpoint.resume=<target>`` names, resolved: ``(a checkpoint directory, False)``, or
     ``(a checkpoints/ directory, True)`` whose newest good checkpoint is meant (for a run directory, its
@@ -552,6 +567,7 @@ class CheckpointPlugin:
         self.saved_step = None
         self.seen_step = None
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
+        self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
 
     def _root(self, run) -> Path:
         return run.output_dir / "checkpoints"
@@ -561,6 +577,39 @@ class CheckpointPlugin:
         if not self.restore(run) and run.mode == "validate" and run.global_step == 0:  # not after a fit
             run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
                             fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
+        if run.rank == 0:
+            self._name_best(run, read_best(self._root(run)))
+
+    @hookimpl
+    def on_log_metrics(self, metrics, step):
+        for name in metrics:
+            self.reported[name] = step
+
+    def _best(self, run, root: Path, name: str) -> dict | None:
+        """The best checkpoint after saving ``name``: it, if ``keep_best.monitor`` was reported at this
+        step with a better value than the previous best, else the previous best (``None``: keep none)."""
+        keep_best = run.stage_config.checkpoint.keep_best
+        monitor = keep_best.monitor
+        if not monitor:
+            return None
+        previous = read_best(root)
+        if previous is not None and previous["metric"] != monitor:
+            previous = None
+        value = run.metrics.get(monitor)
+        if self.reported.get(monitor) != run.global_step or value is None or not math.isfinite(value):
+            return previous
+        if previous is not None and (value >= previous["value"] if keep_best.mode.value == "min"
+                                     else value <= previous["value"]):
+            return previous
+        return {"name": name, "metric": monitor, "value": value}
+
+    @staticmethod
+    def _name_best(run, best: dict | None) -> None:
+        if best:
+            run.summary_extra["best_checkpoint"] = {"path": f"checkpoints/{best['name']}", "metric": best["metric"],
+                                                    "value": best["value"]}
+        else:
+            run.summary_extra.pop("best_checkpoint", None)
 
     def restore(self, run) -> bool:
         """Load ``checkpoint.resume`` into ``run``; ``True`` when a checkpoint was loaded."""
@@ -675,14 +724,21 @@ class CheckpointPlugin:
         name = f"step-{run.global_step:08d}"
         path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml)
         kept = [n for n in self._checkpoints(run, root, rewrite=False) if n != name] + [name]
-        keep = run.stage_config.checkpoint.keep_last
+        retained = kept[-run.stage_config.checkpoint.keep_last:]
+        best = self._best(run, root, name)
+        index: dict = {"checkpoints": retained}
+        if best:  # kept besides keep_last
+            index["checkpoints"] = retained = sorted(set(retained) | {best["name"]}, key=_step)
+            index["best"] = best
         try:
-            write_json_atomic(root / INDEX, {"checkpoints": kept[-keep:]})
+            write_json_atomic(root / INDEX, index)
         except OSError as e:
             raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
                                        f"{path} is complete and the previous checkpoints are intact") from e
-        for old in kept[:-keep]:
-            _remove_checkpoint(root, old)
+        for old in kept:
+            if old not in retained:
+                _remove_checkpoint(root, old)
+        self._name_best(run, best)
         self.saved_step = run.global_step
         run.log.info("checkpoint_saved", path=str(path))
         return path

@@ -1,13 +1,53 @@
-"""The metrics plugin: every reported metric as a row of ``metrics.csv`` (``step,stage,name,value``), and,
-when the run ends, fails or stops, ``summary.json`` (status, global step, device type, final metrics) and
-``curves.svg`` (train and validation loss)."""
+"""The metrics plugin: the model summary at the start of a fit, every reported metric as a row of
+``metrics.csv`` (``step,stage,name,value``), and, when the run ends, fails or stops, ``summary.json``
+(status, global step, device type, final metrics, the model, wall time, steps/s, peak memory, the command
+line) and the loss curves (``curves.png`` or ``curves.svg``)."""
 from __future__ import annotations
 
 import csv
+import shlex
+import sys
+import time
+from pathlib import Path
 
 from ..files import write_json_atomic
 from ..hookspecs import hookimpl
 from .plot import write_curves
+
+
+def model_summary(model) -> dict:
+    """Parameter counts (shared parameters once) and the size in MB (10^6 bytes) of parameters and buffers."""
+    params = list(model.parameters())
+    size = sum(t.numel() * t.element_size() for t in [*params, *model.buffers()])
+    return {"parameters": sum(p.numel() for p in params),
+            "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+            "size_mb": round(size / 1e6, 3)}
+
+
+def peak_memory(device_type: str) -> dict:
+    """This process's peak resident memory, and on a GPU the most CUDA memory torch allocated, in MB."""
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peak = {"rss_mb": round(rss * (1 if sys.platform == "darwin" else 1024) / 1e6, 1)}
+    if device_type == "GPU":
+        import torch
+
+        peak["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
+    return peak
+
+
+def command_line() -> str:
+    """The command that started this process, as a shell would take it (``python -m csframework ...`` for
+    the CLI, also under torchrun)."""
+    program = sys.argv[0] if sys.argv else ""
+    if Path(program).name == "__main__.py" and Path(program).parent.name == "csframework":
+        program = "python -m csframework"
+    elif program.endswith(".py"):
+        program = f"python {shlex.quote(program)}"
+    else:
+        program = shlex.quote(program)
+    return " ".join([program, *map(shlex.quote, sys.argv[1:])])
 
 
 class MetricsPlugin:
@@ -16,9 +56,14 @@ class MetricsPlugin:
     def __init__(self):
         self.file = None
         self.writer = None
+        self.model = None
+        self.started = None  # (perf_counter, global_step) at on_fit_start
 
     @hookimpl
     def on_fit_start(self, run):
+        self.started = (time.perf_counter(), run.global_step)
+        self.model = model_summary(run.model)
+        run.log.info("model", **self.model)
         if run.rank != 0:
             return
         run.output_dir.mkdir(parents=True, exist_ok=True)
@@ -50,8 +95,24 @@ class MetricsPlugin:
         if run.rank != 0:
             return
         summary = run.summary()
+        summary.update(self._figures(run))
         if error is not None:
             summary["error"] = f"{type(error).__name__}: {error}"
         run.output_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run.output_dir / "summary.json", summary)
         write_curves(run.output_dir, title=f"{run.run_id} ({summary['status']})")
+
+    def _figures(self, run) -> dict:
+        """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's
+        op count and memory estimates. ``best_checkpoint`` comes with ``run.summary()`` when the checkpoint
+        plugin keeps one (``checkpoint.keep_best``)."""
+        model = dict(self.model or model_summary(run.model))
+        compiled = getattr(run.backend, "compile_figures", lambda: None)()
+        if compiled:
+            model["compile"] = compiled
+        out = {"model": model, "peak_memory": peak_memory(run.device_type), "command_line": command_line()}
+        if self.started is not None:
+            wall = time.perf_counter() - self.started[0]
+            out.update(wall_time_s=round(wall, 3),
+                       steps_per_sec=round((run.global_step - self.started[1]) / max(wall, 1e-9), 3))
+        return out

@@ -1,8 +1,12 @@
-"""``curves.svg``: the loss curves of a run, drawn from ``metrics.csv`` as a dependency-free SVG."""
+"""The loss curves of a run, drawn from ``metrics.csv``: ``curves.png`` with matplotlib when it is installed
+(``pip install csframework[plot]``), else ``curves.svg``, drawn by hand without dependencies. A series of
+one point (a one-step run) is drawn as a marker."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
+import os
 from pathlib import Path
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -58,18 +62,53 @@ def svg_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> s
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in values))
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        if len(values) == 1:  # a line of one point draws nothing
+            x, y = xy(*values[0])
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}"/>')
         parts.append(f'<text x="{WIDTH - PAD - 90}" y="{PAD + 16 * i}" fill="{colour}">{name}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
 
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def png_curves(series: dict[str, list[tuple[int, float]]], path: Path, title: str = "") -> None:
+    """``series`` drawn with matplotlib's object API (no pyplot: the user's backend and figures are left
+    alone) into ``path``, written under a temporary name and renamed."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(WIDTH / 100, HEIGHT / 100), dpi=100)
+    ax = fig.add_subplot()
+    for i, (name, values) in enumerate(sorted(series.items())):
+        ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[i % len(COLOURS)], label=name,
+                marker="o" if len(values) == 1 else None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+
+
 def write_curves(run_dir: Path, title: str = "") -> Path | None:
+    """``curves.png`` (matplotlib installed) or ``curves.svg`` in ``run_dir``; ``None`` without metrics."""
     metrics_csv = run_dir / "metrics.csv"
     if not metrics_csv.exists():
         return None
-    svg = svg_curves(read_series(metrics_csv), title)
-    if not svg:
+    series = read_series(metrics_csv)
+    if not any(series.values()):
         return None
+    if have_matplotlib():
+        path = run_dir / "curves.png"
+        png_curves(series, path, title)
+        return path
     path = run_dir / "curves.svg"
-    path.write_text(svg, encoding="utf-8")
+    path.write_text(svg_curves(series, title), encoding="utf-8")
     return path

@@ -15,6 +15,7 @@ from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_S
                              MAX_TIMEOUT_S, check_range)
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
+from ..schedule import optimizer_spec, schedule_spec
 
 
 @hookimpl
@@ -100,16 +101,17 @@ def precision_rules(cfg: RunConfig) -> list[str]:
 def optimizer_rules(cfg: RunConfig) -> list[str]:
     o = cfg.optimizer
     name = getattr(o.name, "value", o.name)
-    problems = (check_range("optimizer.lr", o.lr, 0.0) + check_range("optimizer.weight_decay", o.weight_decay, 0.0)
+    problems = (target_rules(cfg) + check_range("optimizer.lr", o.lr, 0.0)
+                + check_range("optimizer.weight_decay", o.weight_decay, 0.0)
                 + check_range("optimizer.max_grad_norm", o.max_grad_norm, 0.0, open_low=True,
                               hint=", or null to disable clipping")
                 + check_range("optimizer.momentum", o.momentum, 0.0)
                 + check_range("optimizer.eps", o.eps, 0.0, open_low=True))
-    if name == "sgd" and o.nesterov and not (o.momentum or 0) > 0:
+    if name == "sgd" and not o._target_ and o.nesterov and not (o.momentum or 0) > 0:
         problems.append("optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0; set it "
                         "(e.g. optimizer.momentum=0.9) or set nesterov to false")
     for field_name in sorted({f for fs in FIELDS_BY_OPTIMIZER.values() for f in fs} - set(FIELDS_BY_OPTIMIZER[name])):
-        if getattr(o, field_name) is not None:
+        if getattr(o, field_name) is not None and not o._target_:  # a `_target_` class: target_rules
             owners = ", ".join(n for n, fs in FIELDS_BY_OPTIMIZER.items() if field_name in fs)
             problems.append(f"optimizer.{field_name}: only {owners} understands it (optimizer is {name}); "
                             "remove it or choose that optimizer")
@@ -121,6 +123,20 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
     return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
             + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
                           hint=" (optimizer.lr)" if math.isfinite(o.lr) else ""))
+
+
+def target_rules(cfg: RunConfig) -> list[str]:
+    """An optimizer or schedule by ``_target_``: importable and taking the arguments given (whether a
+    backend can run the class is its own rule: CSX needs state it can preinitialise)."""
+    problems = []
+    for node, spec in ((cfg.optimizer, optimizer_spec), (cfg.optimizer.schedule, schedule_spec)):
+        if not node._target_:
+            continue
+        try:
+            spec(cfg.optimizer)
+        except ConfigError as e:
+            problems.append(str(e))
+    return problems
 
 
 def loop_rules(cfg: RunConfig) -> list[str]:
@@ -144,8 +160,15 @@ def data_rules(cfg: RunConfig) -> list[str]:
     problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
                  + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
                  + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL)
+                 + check_range("data.prefetch_factor", d.prefetch_factor, 1, MAX_COUNT)
                  + check_range("data.timeout_s", d.timeout_s, 0, MAX_TIMEOUT_S,
                                hint=" seconds (0 waits forever)"))
+    for key in ("persistent_workers", "prefetch_factor"):
+        if getattr(d, key) not in (None, False) and d.num_workers <= 0:
+            problems.append(f"data.{key}: needs loader workers; set data.num_workers > 0, or remove it")
+    if d.collate_fn is not None and not isinstance(d.collate_fn, str) and (
+            not isinstance(d.collate_fn, dict) or "_target_" not in d.collate_fn):
+        problems.append("data.collate_fn: needs a _target_ naming a function or class, or null")
     if not isinstance(cfg.model, dict) or "_target_" not in cfg.model:
         problems.append("model: needs a _target_ that builds a torch.nn.Module")
     return problems
@@ -155,6 +178,10 @@ def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
     problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
                 + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
+    monitor = c.keep_best.monitor
+    if monitor and monitor.startswith("val/") and cfg.data.val is None:
+        problems.append(f"checkpoint.keep_best.monitor: {monitor} comes from evaluation, but data.val is null; "
+                        "set data.val, or monitor a train/ metric")
     if c.resume not in ("auto", "never") and not os.path.exists(c.resume):
         problems.append(f"checkpoint.resume: no checkpoint at '{c.resume}'; give an existing checkpoint "
                         "directory, or auto / never")

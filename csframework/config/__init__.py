@@ -1,7 +1,8 @@
 """Typed config schemas and composition: overrides -> Hydra -> ``RunConfig``.
 
 Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
-schema of each device type; ``config_files``: the config directories of backend plugins).
+schema of each device type; ``config_files``: the config directories of backend plugins; ``sections``: the
+plugins' own config sections).
 ``csframework.api`` asks the plugins for these and passes them in.
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import enum
 import os
 import re
 from dataclasses import fields
@@ -23,6 +25,7 @@ from ..errors import ConfigError, ValidationError
 from .backend import BackendConfig, DeviceConfig
 from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
+from .readonly import ReadOnly
 from .run import STAGE_KEYS, Mode, RunConfig
 from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
 
@@ -31,7 +34,8 @@ __all__ = [
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
     "FIELDS_BY_OPTIMIZER", "PRECISIONS", "compose", "compose_dict", "register_schemas", "to_run_config",
     "stage_config", "stage_configs", "for_each_stage", "explicit_groups", "describe_error", "register_config_files",
-    "user_config_dirs", "check_config_files", "resolve_run_dir",
+    "user_config_dirs", "check_config_files", "resolve_run_dir", "run_config_type", "plugin_sections",
+    "disabled_section", "flat_config",
 ]
 
 SCHEMA_NAME = "csframework_schema"
@@ -41,19 +45,81 @@ MAX_CONFIG_BYTES = 4 * 2**20
 MAX_CONFIG_NODES = 100_000
 
 
-def _schema() -> DictConfig:
-    """``RunConfig`` as Hydra composes it: typed, except the ``backend`` node, which takes any key until
-    ``to_run_config`` types it with the schema of its device type."""
-    schema = OmegaConf.structured(RunConfig)
+_types: dict[tuple, type] = {}
+
+
+def run_config_type(sections: Mapping[str, type] | None = None) -> type:
+    """``RunConfig`` extended by plugin config sections (``{name: dataclass}``), each a typed top-level
+    field holding the dataclass's defaults; one class per set of sections."""
+    if not sections:
+        return RunConfig
+    key = tuple(sorted(sections.items(), key=lambda item: item[0]))
+    if key not in _types:
+        typed = [(name, _read_only(schema)) for name, schema in key]
+        _types[key] = dataclasses.make_dataclass(
+            "RunConfig", [(name, schema, dataclasses.field(default_factory=schema)) for name, schema in typed],
+            bases=(RunConfig,))
+    return _types[key]
+
+
+def _read_only(schema: type) -> type:
+    """A plugin's section dataclass with the ``ReadOnly`` mix-in of the built-in schemas (a subclass: the
+    plugin's own ``isinstance`` checks hold), so it is as read-only during a run as they are."""
+    if issubclass(schema, ReadOnly):
+        return schema
+    return dataclasses.make_dataclass(schema.__name__, [], bases=(ReadOnly, schema))
+
+
+def plugin_sections(config) -> tuple[str, ...]:
+    """The config sections plugins added to ``config`` (a stage may set them too)."""
+    builtin = {f.name for f in fields(RunConfig)}
+    return tuple(f.name for f in fields(config) if f.name not in builtin)
+
+
+def disabled_section(key: str, disabled: Iterable[str], sections: Mapping[str, type] | None) -> str | None:
+    """The error for setting ``key`` when its section is that of a disabled plugin (a section named after
+    its plugin, as every first-party one is)."""
+    top = key.split(".", 1)[0]
+    if top in set(disabled) and top not in (sections or {}):
+        return (f"{key}: plugin '{top}' is disabled (plugins.disable), so its config section is gone; "
+                f"remove the setting or enable the plugin")
+    return None
+
+
+def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
+    """``RunConfig`` (with the plugins' ``sections``) as Hydra composes it: typed, except the ``backend``
+    node, which takes any key until ``to_run_config`` types it with the schema of its device type."""
+    schema = OmegaConf.structured(run_config_type(sections))
     with open_dict(schema):
         schema.backend = {"type": "CPU"}
     OmegaConf.set_struct(schema.backend, False)
+    # the keyword arguments of a `_target_` optimizer or schedule are open: `optimizer.args.alpha=0.9`
+    # adds a key without Hydra's `+` (every other section stays closed, so a typo is an error)
+    OmegaConf.set_struct(schema.optimizer.args, False)
+    OmegaConf.set_struct(schema.optimizer.schedule.args, False)
     return schema
 
 
-def register_schemas() -> None:
-    """Put the ``RunConfig`` schema into Hydra's ConfigStore; ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema())
+def register_schemas(sections: Mapping[str, type] | None = None) -> None:
+    """Put the ``RunConfig`` schema (with the plugins' ``sections``) into Hydra's ConfigStore;
+    ``conf/config.yaml`` builds on it."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema(sections))
+
+
+def flat_config(config) -> dict:
+    """A run config as ``{"dotted.key": value}`` (plain values: enums as their value, lists as lists),
+    e.g. for loggers that record parameters."""
+    flat: dict = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node.value if isinstance(node, enum.Enum) else node
+
+    walk(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True), "")
+    return flat
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -195,8 +261,10 @@ def _describe_known(error: BaseException) -> str | None:
     return None
 
 
-def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type]) -> RunConfig:
-    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved).
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type],
+                  sections: Mapping[str, type] | None = None) -> RunConfig:
+    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved), with the
+    plugins' config ``sections`` as typed top-level fields.
 
     ``backends`` maps each device type to its ``backend`` schema: ``backend`` becomes an instance of the
     schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
@@ -211,11 +279,13 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
         if "backend" in selected and "device" not in selected:
             cfg.device.type = cfg.backend.type
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(_schema(), OmegaConf.to_container(cfg, resolve=False))
+        typed = OmegaConf.merge(_schema(sections), OmegaConf.to_container(cfg, resolve=False))
         _device_types_upper(typed)
         run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
-        raise ConfigError(describe_error(e)) from e
+        disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
+        problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
+        raise ConfigError(problem or describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends)
     run.selected = tuple(selected)
     return run
@@ -262,9 +332,10 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
     partial = OmegaConf.create(partial if partial is not None else {})
     if not isinstance(partial, DictConfig):
         raise ConfigError(f"stages.{name}: must be a mapping of overrides, got {type(partial).__name__}")
+    allowed = STAGE_KEYS + plugin_sections(base)
     for key in partial:
-        if key not in STAGE_KEYS:
-            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(STAGE_KEYS)}")
+        if key not in allowed:
+            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(allowed)}")
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
         partial.device = {"type": partial.device}
     try:
@@ -290,22 +361,28 @@ def resolve_run_dir(cfg: DictConfig) -> str:
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
-            backends: Mapping[str, type], config_files: Iterable[str] = ()) -> RunConfig:
+            backends: Mapping[str, type], config_files: Iterable[str] = (),
+            sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> RunConfig:
     """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
     ``config_dir`` adds a user config directory to the search path (like ``--config-dir``), before
     csframework's own, so it may also hold the primary config ``config_name``; ``config_files`` are the
-    config directories of backend plugins (``register_config_files``); ``backends`` as in
-    ``to_run_config``. Raises ``ConfigError`` naming the offending key. (``csf.compose`` is this with the
-    plugins' backends.)
+    config directories of backend plugins (``register_config_files``); ``backends`` and ``sections`` as in
+    ``to_run_config``; ``disabled``: the disabled plugins, whose sections are gone (setting one says so).
+    Raises ``ConfigError`` naming the offending key. (``csf.compose`` is this with the plugins'
+    contributions.)
     """
     overrides = list(overrides)
-    return to_run_config(compose_dict(overrides, config_dir, config_name, config_files=config_files),
-                         explicit_groups(overrides), backends=backends)
+    for item in overrides:
+        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
+        if problem:
+            raise ConfigError(problem)
+    cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections)
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections)
 
 
 def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
-                 config_files: Iterable[str] = ()) -> DictConfig:
+                 config_files: Iterable[str] = (), sections: Mapping[str, type] | None = None) -> DictConfig:
     """The composed ``DictConfig`` (with the ``hydra`` node, its run directory checked), searching
     ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does. Raises ``ConfigError``."""
     import yaml
@@ -316,7 +393,7 @@ def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, c
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    register_schemas()
+    register_schemas(sections)
     register_config_files(config_files)
     search_path = create_config_search_path("pkg://csframework.conf")
     if config_dir is not None:

@@ -13,7 +13,8 @@ from .readonly import ReadOnly
 @dataclass
 class DataConfig(ReadOnly):
     train: Any = MISSING
-    """A ``_target_`` building the training ``torch.utils.data.Dataset`` (map-style)."""
+    """A ``_target_`` building the training dataset: map-style, or an ``IterableDataset`` (then
+    ``loop.max_steps`` is required; an epoch ends when its iterator does)."""
     val: Any = None
     """A ``_target_`` building the validation dataset, or ``null`` for no evaluation."""
     batch_size: int = 32
@@ -30,6 +31,15 @@ class DataConfig(ReadOnly):
     """Shuffle the training set each epoch (the order is a function of ``seed`` and the epoch)."""
     drop_last: bool = True
     """Drop the last incomplete training batch, so every step sees a full batch."""
+    collate_fn: Any = None
+    """A ``_target_`` naming the function (other keys: its keyword arguments) or class (built with them)
+    that merges samples into a batch; ``null``: torch's default collation."""
+    pin_memory: Optional[bool] = None
+    """Page-locked host memory for batches (faster copies to a GPU); ``null``: on when the device is a GPU."""
+    persistent_workers: bool = False
+    """Keep the loader workers between epochs (needs ``num_workers > 0``; map-style datasets only)."""
+    prefetch_factor: Optional[int] = None
+    """Batches each worker loads ahead (needs ``num_workers > 0``); ``null``: torch's default (2)."""
 
 
 @dataclass
@@ -48,6 +58,20 @@ class LoopConfig(ReadOnly):
     """Log training metrics every this many steps; the only host-device synchronisation of the loop."""
 
 
+class BestMode(str, Enum):
+    min = "min"
+    max = "max"
+
+
+@dataclass
+class KeepBestConfig:
+    monitor: Optional[str] = None
+    """A metric name (e.g. ``val/loss``): keep the checkpoint where it was best, besides ``keep_last``;
+    ``null`` keeps none. A checkpoint counts when the metric was reported at its step."""
+    mode: BestMode = BestMode.min
+    """``min`` or ``max``: which value is best."""
+
+
 @dataclass
 class CheckpointConfig(ReadOnly):
     every_steps: Optional[int] = None
@@ -59,6 +83,8 @@ class CheckpointConfig(ReadOnly):
     checkpoint, or a run directory (its newest good checkpoint). ``mode=validate`` evaluates these weights."""
     save_at_end: bool = True
     """Save when a stage ends."""
+    keep_best: KeepBestConfig = field(default_factory=KeepBestConfig)
+    """Keep the best checkpoint by a metric (``summary.json`` names it as ``best_checkpoint``)."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ def toy_env(tmp_path, cli_env):
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[csframework.plugins]\ntoy = toy_backend.plugin\n")
-    return dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}")
+    return dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", CSFRAMEWORK_PLUGINS_AUTOLOAD="toy")
 
 
 def cli(env, *overrides):

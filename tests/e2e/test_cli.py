@@ -91,7 +91,8 @@ def test_an_entry_point_plugin_is_discovered_and_can_be_disabled(tmp_path, cli_e
     site.mkdir()
     install_entry_point_plugin(site)
     counter = tmp_path / "calls.txt"
-    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", STEP_COUNTER_FILE=str(counter))
+    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", STEP_COUNTER_FILE=str(counter),
+               CSFRAMEWORK_PLUGINS_AUTOLOAD="step_counter")
 
     r = cli("loop.max_steps=7", f"hydra.run.dir={tmp_path / 'on'}", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -109,10 +110,11 @@ def test_a_broken_entry_point_plugin_is_named(tmp_path, cli_env):
     site.mkdir()
     install_entry_point_plugin(site, "broken")
     (site / "broken_plugin.py").write_text("raise ImportError('missing dependency foo')\n")
-    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}")
+    env = dict(cli_env, PYTHONPATH=f"{site}:{cli_env['PYTHONPATH']}", CSFRAMEWORK_PLUGINS_AUTOLOAD="broken")
     r = cli("loop.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}", env=env)
     assert r.returncode != 0
-    assert "plugin 'broken' failed: ImportError: missing dependency foo" in r.stderr, r.stderr
+    assert ("plugin 'broken' (distribution broken 0.1) failed to load: ImportError: missing dependency foo; "
+            "turn it off with plugins.disable=[broken]") in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -120,7 +122,7 @@ def test_a_plugin_module_that_fails_to_import_is_named(tmp_path, cli_env):
     r = cli("loop.max_steps=2", "plugins.enable=[no.such.module]", f"hydra.run.dir={tmp_path / 'run'}",
             env=cli_env)
     assert r.returncode != 0
-    assert "plugin 'no.such.module' failed: ModuleNotFoundError" in r.stderr, r.stderr
+    assert "plugin 'no.such.module' (plugins.enable) failed to load: ModuleNotFoundError" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert_nothing_written(tmp_path / "run")
 

@@ -113,3 +113,14 @@ class PoisonAt:
     def on_train_batch_start(self, run):
         if run.global_step == self.step - 1:
             next(run.model.parameters()).data.fill_(float("nan"))
+
+
+def pip_install_target(source: Path, site: Path) -> None:
+    """``pip install`` a source tree into ``site`` (a real install: dist-info, entry points), leaving the
+    environment's own packages alone."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                           str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -28,9 +28,11 @@ def test_only_the_given_builtins_are_registered():
     assert [name for name, _ in pm.list_name_plugin()] == ["eager"]
 
 
-def test_an_entry_point_that_fails_to_import_is_named_unless_disabled(site):
+def test_an_entry_point_that_fails_to_import_is_named_unless_disabled(site, monkeypatch):
     install(site, "broken", "raise ImportError('missing dependency foo')\n")
-    with pytest.raises(PluginError, match="plugin 'broken' failed: ImportError: missing dependency foo"):
+    monkeypatch.setenv("CSFRAMEWORK_PLUGINS_AUTOLOAD", "broken")
+    with pytest.raises(PluginError, match=r"plugin 'broken' \(distribution broken 0.1\) failed to load: ImportError: "
+                                          r"missing dependency foo; turn it off with plugins.disable=\[broken\]"):
         build_manager([])
     pm = build_manager([], disable=["broken"])  # blocked: never imported
     assert pm.is_blocked("broken") and not pm.has_plugin("broken")

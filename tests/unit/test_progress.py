@@ -3,6 +3,7 @@ import io
 
 import csframework as csf
 import fixtures
+from csframework.builtin import plot
 from csframework.builtin.progress import ProgressPlugin
 
 
@@ -34,7 +35,8 @@ def test_no_bar_when_not_a_terminal(tmp_path):
     assert "\r" not in plain.getvalue()
 
 
-def test_curves_svg_plots_train_and_val_loss(tmp_path):
+def test_curves_svg_plots_train_and_val_loss(tmp_path, monkeypatch):
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)  # the fallback without the plot extra
     cfg = fixtures.compose("loop.max_steps=6", "loop.log_every=2", "loop.eval_every=3")
     csf.Run(cfg, output_dir=tmp_path).fit()
     svg = (tmp_path / "curves.svg").read_text()

@@ -151,6 +151,15 @@ class CsxBackend(BackendBase):
     def load_state_dict(self, state: dict) -> None:
         self.precision.scaler.load_state_dict(state.get("precision", {}))
 
+    def compile_figures(self) -> dict | None:
+        """The compile report's figures for the model summary: op count and memory estimates (MB)."""
+        if self.compiled is None:
+            return None
+        report = self.compiled.report
+        return {"ops": report["ops"]["total"], "trace_seconds": report.get("trace_seconds"),
+                "memory_mb": {key.replace("_bytes", ""): round(value / 1e6, 3)
+                              for key, value in report.get("memory", {}).items()}}
+
     def counts(self) -> dict:
         train = self.train_step.stats() if self.train_step else {}
         evals = self.eval_step.stats() if self.eval_step else {}

@@ -32,6 +32,12 @@ def is_builtin(optimizer) -> bool:
     return type(optimizer) in BUILTIN
 
 
+def preinitialisable(cls: type) -> bool:
+    """Whether optimizers of class ``cls`` can have their state created before the trace: the built-ins
+    (SGD, Adam, AdamW) or a class with a ``preinitialize()`` method."""
+    return cls in BUILTIN or callable(getattr(cls, "preinitialize", None))
+
+
 def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
@@ -92,6 +98,9 @@ def step(optimizer, skip: torch.Tensor | None = None) -> None:
     operation to each tensor, so the arithmetic is the single-tensor optimizer's. Without ``skip`` the state
     is updated in place, as torch does; with it the new values are computed aside and selected.
     """
+    if not is_builtin(optimizer):
+        _custom_step(optimizer, skip)
+        return
     with torch.no_grad():
         for group in optimizer.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -105,6 +114,25 @@ def step(optimizer, skip: torch.Tensor | None = None) -> None:
             else:
                 _adam_group(optimizer, group, params, grads, skip, decoupled=bool(group.get(
                     "decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))))
+
+
+def _custom_step(optimizer, skip) -> None:
+    """A preinitialised custom optimizer's own ``step()``; with ``skip``, its parameters and state tensors
+    keep their old values where ``skip`` is true (selected with ``torch.where``, no host read)."""
+    if skip is None:
+        optimizer.step()
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    with torch.no_grad():
+        old_params = [p.detach().clone() for p in params]
+        old_state = [(optimizer.state[p], key, value.clone()) for p in params if p in optimizer.state
+                     for key, value in optimizer.state[p].items() if isinstance(value, torch.Tensor)]
+    optimizer.step()
+    with torch.no_grad():
+        for p, old in zip(params, old_params):
+            p.copy_(torch.where(skip, old, p))
+        for state, key, old in old_state:
+            state[key] = torch.where(skip, old, state[key])
 
 
 def _sgd_group(optimizer, group, params, grads, skip) -> None:

@@ -57,7 +57,29 @@ def stage_rules(cfg) -> list[str]:
                             hint=" (0: the default)")
     if b.compile_only and b.validate_only:
         problems.append("backend.compile_only, backend.validate_only: choose one of them")
-    return problems
+    return problems + optimizer_rules(cfg)
+
+
+def optimizer_rules(cfg) -> list[str]:
+    """An ``optimizer._target_`` class must have state that can exist before the trace (a CSX graph cannot
+    create it): SGD/Adam/AdamW, or a class with ``preinitialize()``. Imports the class (and torch) only when
+    one is named; one that does not import is the core validation's to report."""
+    target = cfg.optimizer._target_
+    if not target:
+        return []
+    from ...errors import ConfigError
+    from ...schedule import locate
+    from .optim import preinitialisable
+
+    try:
+        cls = locate(target, "optimizer._target_")
+    except ConfigError:
+        return []
+    if preinitialisable(cls):
+        return []
+    return [f"optimizer._target_: {target} cannot run on device=csx: its state is created lazily in step(), "
+            "and a CSX graph needs it before the trace; use optimizer=sgd, adam or adamw, or a class with a "
+            "preinitialize() method that creates its state"]
 
 
 def across_stages(config, stages) -> list[str]:

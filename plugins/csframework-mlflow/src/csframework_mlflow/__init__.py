@@ -1,0 +1,101 @@
+"""MLflow tracking for csframework: one MLflow run per csframework run (so one per job of a sweep) with
+the composed config as params, every reported metric at its step, and the run's status. The default
+store is a SQLite file beside the run directory (``<run dir>/../mlflow.db``), so the jobs of a sweep
+share one store. Only rank 0 writes. A resumed run continues the same MLflow run (its id is kept in the
+checkpoint)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import csframework as csf
+from csframework.config import flat_config
+
+__all__ = ["MlflowLogger", "MlflowConfig"]
+_BATCH = 100  # MLflow's limit of params per log_batch call
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: Optional[str] = None
+    """An MLflow tracking URI; ``null``: ``sqlite:///<the run directory's parent>/mlflow.db``."""
+    experiment: str = "csframework"
+    """The MLflow experiment (created if missing)."""
+
+
+class MlflowLogger:
+    """The plugin (entry point ``mlflow``, config section ``mlflow``)."""
+
+    name = "mlflow"
+
+    def __init__(self):
+        self.client = None
+        self.run_id: str | None = None
+
+    @csf.hookimpl
+    def csframework_config_sections(self):
+        return {"mlflow": MlflowConfig}
+
+    @csf.hookimpl
+    def on_checkpoint_load(self, state):
+        self.run_id = (state.get(self.name) or {}).get("run_id")
+
+    @csf.hookimpl
+    def on_checkpoint_save(self, state):
+        if self.run_id is not None:
+            state[self.name] = {"run_id": self.run_id}
+
+    @csf.hookimpl
+    def on_fit_start(self, run):
+        if run.rank != 0:
+            return
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        cfg = run.config.mlflow
+        uri = cfg.tracking_uri
+        if uri is None:
+            parent = run.output_dir.resolve().parent
+            parent.mkdir(parents=True, exist_ok=True)
+            uri = f"sqlite:///{parent / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=uri)
+        if self.run_id is not None:  # resumed: continue the MLflow run the checkpoint names
+            try:
+                self.client.update_run(self.run_id, status="RUNNING")
+                return
+            except MlflowException:
+                run.log.warning("mlflow_run_not_found", run_id=self.run_id, tracking_uri=uri,
+                                action="starting a new MLflow run")
+        experiment = self.client.get_experiment_by_name(cfg.experiment)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(cfg.experiment)
+        created = self.client.create_run(experiment_id, run_name=run.output_dir.name,
+                                         tags={"csframework.output_dir": str(run.output_dir),
+                                               "csframework.run_id": run.run_id})
+        self.run_id = created.info.run_id
+        params = [Param(key, str(value)) for key, value in flat_config(run.config).items()]
+        for start in range(0, len(params), _BATCH):
+            self.client.log_batch(self.run_id, params=params[start:start + _BATCH])
+
+    @csf.hookimpl
+    def on_log_metrics(self, metrics, step):
+        if self.client is not None:
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    @csf.hookimpl
+    def on_fit_end(self, run):
+        if self.client is not None:
+            if run.stop_reason:
+                self.client.set_tag(self.run_id, "csframework.stop_reason", run.stop_reason)
+            self.client.set_terminated(self.run_id, "FINISHED")
+            self.client = None
+
+    @csf.hookimpl
+    def on_exception(self, error):
+        if self.client is not None:
+            self.client.set_terminated(self.run_id, "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            self.client = None

@@ -1,0 +1,65 @@
+"""The plugin-author recipes of README.md and docs/plugins.md work as written: their files are taken from
+the documents, pip-installed (a real install, with the entry point) and their tests run with pytest in a
+fresh directory outside this project, where only the installed csframework provides ``csf_runner`` and
+``csf_hook_recorder``. CI runs the plugins/ packages the same way after the core suite."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures import pip_install_target
+
+ROOT = Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
+
+
+def files_of(document: Path, package: str) -> dict[str, str]:
+    """The fenced blocks of ``document`` whose first line names a file of ``package``
+    (``# <package>/<path>`` or ``<!-- <package>/<path> -->``), as ``{path: text}``."""
+    found = {}
+    for block in _BLOCK.findall(document.read_text()):
+        first = block.split("\n", 1)[0]
+        named = re.fullmatch(rf"(?:#|<!--)\s*{re.escape(package)}/(\S+?)(?:\s*-->)?", first.strip())
+        if named:
+            found[named.group(1)] = block
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("document, package, entry_point, files", [
+    ("README.md", "csframework-target", "target",
+     {"pyproject.toml", "src/csf_target/__init__.py", "tests/test_target.py"}),
+    ("docs/plugins.md", "csframework-best-metric", "best_metric",
+     {"pyproject.toml", "README.md", "src/csf_best_metric/__init__.py", "tests/test_best_metric.py"}),
+])
+def test_a_documented_plugin_package_installs_and_its_tests_pass(tmp_path, document, package, entry_point, files):
+    found = files_of(ROOT / document, package)
+    assert set(found) == files
+    project = tmp_path / package
+    for path, text in found.items():
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text(text)
+    site = tmp_path / "site"
+    pip_install_target(project, site)
+    env = dict(os.environ, PYTHONPATH=str(site), CSFRAMEWORK_PLUGINS_AUTOLOAD=entry_point)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{package}/tests"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    count = len(re.findall(r"^def test_", found[next(p for p in files if p.startswith("tests/"))], re.M))
+    assert f"{count} passed" in done.stdout
+
+
+def test_ci_installs_and_tests_the_plugin_packages_as_the_readme_says():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    line = "pip install -q ./plugins/csframework-* && python -m pytest -q plugins"
+    assert line in ci and line in (ROOT / "README.md").read_text().splitlines()
+    packages = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
+    assert packages == ["csframework-early-stopping", "csframework-mlflow", "csframework-tensorboard"]
+    for name in packages:
+        assert f"plugins/{name}" in (ROOT / "README.md").read_text()
+        assert list((ROOT / "plugins" / name / "tests").glob("test_*.py"))

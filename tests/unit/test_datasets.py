@@ -1,0 +1,86 @@
+"""Any dataset: a custom ``collate_fn``, ``IterableDataset``s sharded across loader workers (each sample read
+once per epoch, resumable), and the loader settings ``persistent_workers``, ``prefetch_factor``. Under DDP:
+tests/e2e/test_datasets_ddp.py."""
+import multiprocessing
+
+import pytest
+import torch
+
+import csframework as csf
+from csframework.errors import ValidationError
+
+from numbered import N, write_conf
+
+
+@pytest.fixture
+def conf(tmp_path):
+    return write_conf(tmp_path / "conf")
+
+
+def run(conf, tmp_path, *overrides, name="run"):
+    cfg = csf.compose(["model=seen", "data=numbered", "loop.max_steps=16", "loop.eval_every=null",
+                       "loop.log_every=4", "optimizer=sgd", "optimizer.lr=0.1", *overrides], config_dir=str(conf))
+    r = csf.Run(cfg, output_dir=tmp_path / name)
+    r.fit()
+    return r
+
+
+def epochs(seen, per_epoch):
+    """The sample ids of each epoch, from the per-batch id lists."""
+    flat = [i for batch in seen for i in batch]
+    return [flat[k:k + per_epoch] for k in range(0, len(flat), per_epoch)]
+
+
+@pytest.mark.parametrize("data", ["numbered", "numbered_map"])
+def test_custom_collate_and_two_workers_read_each_sample_once_per_epoch(conf, tmp_path, data):
+    extra = ["data.persistent_workers=true", "data.prefetch_factor=3"] if data == "numbered_map" else []
+    workers = run(conf, tmp_path, f"data={data}", "data.num_workers=2", *extra, name="workers")
+    assert workers.model.scales == {2.0}, "the collate_fn and its configured argument were used"
+    seen = epochs(workers.model.seen, N)
+    assert len(seen) == 2 and all(sorted(ids) == list(range(N)) for ids in seen)
+    assert seen[0] != seen[1], "the order changes with the epoch"
+    assert not multiprocessing.active_children(), "the workers (persistent ones too) end with the fit"
+    single = run(conf, tmp_path, f"data={data}", name="single")
+    assert single.model.seen == workers.model.seen, "workers make the batches one process makes"
+
+
+def test_an_iterable_dataset_resumes_from_the_middle_of_an_epoch_exactly(conf, tmp_path):
+    common = ["data.num_workers=2", "loop.max_steps=12", "checkpoint.every_steps=5"]
+    straight = run(conf, tmp_path, *common, name="straight")
+    resumed = run(conf, tmp_path, *common, name="resumed",
+                  *[f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000010'}"])
+    assert resumed.model.seen == straight.model.seen[10:]
+    for (key, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), key
+
+
+def test_a_stateful_iterable_dataset_is_restored_from_its_state_dict(conf, tmp_path):
+    common = ["data.train._target_=numbered.StatefulNumbered", "loop.max_steps=12", "checkpoint.every_steps=5",
+              "checkpoint.keep_last=3"]
+    straight = run(conf, tmp_path, *common, name="straight")
+    resumed = run(conf, tmp_path, *common, name="resumed",
+                  *[f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000005'}"])
+    assert resumed.train_loader.dataset.dataset.loaded == [{"given": 40}]
+    assert resumed.model.seen == straight.model.seen[5:]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.prefetch_factor=2"], "data.prefetch_factor: needs loader workers"),
+    (["data.persistent_workers=true"], "data.persistent_workers: needs loader workers"),
+    (["data.num_workers=1", "data.prefetch_factor=0"], "data.prefetch_factor: 0 must be"),
+    (["~data.collate_fn._target_"], "data.collate_fn: needs a _target_"),
+])
+def test_loader_settings_are_validated(conf, tmp_path, overrides, message):
+    with pytest.raises(ValidationError) as caught:
+        run(conf, tmp_path, *overrides)
+    assert any(p.startswith(message) for p in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["loop.max_steps=null", "loop.max_epochs=1"], "loop.max_steps: data.train is an IterableDataset"),
+    (["data.num_workers=1", "data.persistent_workers=true"], "data.persistent_workers: an IterableDataset"),
+    (["data.collate_fn._target_=builtins.nothing_here"], "data.collate_fn: could not build"),
+])
+def test_iterable_dataset_errors_name_the_key(conf, tmp_path, overrides, message):
+    with pytest.raises(csf.ConfigError, match=message):
+        run(conf, tmp_path, *overrides)

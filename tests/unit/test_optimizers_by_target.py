@@ -1,0 +1,108 @@
+"""Any optimizer and learning-rate scheduler by ``_target_``: built with the arguments it takes, checked
+before launch, stepped per optimizer step or per epoch, resumed exactly; on CSX only preinitialisable ones."""
+import pytest
+import torch
+
+import csframework as csf
+import fixtures
+from csframework.errors import ValidationError
+
+RMSPROP = ["optimizer._target_=torch.optim.RMSprop", "optimizer.args.alpha=0.9"]
+STEP_LR = ["optimizer.schedule._target_=torch.optim.lr_scheduler.StepLR", "optimizer.schedule.args.step_size=3",
+           "optimizer.schedule.args.gamma=0.5"]
+
+
+class SignSGD(torch.optim.Optimizer):
+    """A user's optimizer whose state (a step counter) is created up front, so it can run on CSX."""
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p].setdefault("count", torch.zeros(()))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(torch.sign(p.grad) * -group["lr"])
+                    self.state[p]["count"].add_(1)
+
+
+def fit(tmp_path, *overrides, name="run"):
+    run = csf.Run(fixtures.compose(*overrides), output_dir=tmp_path / name)
+    return run, run.fit()
+
+
+def test_rmsprop_and_steplr_build_as_written_and_step_once_per_optimizer_step(tmp_path):
+    run, summary = fit(tmp_path, "optimizer=adamw", "optimizer.lr=0.08", *RMSPROP, *STEP_LR)
+    assert summary["status"] == "completed"
+    assert type(run.optimizer) is torch.optim.RMSprop
+    defaults = run.optimizer.defaults
+    # taken from the group (lr, weight_decay, eps) and args (alpha); adamw's betas are not passed
+    assert (defaults["lr"], defaults["alpha"], defaults["weight_decay"]) == (0.08, 0.9, 0.01)
+    assert isinstance(run.scheduler.scheduler, torch.optim.lr_scheduler.StepLR)
+    # 8 optimizer steps, halved every 3: 0.08 * 0.5 ** 2
+    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(0.02)
+
+
+def test_a_schedule_per_epoch_steps_at_epoch_ends(tmp_path):
+    # 256 samples / batch 64: 4 steps per epoch; 10 steps end two epochs
+    run, _ = fit(tmp_path, "data.batch_size=64", "loop.max_steps=10", *STEP_LR,
+                 "optimizer.schedule.args.step_size=1", "optimizer.schedule.interval=epoch")
+    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.25)
+
+
+@pytest.mark.parametrize("schedule", [STEP_LR, STEP_LR + ["optimizer.schedule.args.step_size=1",
+                                                           "optimizer.schedule.interval=epoch"]],
+                         ids=["per_step", "per_epoch"])
+def test_resume_from_the_middle_is_exact(tmp_path, schedule):
+    common = ["data.batch_size=64", "loop.max_steps=10", "checkpoint.every_steps=5", *RMSPROP, *schedule]
+    straight, _ = fit(tmp_path, *common, name="straight")
+    half = tmp_path / "straight" / "checkpoints" / "step-00000005"
+    assert half.is_dir()
+    resumed, summary = fit(tmp_path, *common, f"checkpoint.resume={half}", name="resumed")
+    assert summary["global_step"] == 10
+    assert resumed.scheduler.state_dict() == straight.scheduler.state_dict()
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (RMSPROP + ["optimizer.betas=[0.5,0.5]"], "optimizer.betas: torch.optim.RMSprop does not take 'betas'"),
+    (RMSPROP + ["optimizer.args.gamma=1"], "optimizer.args.gamma: torch.optim.RMSprop does not take 'gamma'"),
+    (["optimizer._target_=torch.optim.NoSuchOptimizer"], "optimizer._target_: cannot import"),
+    (["optimizer.schedule._target_=torch.optim.lr_scheduler.StepLR"],
+     "optimizer.schedule.args.step_size: torch.optim.lr_scheduler.StepLR needs it"),
+    (STEP_LR + ["optimizer.schedule.warmup_steps=5"], "optimizer.schedule.warmup_steps: only the built-in"),
+    (["optimizer.momentum=0.5", "optimizer=adamw"], "optimizer.momentum: only sgd understands it"),
+])
+def test_an_argument_the_class_does_not_take_is_rejected_before_launch(tmp_path, overrides, message):
+    with pytest.raises(ValidationError) as caught:
+        csf.Run(fixtures.compose(*overrides), output_dir=tmp_path / "rejected")
+    assert caught.value.exit_code == 2
+    assert any(p.startswith(message) for p in caught.value.problems), caught.value.problems
+    assert not (tmp_path / "rejected").exists()
+
+
+def test_an_unknown_key_of_a_builtin_optimizer_is_still_an_error():
+    with pytest.raises(csf.ConfigError, match="optimizer.alpha"):
+        fixtures.compose("optimizer.alpha=0.9")
+
+
+def test_csx_rejects_an_optimizer_that_cannot_be_preinitialised(tmp_path):
+    with pytest.raises(ValidationError) as caught:
+        csf.Run(fixtures.compose("device=csx", *RMSPROP), output_dir=tmp_path / "rejected")
+    assert caught.value.problems[0].startswith("optimizer._target_: torch.optim.RMSprop cannot run on device=csx")
+
+
+@pytest.mark.parametrize("precision", ["float32", "cbfloat16"])
+def test_csx_trains_a_preinitialised_custom_optimizer(tmp_path, precision):
+    run, summary = fit(tmp_path, "device=csx", f"precision={precision}", "loop.max_steps=4",
+                       f"optimizer._target_={__name__}.SignSGD", "optimizer=adamw", *STEP_LR)
+    assert summary["status"] == "completed" and summary["traces"] == 1
+    counts = {int(s["count"]) for s in run.optimizer.state.values()}
+    assert counts == {4} or precision == "cbfloat16" and max(counts) <= 4
