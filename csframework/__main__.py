@@ -14,7 +14,8 @@ run, a torchrun rank other than 0, which writes into rank 0's directory).
 Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
 rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
 and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
-``summary.json`` says ``interrupted``).
+``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
+failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
 """
 from __future__ import annotations
 
@@ -173,7 +174,12 @@ def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
 @hydra.main(version_base="1.3", config_path="pkg://csframework.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of a sweep: fails alone, never exits
+        from .sweep import run_sweep_job
+
+        return run_sweep_job(cfg, run_job)
     debug = bool(cfg.get("debug", False))
     try:
         return run_job(cfg, list(HydraConfig.get().overrides.task))
@@ -200,6 +206,13 @@ def main() -> None:
             raise
         report_error(e)
         sys.exit(e.exit_code)
+    if is_multirun(sys.argv[1:]):
+        from . import sweep
+
+        sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
+        with sweep.forward_signals():
+            hydra_main()
+        sys.exit(sweep.finish())
     created = []
     if run_dir is not None:  # Hydra uses exactly this directory; what it creates for nothing is removed
         created = new_directories(run_dir)
@@ -244,6 +257,10 @@ def leave_process_group(status) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def is_multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from ..hookspecs import hookimpl
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 LOGGER = "csframework"
 #: Keys of an event that the console line leaves out (the format shows time and level).
-_NOT_ON_CONSOLE = ("run_id", "timestamp", "level")
+_NOT_ON_CONSOLE = ("run_id", "timestamp", "level", "sweep_dir")
 
 
 class LoggingPlugin:
@@ -53,6 +53,7 @@ class LoggingPlugin:
         file = self.file
 
         def context(_, __, event: dict) -> dict:
+            event.update(structlog.contextvars.get_contextvars())  # a sweep job's job and sweep_dir
             event.setdefault("run_id", run.run_id)
             event.setdefault("stage", run.stage)
             event.setdefault("step", run.global_step)

@@ -11,7 +11,7 @@ from .backend import BackendConfig, DeviceConfig
 from .optimizer import OptimizerConfig
 from .precision import PrecisionConfig
 from .readonly import ReadOnly
-from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
+from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig, SweepConfig
 
 #: The sections a stage may override.
 STAGE_KEYS = ("device", "backend", "optimizer", "precision", "data", "loop", "checkpoint")
@@ -44,6 +44,8 @@ class RunConfig(ReadOnly):
     """Checkpoint cadence, retention and resume."""
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     """Extra plugins to enable, plugins to disable."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """What a multirun optimises and plots: ``objective`` (a metric name) and ``direction``."""
     stages: Dict[str, Any] = field(default_factory=dict)
     """Optional multi-phase run: stage name -> partial run config (any of ``STAGE_KEYS``), run in order,
     each continuing from the previous stage's weights."""

@@ -1,4 +1,4 @@
-"""Schemas of the plain sections: ``data``, ``loop``, ``checkpoint`` and ``plugins``."""
+"""Schemas of the plain sections: ``data``, ``loop``, ``checkpoint``, ``plugins`` and ``sweep``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -101,3 +101,17 @@ class PluginsConfig(ReadOnly):
     disable: List[str] = field(default_factory=list)
     """Plugin names to turn off, built-ins included (``validation``, ``logging``, ``progress``, ``metrics``,
     ``checkpoint``) or entry-point names."""
+
+
+class Direction(str, Enum):
+    minimize = "minimize"
+    maximize = "maximize"
+
+
+@dataclass
+class SweepConfig(ReadOnly):
+    objective: str = "val/loss"
+    """The metric (as named in ``summary.json``) a multirun job returns to a sweeper such as Optuna, and
+    that ``sweep.png`` plots against each swept key."""
+    direction: Direction = Direction.minimize
+    """``minimize`` or ``maximize`` the objective (``hydra/sweeper=optuna`` follows it)."""

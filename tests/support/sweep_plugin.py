@@ -1,0 +1,57 @@
+"""A plugin for the sweep tests (``plugins.enable=[sweep_plugin]``; CLI runs put tests/ on PYTHONPATH).
+
+Driven by the environment, for the job whose ``optimizer.lr`` is given:
+(each a comma-separated list of ``<lr>@<number>``)
+    CSF_TEST_SLOW=<lr>@<seconds>     sleep that long after every step of that job (a job still running)
+    CSF_TEST_STOP_SWEEP=<lr>@<step>  at that step, send SIGTERM to the multirun's parent process, as a user
+                                     would (``kill <pid>``); CSF_TEST_PIDS names a file that then gets every
+                                     process of the sweep (the parent and its descendants), one pid a line
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import csframework as csf
+from csframework.sweep.job import PARENT_ENV
+
+
+def _target(name: str, lr: float) -> float | None:
+    """The number given for ``lr`` in ``name`` (``<lr>@<number>[,<lr>@<number>...]``), else None."""
+    for item in filter(None, os.environ.get(name, "").split(",")):
+        at, _, number = item.partition("@")
+        if float(at) == lr:
+            return float(number)
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+@csf.hookimpl
+def on_train_batch_end(run):
+    lr = run.config.optimizer.lr
+    slow, stop = _target("CSF_TEST_SLOW", lr), _target("CSF_TEST_STOP_SWEEP", lr)
+    if slow:
+        time.sleep(slow)
+    if stop == run.global_step:
+        parent = int(os.environ[PARENT_ENV])
+        if os.environ.get("CSF_TEST_PIDS"):
+            Path(os.environ["CSF_TEST_PIDS"]).write_text("".join(f"{p}\n" for p in descendants(parent)))
+        os.kill(parent, signal.SIGTERM)
