@@ -195,6 +195,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
+    from .builtin import metrics
+
+    metrics.ARGV = list(sys.argv)  # summary.json records the command as typed
     try:
         args = parse_args(sys.argv[1:])
         # the schema with the plugins' sections, their configs and the backends' config files, into Hydra's

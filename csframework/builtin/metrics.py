@@ -37,17 +37,22 @@ def peak_memory(device_type: str) -> dict:
     return peak
 
 
+#: The command line as typed; the CLI sets it before it adds overrides of its own (``hydra.run.dir``).
+ARGV: list[str] | None = None
+
+
 def command_line() -> str:
     """The command that started this process, as a shell would take it (``python -m csframework ...`` for
     the CLI, also under torchrun)."""
-    program = sys.argv[0] if sys.argv else ""
+    argv = ARGV if ARGV is not None else sys.argv
+    program = argv[0] if argv else ""
     if Path(program).name == "__main__.py" and Path(program).parent.name == "csframework":
         program = "python -m csframework"
     elif program.endswith(".py"):
         program = f"python {shlex.quote(program)}"
     else:
         program = shlex.quote(program)
-    return " ".join([program, *map(shlex.quote, sys.argv[1:])])
+    return " ".join([program, *map(shlex.quote, argv[1:])])
 
 
 class MetricsPlugin:
