@@ -11,10 +11,20 @@ import fixtures
 os.environ["CSFRAMEWORK_PLUGINS_AUTOLOAD"] = "0"
 
 
-@pytest.fixture
-def cli_env():
-    """Environment for ``python -m csframework`` subprocesses that use the test fixtures."""
+def _cli_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = fixtures.pythonpath()
     env.pop("HYDRA_FULL_ERROR", None)
     return env
+
+
+@pytest.fixture
+def cli_env():
+    """Environment for ``python -m csframework`` subprocesses that use the test fixtures."""
+    return _cli_env()
+
+
+@pytest.fixture(scope="module")
+def cli_env_module():
+    """``cli_env`` for module-scoped fixtures (runs shared by a module's tests)."""
+    return _cli_env()

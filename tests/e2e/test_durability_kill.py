@@ -9,7 +9,6 @@ start-up time); one SIGTERM stop and resume also runs as plain ``python -m csfra
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import pytest
 import torch
 
 from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
-import fixtures
 from fixtures import CONF
 from forkrun import run_chains
 
@@ -50,14 +48,6 @@ KILL_POINTS = [
     "train_end@20",             # after the last step, before the final checkpoint
 ]
 WORKER_KILL_POINTS = ["after_backward@10", "state_write@15"]
-
-
-@pytest.fixture(scope="module")
-def cli_env_module():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = fixtures.pythonpath()
-    env.pop("HYDRA_FULL_ERROR", None)
-    return env
 
 
 def _env(cli_env, **extra):

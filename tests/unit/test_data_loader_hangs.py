@@ -21,7 +21,6 @@ from torch.utils.data import get_worker_info
 import csframework as csf
 from csframework.config.sections import DataConfig
 from csframework.errors import DataTimeoutError, PluginError, ValidationError
-import fixtures
 from fixtures import CONF, TINY, Blobs, compose
 from forkrun import run_chains
 
@@ -241,14 +240,6 @@ def cli_runs(tmp_path_factory, cli_env_module):
               for name, (overrides, env) in cases.items()]
     results = run_chains(chains, cli_env_module, parallel=2, timeout=300)
     return {name: (results[i][0], tmp / name) for i, name in enumerate(cases)}
-
-
-@pytest.fixture(scope="module")
-def cli_env_module():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = fixtures.pythonpath()
-    env.pop("HYDRA_FULL_ERROR", None)
-    return env
 
 
 @pytest.mark.slow
