@@ -5,6 +5,7 @@ run trains to the same parameters either way and resumes exactly in the middle o
 from __future__ import annotations
 
 import multiprocessing
+import time
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ from torch.utils.data import TensorDataset, default_collate
 import csframework as csf
 from csframework.batched import BatchReader
 from csframework.data import epoch_batches, make_loader
+from csframework.errors import DataTimeoutError
 
 import fixtures
 
@@ -151,6 +153,21 @@ def test_workers_seed_each_batch_so_a_resumed_pass_reads_the_same_augmentations(
     assert_same_batches(straight[3:], resumed)
     again, _ = passes(data, True, epochs=((2, 0),), num_workers=2)
     assert not torch.equal(again[0][0], straight[0][0]), "each epoch draws new augmentations"
+
+
+class Hangs(DictSamples):
+    def __getbatch__(self, indices):
+        time.sleep(60)
+
+
+def test_a_worker_stuck_in_getbatch_is_named_and_stopped():
+    loader = make_loader(Hangs(), 4, shuffle=False, seed=0, num_workers=1, drop_last=False, timeout_s=1,
+                         role="data.train")
+    with pytest.raises(DataTimeoutError, match=r"^data.train: loader worker 0 \(pid \d+\) gave no batch in 1 s "
+                                               r"\(data.timeout_s\) and was stopped: Hangs.__getbatch__ hangs"):
+        next(iter(loader))
+    loader.close()
+    assert not multiprocessing.active_children()
 
 
 # -- whole runs ------------------------------------------------------------------------------------------------
