@@ -24,8 +24,9 @@ def batch_reader(dataset: Dataset) -> Callable[[torch.Tensor], Any] | None:
 
     * A dataset with a ``__getbatch__(indices)`` method (the opt-in for your own datasets): ``indices`` is
       a 1-D int64 tensor of sample indices, and it returns the batch the per-sample path would make,
-      ``default_collate([dataset[i] for i in indices])`` (e.g. ``[x[indices], y[indices]]`` for samples
-      that are ``(x[i], y[i])`` tuples: ``default_collate`` makes a list of a tuple's fields).
+      ``default_collate([dataset[i] for i in indices])``, in new tensors as a collate makes (not views of
+      the dataset's storage), e.g. ``[x[indices], y[indices]]`` for samples that are ``(x[i], y[i])``
+      tuples (``default_collate`` makes a list of a tuple's fields).
     * A ``TensorDataset`` whose class overrides neither ``__getitem__`` nor ``__getitems__``: one
       ``index_select`` per tensor, as a list (that same collated batch, bit for bit).
     """

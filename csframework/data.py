@@ -1,6 +1,7 @@
 """Data loaders owned by the framework: a sampler whose order is a function of (seed, epoch) and which can
 start in the middle of an epoch, so resume is exact and distributed sharding is explicit; iterable datasets
-sharded across ranks and workers the same way."""
+sharded across ranks and workers the same way. A map-style dataset that can index a whole batch at once is
+read a batch at a time (``csframework.batched``), in the very batches of the per-sample path."""
 from __future__ import annotations
 
 import functools
