@@ -1,6 +1,7 @@
 """Data loaders owned by the framework: a sampler whose order is a function of (seed, epoch) and which can
 start in the middle of an epoch, so resume is exact and distributed sharding is explicit; iterable datasets
-sharded across ranks and workers the same way."""
+sharded across ranks and workers the same way. A map-style dataset that can index a whole batch at once is
+read a batch at a time (``csframework.batched``), in the very batches of the per-sample path."""
 from __future__ import annotations
 
 import functools
@@ -13,8 +14,9 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
+from .batched import BatchIndices, BatchReader, InProcessPass, as_is, batch_reader
 from .errors import DataTimeoutError
-from .rng import seed_everything
+from .rng import seed_batch, seed_everything
 
 
 class ResumableSampler(Sampler[int]):
@@ -38,6 +40,10 @@ class ResumableSampler(Sampler[int]):
         self.epoch, self.start = epoch, start
 
     def __iter__(self) -> Iterator[int]:
+        return iter(self.order().tolist())
+
+    def order(self) -> torch.Tensor:
+        """The indices this pass yields, as one tensor."""
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
             order = torch.randperm(self.size, generator=g)
@@ -49,7 +55,7 @@ class ResumableSampler(Sampler[int]):
         order = order[self.rank: total: self.world_size][self.start:]
         if self.tag_epoch:
             order = order + self.epoch * self.size
-        return iter(order.tolist())
+        return order
 
     @property
     def per_rank(self) -> int:
@@ -78,8 +84,7 @@ class WorkerSeeded(Dataset):
         return self.__getitems__([tagged])[0]
 
     def __getitems__(self, tagged: list):
-        epoch, first = divmod(int(tagged[0]), self.size)
-        seed_everything(((self.seed * 1_000_003 + epoch) * 1_000_003 + first) % 2**63)
+        seed_batch(self.seed, self.size, int(tagged[0]))
         indices = [int(i) % self.size for i in tagged]
         getitems = getattr(self.dataset, "__getitems__", None)
         return getitems(indices) if getitems else [self.dataset[i] for i in indices]
@@ -279,15 +284,22 @@ def _forget_worker_pids(iterator) -> None:
 
 class FrameworkLoader(DataLoader):
     """A ``DataLoader`` whose passes are ``Batches``; ``close()`` stops the workers of every pass still open
-    (``Run.fit`` and ``Run.validate`` call it when they end, whatever ended them)."""
+    (``Run.fit`` and ``Run.validate`` call it when they end, whatever ended them).
 
-    def __init__(self, *args, role: str = "data", **kwargs):
+    ``position`` is what ``set_epoch(epoch, start)`` places at a sample of an epoch (the ``ResumableSampler``
+    or the ``IterableShards``), ``samples_per_batch`` the batch size: ``loader.batch_size`` is ``None`` on
+    the batched fast path (``csframework.batched``), whose sampler yields whole batches."""
+
+    def __init__(self, *args, role: str = "data", position, samples_per_batch: int, **kwargs):
         super().__init__(*args, **kwargs)
-        self.role = role
+        self.role, self.position, self.samples_per_batch = role, position, samples_per_batch
         self._passes: weakref.WeakSet = weakref.WeakSet()  # a pass nobody holds was shut down by torch
 
     def __iter__(self) -> Batches:
-        batches = Batches(super().__iter__(), self)
+        if isinstance(self.dataset, BatchReader) and self.num_workers == 0 and not self.pin_memory:
+            batches = Batches(InProcessPass(self.sampler, self.dataset), self)
+        else:
+            batches = Batches(super().__iter__(), self)
         self._passes.add(batches)
         return batches
 
@@ -300,6 +312,8 @@ class FrameworkLoader(DataLoader):
     def reader(self) -> str:
         """What a worker runs for a batch, for error messages: ``Dataset.__getitem__`` or ``.__iter__``."""
         dataset = self.dataset
+        if isinstance(dataset, BatchReader):
+            return dataset.reader()
         if isinstance(dataset, (IterableShards, WorkerSeeded)):
             dataset = dataset.dataset
         return f"{type(dataset).__name__}.{'__iter__' if isinstance(dataset, IterableDataset) else '__getitem__'}"
@@ -308,31 +322,42 @@ class FrameworkLoader(DataLoader):
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int,
                 drop_last: bool, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
                 collate_fn=None, persistent_workers: bool = False, prefetch_factor: int | None = None,
-                timeout_s: float = 0, role: str = "data", pad: bool = False) -> FrameworkLoader:
+                timeout_s: float = 0, role: str = "data", pad: bool = False,
+                batched_fetch: bool = True) -> FrameworkLoader:
     """A ``FrameworkLoader`` over ``dataset``: a map-style one through a ``ResumableSampler``
-    (``loader.sampler``), an ``IterableDataset`` through ``IterableShards`` (``loader.dataset``).
-    ``timeout_s`` bounds the wait for a batch from the workers (``0``: none; no workers: does not apply);
-    ``role`` names the loader in errors (``data.train``); ``pad``: see ``ResumableSampler``."""
+    (``loader.position``), an ``IterableDataset`` through ``IterableShards`` (``loader.dataset``, and its
+    ``position``). ``timeout_s`` bounds the wait for a batch from the workers (``0``: none; no workers: does
+    not apply); ``role`` names the loader in errors (``data.train``); ``pad``: see ``ResumableSampler``.
+    ``batched_fetch``: read each batch of a map-style dataset that allows it in one operation
+    (``csframework.batched``; never with a ``collate_fn``), the same batches as sample by sample."""
     from .errors import ConfigError
 
-    common = dict(batch_size=batch_size, num_workers=num_workers, drop_last=drop_last, pin_memory=pin_memory,
-                  collate_fn=collate_fn, worker_init_fn=_worker_start, prefetch_factor=prefetch_factor,
-                  persistent_workers=persistent_workers and num_workers > 0,
-                  generator=torch.Generator().manual_seed(seed), role=role,
-                  timeout=timeout_s if num_workers > 0 else 0)
+    tagged = num_workers > 0
+    common = dict(num_workers=num_workers, pin_memory=pin_memory, worker_init_fn=_worker_start,
+                  prefetch_factor=prefetch_factor, persistent_workers=persistent_workers and tagged,
+                  generator=torch.Generator().manual_seed(seed), role=role, samples_per_batch=batch_size,
+                  timeout=timeout_s if tagged else 0)
     if isinstance(dataset, IterableDataset):
         if persistent_workers:
             raise ConfigError("data.persistent_workers: an IterableDataset's workers learn the epoch and the "
                               "resume position when they start, so they cannot persist; set it to false")
-        return FrameworkLoader(IterableShards(dataset, batch_size, seed, rank, world_size), **common)
+        shards = IterableShards(dataset, batch_size, seed, rank, world_size)
+        return FrameworkLoader(shards, batch_size=batch_size, drop_last=drop_last, collate_fn=collate_fn,
+                               position=shards, **common)
     try:
         size = len(dataset)
     except TypeError as e:
         raise TypeError(f"{type(dataset).__name__} is not a map-style dataset with __len__") from e
-    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=num_workers > 0, pad=pad)
-    if num_workers > 0:
+    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=tagged, pad=pad)
+    read = batch_reader(dataset) if batched_fetch and collate_fn is None else None
+    if read is not None:  # no auto-batching: the sampler yields whole batches, the dataset reads them
+        return FrameworkLoader(BatchReader(dataset, read, seed, tagged), batch_size=None, collate_fn=as_is,
+                               sampler=BatchIndices(sampler, batch_size, drop_last, as_lists=tagged),
+                               position=sampler, **common)
+    if tagged:
         dataset = WorkerSeeded(dataset, seed)
-    return FrameworkLoader(dataset, sampler=sampler, **common)
+    return FrameworkLoader(dataset, sampler=sampler, batch_size=batch_size, drop_last=drop_last,
+                           collate_fn=collate_fn, position=sampler, **common)
 
 
 def is_iterable(loader: DataLoader) -> bool:
@@ -341,8 +366,8 @@ def is_iterable(loader: DataLoader) -> bool:
 
 def epoch_batches(loader: DataLoader, epoch: int, start_batch: int = 0):
     """Iterate the batches of ``epoch`` starting after ``start_batch`` batches."""
-    position = loader.dataset if is_iterable(loader) else loader.sampler
-    position.set_epoch(epoch, start_batch * loader.batch_size)
+    position = loader.position
+    position.set_epoch(epoch, start_batch * loader.samples_per_batch)
     loader.generator.manual_seed(position.seed * 1_000_003 + epoch)  # worker seeds per epoch
     return iter(loader)
 

@@ -14,6 +14,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_batch(seed: int, size: int, first_tagged: int) -> None:
+    """Seed every generator for the batch a loader worker is about to read, from the run's ``seed``, the
+    epoch and the batch's first sample: ``first_tagged`` is that sample's index tagged as
+    ``epoch * size + index`` (``data.ResumableSampler`` with ``tag_epoch``)."""
+    epoch, first = divmod(first_tagged, size)
+    seed_everything(((seed * 1_000_003 + epoch) * 1_000_003 + first) % 2**63)
+
+
 def rng_state() -> dict:
     """The state of every generator, as tensors and plain values (``torch.load(weights_only=True)``)."""
     numpy_state = np.random.get_state()

@@ -184,7 +184,8 @@ class Run:
         pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
                       pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
-                      persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
+                      persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor,
+                      batched_fetch=data.batched_fetch)
         train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
                                    role="data.train", **common)
         if is_iterable(train_loader):

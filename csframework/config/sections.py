@@ -34,6 +34,10 @@ class DataConfig(ReadOnly):
     collate_fn: Any = None
     """A ``_target_`` naming the function (other keys: its keyword arguments) or class (built with them)
     that merges samples into a batch; ``null``: torch's default collation."""
+    batched_fetch: bool = True
+    """Read each batch of a map-style dataset with one indexing operation when the dataset allows it (a
+    ``TensorDataset``, or a dataset with ``__getbatch__(indices)``; not with a ``collate_fn``) instead of
+    ``__getitem__`` per sample and a collate: the same batches, faster. ``false``: always sample by sample."""
     pin_memory: Optional[bool] = None
     """Page-locked host memory for batches (faster copies to a GPU); ``null``: on when the device is a GPU."""
     persistent_workers: bool = False

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 import csframework as csf
 
@@ -28,6 +28,23 @@ class Blobs(Dataset):
 
     def __getitem__(self, i):
         return self.x[i], self.y[i]
+
+
+def tensor_blobs(**kwargs) -> TensorDataset:
+    """The ``Blobs`` samples as a ``TensorDataset``: read by the batched fast path (``csframework.batched``)."""
+    blobs = Blobs(**kwargs)
+    return TensorDataset(blobs.x, blobs.y)
+
+
+class AugmentedBlobs(Blobs):
+    """``Blobs`` with random noise added to the inputs each time a sample is read, sample by sample
+    (``__getitem__``) or a batch at once (``__getbatch__``, the batched fast path's opt-in)."""
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.1 * torch.randn(self.x.shape[1]), self.y[i]
+
+    def __getbatch__(self, indices):
+        return [self.x[indices] + 0.1 * torch.randn(len(indices), self.x.shape[1]), self.y[indices]]
 
 
 def mlp(dim: int = 8, hidden: int = 16, classes: int = 4, dropout: float = 0.0) -> nn.Module:

@@ -1,0 +1,235 @@
+"""The batched fast path (``csframework.batched``): a ``TensorDataset``, or a dataset with ``__getbatch__``,
+is read a whole batch at a time, and gives the very batches the per-sample path (``__getitem__`` and
+``default_collate``) gives, in the same order, from the same resume position, with loader workers too; a
+run trains to the same parameters either way and resumes exactly in the middle of an epoch."""
+from __future__ import annotations
+
+import multiprocessing
+import time
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset, default_collate
+
+import csframework as csf
+from csframework.batched import BatchReader
+from csframework.data import epoch_batches, make_loader
+from csframework.errors import DataTimeoutError
+
+import fixtures
+
+
+def dataset(n: int = 103) -> TensorDataset:
+    """Tensors of several dtypes and shapes, one of them not contiguous."""
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g),
+                         torch.randint(0, 255, (n, 2, 3), generator=g).to(torch.uint8),
+                         torch.randn(4, n, generator=g).t())
+
+
+def passes(data, batched: bool, epochs=((0, 0), (1, 0)), batch_size: int = 8, **options) -> tuple[list, object]:
+    """The batches of ``epochs`` ((epoch, start batch) pairs) of a loader over ``data``, and the loader."""
+    settings = dict(shuffle=True, seed=3, num_workers=0, drop_last=True) | options
+    loader = make_loader(data, batch_size, batched_fetch=batched, **settings)
+    try:
+        return [batch for epoch, start in epochs for batch in epoch_batches(loader, epoch, start)], loader
+    finally:
+        loader.close()
+
+
+def assert_same_batches(plain: list, fast: list) -> None:
+    assert len(plain) == len(fast) > 0
+    for i, (a, b) in enumerate(zip(plain, fast)):
+        assert type(a) is type(b) and len(a) == len(b), i
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), i
+            assert x.is_contiguous() and y.is_contiguous(), i
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"drop_last": False},
+    {"shuffle": False},
+    {"rank": 1, "world_size": 3},
+    {"rank": 2, "world_size": 3, "pad": True, "drop_last": False, "shuffle": False},  # evaluation
+    {"epochs": ((0, 3), (1, 0), (2, 11))},  # resumed in the middle of an epoch, and at its last batch
+    {"num_workers": 2, "epochs": ((0, 0), (1, 5))},
+    {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 3},
+    {"pin_memory": True},
+], ids=["default", "keep-last", "in-order", "rank-1-of-3", "eval-pad", "resume", "workers", "persistent",
+        "pin-memory"])
+def test_the_fast_path_gives_the_batches_of_the_per_sample_path(options):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'pin_memory' argument is set as true but no accelerator")
+        plain, plain_loader = passes(dataset(), False, **options)
+        fast, fast_loader = passes(dataset(), True, **options)
+    assert not isinstance(plain_loader.dataset, BatchReader) and isinstance(fast_loader.dataset, BatchReader)
+    assert len(fast_loader) == len(plain_loader)
+    assert_same_batches(plain, fast)
+    assert isinstance(fast[0], list), "default_collate makes a list of a tuple sample's fields"
+    assert not multiprocessing.active_children()
+
+
+class Overrides(TensorDataset):
+    def __getitem__(self, i):
+        return tuple(t[i] * 2 for t in self.tensors)
+
+
+class GetItems(TensorDataset):
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class Plain(TensorDataset):
+    """A subclass that changes no reading: still a TensorDataset's samples."""
+
+
+class Records:
+    """A user collate_fn."""
+
+    def __call__(self, samples):
+        return default_collate(samples)
+
+
+@pytest.mark.parametrize("data, options, batched", [
+    (TensorDataset(torch.arange(32.)), {}, True),
+    (Plain(torch.arange(32.)), {}, True),
+    (Overrides(torch.arange(32.)), {}, False),
+    (GetItems(torch.arange(32.)), {}, False),
+    (fixtures.Blobs(32), {}, False),
+    (fixtures.AugmentedBlobs(32), {}, True),
+    (TensorDataset(torch.arange(32.)), {"collate_fn": Records()}, False),
+    (TensorDataset(torch.arange(32.)), {"batched_fetch": False}, False),
+], ids=["TensorDataset", "subclass", "own-getitem", "own-getitems", "plain-dataset", "getbatch", "collate_fn",
+        "switched-off"])
+def test_which_datasets_take_the_fast_path(data, options, batched):
+    loader = make_loader(data, 4, **({"shuffle": True, "seed": 0, "num_workers": 0, "drop_last": True,
+                                      "batched_fetch": True} | options))
+    assert isinstance(loader.dataset, BatchReader) is batched
+    assert len(loader) == 8 and loader.samples_per_batch == 4
+
+
+class DictSamples(torch.utils.data.Dataset):
+    """Dict samples, and the ``__getbatch__`` that returns what default_collate makes of them."""
+
+    def __init__(self, n: int = 50):
+        self.x, self.y = torch.randn(n, 3), torch.arange(n)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.y[i], "pair": (self.y[i], self.x[i, 0])}
+
+    def __getbatch__(self, indices):
+        return {"x": self.x[indices], "y": self.y[indices], "pair": [self.y[indices], self.x[indices, 0]]}
+
+
+def test_a_getbatch_dataset_is_read_a_batch_at_a_time():
+    data = DictSamples()
+    plain, _ = passes(data, False, drop_last=False)
+    fast, loader = passes(data, True, drop_last=False)
+    assert loader.reader() == "DictSamples.__getbatch__"
+    assert len(plain) == len(fast) == 14
+    for a, b in zip(plain, fast):
+        assert a.keys() == b.keys() and type(a["pair"]) is type(b["pair"]) is list
+        assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])
+        assert all(torch.equal(p, q) for p, q in zip(a["pair"], b["pair"]))
+
+
+def test_a_getbatch_that_is_not_a_method_is_refused():
+    data = DictSamples()
+    data.__getbatch__ = 3
+    with pytest.raises(TypeError, match=r"DictSamples.__getbatch__ is a int, not a method; define "
+                                        r"__getbatch__\(self, indices\)"):
+        make_loader(data, 4, shuffle=False, seed=0, num_workers=0, drop_last=False)
+
+
+def test_workers_seed_each_batch_so_a_resumed_pass_reads_the_same_augmentations():
+    data = fixtures.AugmentedBlobs(64)
+    straight, _ = passes(data, True, epochs=((1, 0),), num_workers=2)
+    resumed, _ = passes(data, True, epochs=((1, 3),), num_workers=2)
+    assert_same_batches(straight[3:], resumed)
+    again, _ = passes(data, True, epochs=((2, 0),), num_workers=2)
+    assert not torch.equal(again[0][0], straight[0][0]), "each epoch draws new augmentations"
+
+
+class Hangs(DictSamples):
+    def __getbatch__(self, indices):
+        time.sleep(60)
+
+
+def test_a_worker_stuck_in_getbatch_is_named_and_stopped():
+    loader = make_loader(Hangs(), 4, shuffle=False, seed=0, num_workers=1, drop_last=False, timeout_s=1,
+                         role="data.train")
+    with pytest.raises(DataTimeoutError, match=r"^data.train: loader worker 0 \(pid \d+\) gave no batch in 1 s "
+                                               r"\(data.timeout_s\) and was stopped: Hangs.__getbatch__ hangs"):
+        next(iter(loader))
+    loader.close()
+    assert not multiprocessing.active_children()
+
+
+# -- whole runs ------------------------------------------------------------------------------------------------
+class Losses:
+    """Records the loss of every training step and the final evaluation metrics."""
+
+    name = "losses"
+
+    def __init__(self):
+        self.train, self.val = [], {}
+
+    @csf.hookimpl
+    def on_train_batch_end(self, outputs):
+        self.train.append(float(outputs["loss"]))
+
+    @csf.hookimpl
+    def on_eval_end(self, metrics):
+        self.val = dict(metrics)
+
+
+STEADY = ["data.train._target_=fixtures.tensor_blobs", "data.val._target_=fixtures.tensor_blobs",
+          "optimizer=adamw", "optimizer.lr=0.02", "+model.net.dropout=0.2", "loop.log_every=4"]
+
+
+def fit(tmp_path, *overrides):
+    losses = Losses()
+    run = csf.Run(fixtures.compose(*STEADY, *overrides), output_dir=tmp_path, plugins=[losses])
+    summary = run.fit()
+    assert summary["status"] == "completed"
+    return run, losses
+
+
+def params(run) -> dict:
+    return {k: v.clone() for k, v in run.model.state_dict().items()}
+
+
+def assert_same_params(a, b) -> None:
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("extra", [[], ["data.num_workers=2", "data.batch_size=24", "data.drop_last=false"]],
+                         ids=["in-process", "workers"])
+def test_a_run_trains_the_same_with_and_without_the_fast_path(tmp_path, extra):
+    common = ["loop.max_steps=20", "loop.eval_every=10", "data.eval_batch_size=24", *extra]
+    fast, fast_losses = fit(tmp_path / "fast", *common)
+    plain, plain_losses = fit(tmp_path / "plain", *common, "data.batched_fetch=false")
+    assert isinstance(fast.train_loader.dataset, BatchReader) and isinstance(fast.val_loader.dataset, BatchReader)
+    assert not isinstance(plain.train_loader.dataset, BatchReader)
+    assert len(fast_losses.train) == 20 and fast_losses.train == plain_losses.train
+    assert fast_losses.val and fast_losses.val == plain_losses.val
+    assert_same_params(params(fast), params(plain))
+
+
+@pytest.mark.parametrize("target, workers", [("fixtures.tensor_blobs", 0), ("fixtures.AugmentedBlobs", 0),
+                                             ("fixtures.AugmentedBlobs", 2)])
+def test_the_fast_path_resumes_in_the_middle_of_an_epoch_exactly(tmp_path, target, workers):
+    # 256 samples in batches of 16: the checkpoint of step 20 is the 5th batch of the 2nd epoch
+    common = ["loop.max_steps=24", "checkpoint.every_steps=5", "checkpoint.keep_last=5",
+              f"data.train._target_={target}", f"data.num_workers={workers}"]
+    straight, straight_losses = fit(tmp_path / "straight", *common)
+    resumed, resumed_losses = fit(tmp_path / "resumed", *common,
+                                  f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000020'}")
+    assert isinstance(resumed.train_loader.dataset, BatchReader)
+    assert resumed_losses.train == straight_losses.train[20:]
+    assert_same_params(params(straight), params(resumed))
