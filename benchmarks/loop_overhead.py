@@ -79,11 +79,8 @@ def hand_written(data: str, steps: int, batch_size: int) -> tuple[float, float]:
     per_epoch = len(ds) // batch_size
     epochs = -(-steps // per_epoch)
     if data == "premade":  # whole batches indexed before the clock starts
-        x, y = ds.tensors
-        premade = []
-        for epoch in range(epochs):
-            order = torch.tensor(epoch_order(len(ds), epoch))
-            premade.append([[x[i], y[i]] for i in order[: per_epoch * batch_size].split(batch_size)])
+        premade = premade_batches(ds, steps, batch_size)
+        premade = [premade[i: i + per_epoch] for i in range(0, len(premade), per_epoch)]
     model.train()
     start = time.process_time()
     step, losses, logged = 0, [], float("nan")
@@ -106,6 +103,61 @@ def hand_written(data: str, steps: int, batch_size: int) -> tuple[float, float]:
             if step == steps:
                 break
     return time.process_time() - start, logged
+
+
+def premade_batches(ds: TensorDataset, steps: int, batch_size: int) -> list[list[torch.Tensor]]:
+    """The batches of the first ``steps`` steps, epoch after epoch in the framework's order, made up front."""
+    x, y = ds.tensors
+    per_epoch = len(ds) // batch_size
+    batches = []
+    for epoch in range(-(-steps // per_epoch)):
+        order = torch.tensor(epoch_order(len(ds), epoch))
+        batches += [[x[i], y[i]] for i in order[: per_epoch * batch_size].split(batch_size)]
+    return batches[:steps]
+
+
+def lightning(steps: int, batch_size: int, workdir: str) -> tuple[float, float]:
+    """PyTorch Lightning with its defaults (a CSV or TensorBoard logger, a checkpoint at the end) but no
+    progress bar (on a non-terminal it prints every step, which would make the comparison unfair to it), on
+    the same model, optimizer and pre-made batches; returns (CPU seconds of the steps, last loss)."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(SEED)
+            self.model = Supervised(net=mlp(), loss="cross_entropy")
+
+        def training_step(self, batch, batch_idx):
+            loss = self.model(batch)["loss"]
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+
+    class Timer(L.Callback):
+        def on_train_start(self, trainer, module):
+            self.start = time.process_time()
+
+        def on_train_end(self, trainer, module):
+            self.seconds = time.process_time() - self.start
+
+    timer = Timer()
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, log_every_n_steps=LOG_EVERY,
+                        default_root_dir=workdir, callbacks=[timer], num_sanity_val_steps=0,
+                        enable_model_summary=False, enable_progress_bar=False)
+    batches = premade_batches(dataset(), steps, batch_size)
+
+    class Premade:  # one iterable (Lightning reads a list as a list of loaders)
+        def __iter__(self):
+            return iter(batches)
+
+        def __len__(self):
+            return len(batches)
+
+    trainer.fit(Module(), train_dataloaders=Premade())
+    return timer.seconds, float(trainer.callback_metrics["train/loss"])
 
 
 # -- the framework ------------------------------------------------------------------------------------------------
@@ -163,8 +215,12 @@ def contestant(args) -> dict:
     os.environ["CSF_BENCH_MODEL"] = args.model
     _, batch_size, steps = MODELS[args.model]
     steps = args.steps or steps
-    with tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir, contextlib.redirect_stderr(io.StringIO()):
-        if args.contestant == "hand":
+    with (tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir, contextlib.redirect_stderr(io.StringIO()),
+          contextlib.redirect_stdout(io.StringIO())):
+        if args.contestant == "lightning":
+            lightning(WARMUP_STEPS, batch_size, workdir)
+            seconds, loss = lightning(steps, batch_size, workdir)
+        elif args.contestant == "hand":
             hand_written(args.data, WARMUP_STEPS, batch_size)
             seconds, loss = hand_written(args.data, steps, batch_size)
         else:
@@ -177,10 +233,28 @@ def command(*args: str) -> list[str]:
     return harness.python("benchmarks.loop_overhead", *args)
 
 
+def lightning_python() -> str | None:
+    """An interpreter with PyTorch Lightning for the Lightning rows: ``CSF_BENCH_LIGHTNING_PYTHON``, or this
+    one if it has Lightning (csframework does not depend on it); ``None``: the rows are left out."""
+    import importlib.util
+
+    if os.environ.get("CSF_BENCH_LIGHTNING_PYTHON"):
+        return os.environ["CSF_BENCH_LIGHTNING_PYTHON"]
+    return sys.executable if importlib.util.find_spec("lightning") else None
+
+
+def lightning_version(python: str) -> str:
+    import subprocess
+
+    return subprocess.run([python, "-c", "import lightning; print(lightning.__version__)"], capture_output=True,
+                          text=True).stdout.strip()
+
+
 def figures(rounds: int, only: str | None = None) -> list[harness.Figure]:
     """Per-step CPU time, csframework against the hand-written loops, and a user hook's cost (``only``:
     one figure, ``<model>-<data>`` or ``user-hook``)."""
     out = []
+    lightning = lightning_python()
     cases = [("mlp2", "loader", "784-256-256-10 MLP, same per-sample DataLoader", "hand loop, same DataLoader",
               1.01, "<= 1.01x"),
              ("mlp2", "premade", "784-256-256-10 MLP, tensor dataset (batched fetch)", "hand loop, pre-made batches",
@@ -193,13 +267,23 @@ def figures(rounds: int, only: str | None = None) -> list[harness.Figure]:
         if only not in (None, f"{model}-{data}"):
             continue
         args = ("--model", model, "--data", data)
-        res = harness.interleaved({"hand": command("--contestant", "hand", *args),
-                                   "framework": command("--contestant", "framework", *args)}, rounds)
+        contestants = {"hand": command("--contestant", "hand", *args),
+                       "framework": command("--contestant", "framework", *args)}
+        if data == "premade" and lightning:
+            contestants["lightning"] = [lightning, *command("--contestant", "lightning", *args)[1:]]
+        res = harness.interleaved(contestants, rounds)
+        lightning_res = res.pop("lightning", None)
         check_same_numbers(name, res)
         out.append(harness.Figure(name=f"per-step CPU time: {name}", unit="us/step",
                                   samples=[r["us_per_step"] for r in res["framework"]], baseline=baseline,
                                   baseline_samples=[r["us_per_step"] for r in res["hand"]], target=target,
                                   limit=limit, command=f"python -m benchmarks.loop_overhead --only {model}-{data}"))
+        if lightning_res:
+            out.append(harness.Figure(name=f"(PyTorch Lightning {lightning_version(lightning)}: {name.split(',')[0]})",
+                                      unit="us/step", samples=[r["us_per_step"] for r in lightning_res],
+                                      baseline=baseline, baseline_samples=[r["us_per_step"] for r in res["hand"]],
+                                      command="CSF_BENCH_LIGHTNING_PYTHON=<python with lightning> "
+                                              f"python -m benchmarks.loop_overhead --only {model}-{data}"))
     if only not in (None, "user-hook"):
         return out
     args = ("--model", "tiny", "--data", "premade")
@@ -238,7 +322,7 @@ def profile(model: str) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--contestant", choices=["hand", "framework"])
+    parser.add_argument("--contestant", choices=["hand", "framework", "lightning"])
     parser.add_argument("--model", choices=list(MODELS), default="mlp2")
     parser.add_argument("--data", choices=["loader", "premade"], default="premade")
     parser.add_argument("--steps", type=int, default=0, help="timed steps (0: the model's default)")
