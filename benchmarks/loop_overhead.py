@@ -1,102 +1,163 @@
-"""Loop overhead: csframework's ``Run.fit()`` against a hand-written PyTorch loop doing the same work.
+"""Per-step overhead: csframework's training loop against hand-written PyTorch loops doing the same work.
 
-Same process, same model class and initial weights (``Supervised`` around a 784-256-256-10 MLP), the same
-in-memory dataset object in the same shuffled order, AdamW with the same settings, CPU with one thread:
-both loops compute the very same numbers (the last logged losses printed agree). The framework runs with
-its default plugins on (validation, logging, progress, metrics, checkpoint: a log line every
-``--log-every`` steps, metrics.csv, events.jsonl, one checkpoint at the end, summary.json), evaluation
-off, writing into a temporary directory. The two loops alternate for ``--rounds`` rounds after one
-untimed warm-up each; the medians, and the median of the per-round ratios, are reported.
+Every contestant is a fresh process (``--contestant``) that trains the same model from the same initial
+weights with AdamW, on the same in-memory tensor dataset in the same shuffled order, with one CPU thread,
+and reports the CPU time of its training steps (first batch to last step; start-up is ``benchmarks.startup``'s
+figure). The two sides compute the very same numbers: each prints its last logged loss, and they agree.
 
-Two figures per side:
-* ``fit``: the whole ``Run.fit()`` (start-up hooks, every step, the final checkpoint, summary) against the
-  whole hand-written loop, divided by the steps;
-* ``steps``: the training steps only (first batch to last step), measured inside the run by a plugin.
+* ``hand --data loader``: a plain loop reading a ``DataLoader`` (per-sample ``__getitem__`` and collate);
+* ``hand --data premade``: a plain loop over batches made before the clock starts (the floor);
+* ``framework``: ``Run.fit()`` with the default plugins on (validation, logging, progress, metrics,
+  checkpoint: a log line every 25 steps, metrics.csv, events.jsonl, one checkpoint at the end, summary.json),
+  reading the dataset through its batched fetch (``--data premade``'s rival) or, with
+  ``data.batched_fetch=false``, the same per-sample ``DataLoader`` as the hand loop (``--data loader``'s).
+* ``framework --user-hook``: the same with a user plugin implementing ``on_train_batch_end`` (a no-op).
 
-    python benchmarks/loop_overhead.py                 # defaults: 1000 steps x 7 rounds, batch 64
-    python benchmarks/loop_overhead.py --profile       # and a cProfile of one framework fit
+    python -m benchmarks.loop_overhead               # every figure, 5 interleaved rounds
+    python -m benchmarks.loop_overhead --profile     # a cProfile of one framework fit on the tiny MLP
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import cProfile
 import io
+import json
+import os
 import pstats
-import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import csframework as csf
+from benchmarks import harness
 from csframework.models import Supervised
 
-IN, HIDDEN, CLASSES = 784, 256, 10
-SEED = 0
-_DATASET: TensorDataset | None = None
+SEED, LR, LOG_EVERY = 0, 1e-3, 25
+#: name: (layer widths, batch size, steps timed)
+MODELS = {"tiny": ((16, 32, 4), 32, 4000), "mlp": ((784, 256, 10), 64, 600), "mlp2": ((784, 256, 256, 10), 64, 500)}
+WARMUP_STEPS = 50
 
 
-def shared_dataset(n: int = 8192) -> TensorDataset:
-    """One in-memory dataset for both loops (the framework's ``data.train._target_`` returns this object)."""
-    global _DATASET
-    if _DATASET is None or len(_DATASET) != n:
-        g = torch.Generator().manual_seed(1234)
-        x = torch.randn(n, IN, generator=g)
-        y = (x[:, :CLASSES] + 0.5 * torch.randn(n, CLASSES, generator=g)).argmax(1)  # learnable labels
-        _DATASET = TensorDataset(x, y)
-    return _DATASET
+def model_spec() -> tuple[tuple[int, ...], int, int]:
+    return MODELS[os.environ.get("CSF_BENCH_MODEL", "mlp2")]
+
+
+def dataset(n: int = 4096) -> TensorDataset:
+    """The in-memory dataset (the framework's ``data.train._target_`` builds the same one)."""
+    widths = model_spec()[0]
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, widths[0], generator=g)
+    y = (x[:, :widths[-1]] + 0.5 * torch.randn(n, widths[-1], generator=g)).argmax(1)  # learnable labels
+    return TensorDataset(x, y)
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                         nn.Linear(HIDDEN, CLASSES))
+    widths = model_spec()[0]
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
 
 
-# -- the hand-written loop --------------------------------------------------------------------------------------
-def clock() -> tuple[float, float]:
-    """(wall, CPU) seconds: CPU time of this process is less disturbed by other work on the machine."""
-    return time.perf_counter(), time.process_time()
+def epoch_order(size: int, epoch: int) -> list[int]:
+    """The framework's shuffle (a permutation seeded by seed and epoch): both sides see the same batches."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(SEED * 1_000_003 + epoch)).tolist()
 
 
-def since(start: tuple[float, float]) -> tuple[float, float]:
-    wall, cpu = clock()
-    return wall - start[0], cpu - start[1]
-
-
-def hand_written(steps: int, batch_size: int, lr: float, log_every: int) -> tuple[tuple[float, float], float]:
-    """A typical plain PyTorch loop; returns ((wall, CPU) seconds, last logged loss)."""
+# -- the hand-written loops ---------------------------------------------------------------------------------------
+def hand_written(data: str, steps: int, batch_size: int) -> tuple[float, float]:
+    """A typical plain PyTorch loop; returns (CPU seconds of the steps, last logged loss)."""
     torch.manual_seed(SEED)
     model = Supervised(net=mlp(), loss="cross_entropy")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
-    dataset = shared_dataset()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+    ds = dataset()
+    per_epoch = len(ds) // batch_size
+    epochs = -(-steps // per_epoch)
+    if data == "premade":  # whole batches indexed before the clock starts
+        premade = premade_batches(ds, steps, batch_size)
+        premade = [premade[i: i + per_epoch] for i in range(0, len(premade), per_epoch)]
     model.train()
-    start = clock()
-    step, epoch, losses, logged = 0, 0, [], float("nan")
-    while step < steps:
-        # the framework's shuffle (a permutation seeded by seed and epoch), so that both loops compute the
-        # very same numbers: two training trajectories could cost differently (denormals ...)
-        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(SEED * 1_000_003 + epoch))
-        epoch += 1
-        for batch in DataLoader(dataset, batch_size=batch_size, sampler=order.tolist(), drop_last=True):
+    start = time.process_time()
+    step, losses, logged = 0, [], float("nan")
+    for epoch in range(epochs):
+        if data == "premade":
+            batches = premade[epoch]
+        else:
+            batches = DataLoader(ds, batch_size=batch_size, sampler=epoch_order(len(ds), epoch), drop_last=True)
+        for batch in batches:
             loss = model(batch)["loss"]
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
             step += 1
-            if step % log_every == 0:
+            if step % LOG_EVERY == 0:
                 logged = float(torch.stack(losses).mean())
                 losses.clear()
+                print(f"step {step} loss {logged:.4f}", file=sys.stderr)  # the run's log line
             if step == steps:
                 break
-    return since(start), logged
+    return time.process_time() - start, logged
+
+
+def premade_batches(ds: TensorDataset, steps: int, batch_size: int) -> list[list[torch.Tensor]]:
+    """The batches of the first ``steps`` steps, epoch after epoch in the framework's order, made up front."""
+    x, y = ds.tensors
+    per_epoch = len(ds) // batch_size
+    batches = []
+    for epoch in range(-(-steps // per_epoch)):
+        order = torch.tensor(epoch_order(len(ds), epoch))
+        batches += [[x[i], y[i]] for i in order[: per_epoch * batch_size].split(batch_size)]
+    return batches[:steps]
+
+
+def lightning(steps: int, batch_size: int, workdir: str) -> tuple[float, float]:
+    """PyTorch Lightning with its defaults (a CSV or TensorBoard logger, a checkpoint at the end) but no
+    progress bar (on a non-terminal it prints every step, which would make the comparison unfair to it), on
+    the same model, optimizer and pre-made batches; returns (CPU seconds of the steps, last loss)."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(SEED)
+            self.model = Supervised(net=mlp(), loss="cross_entropy")
+
+        def training_step(self, batch, batch_idx):
+            loss = self.model(batch)["loss"]
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+
+    class Timer(L.Callback):
+        def on_train_start(self, trainer, module):
+            self.start = time.process_time()
+
+        def on_train_end(self, trainer, module):
+            self.seconds = time.process_time() - self.start
+
+    timer = Timer()
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, log_every_n_steps=LOG_EVERY,
+                        default_root_dir=workdir, callbacks=[timer], num_sanity_val_steps=0,
+                        enable_model_summary=False, enable_progress_bar=False)
+    batches = premade_batches(dataset(), steps, batch_size)
+
+    class Premade:  # one iterable (Lightning reads a list as a list of loaders)
+        def __iter__(self):
+            return iter(batches)
+
+        def __len__(self):
+            return len(batches)
+
+    trainer.fit(Module(), train_dataloaders=Premade())
+    return timer.seconds, float(trainer.callback_metrics["train/loss"])
 
 
 # -- the framework ------------------------------------------------------------------------------------------------
@@ -107,177 +168,175 @@ class StepTimer:
 
     @csf.hookimpl(tryfirst=True)
     def on_train_start(self):
-        self.start = clock()
+        self.start = time.process_time()
 
     @csf.hookimpl(tryfirst=True)
     def on_train_end(self):
-        self.seconds = since(self.start)
+        self.seconds = time.process_time() - self.start
 
 
-def framework_config(steps: int, batch_size: int, lr: float, log_every: int) -> csf.RunConfig:
-    cfg = csf.compose(["optimizer=adamw", f"optimizer.lr={lr}", "optimizer.weight_decay=0.01",
+class UserHook:
+    """A user's plugin on the per-step hook that does nothing: what the dispatch itself costs."""
+
+    name = "user_hook"
+
+    @csf.hookimpl
+    def on_train_batch_end(self, batch_idx):
+        pass
+
+
+def framework_config(data: str, steps: int, batch_size: int) -> csf.RunConfig:
+    cfg = csf.compose(["optimizer=adamw", f"optimizer.lr={LR}", "optimizer.weight_decay=0.01",
                        "optimizer.max_grad_norm=null", "optimizer.schedule.name=constant",
                        "optimizer.schedule.warmup_steps=0", "optimizer.schedule.min_lr=0",
-                       f"loop.max_steps={steps}", "loop.eval_every=null", f"loop.log_every={log_every}",
+                       f"loop.max_steps={steps}", "loop.eval_every=null", f"loop.log_every={LOG_EVERY}",
                        f"data.batch_size={batch_size}", "data.num_workers=0", "data.shuffle=true",
                        f"seed={SEED}"])
     cfg.model = {"_target_": "csframework.models.Supervised", "loss": "cross_entropy",
                  "net": {"_target_": f"{__name__}.mlp"}}
-    cfg.data.train = {"_target_": f"{__name__}.shared_dataset"}
+    cfg.data.train = {"_target_": f"{__name__}.dataset"}
     cfg.data.val = None
     return cfg
 
 
-BUILTINS = ["validation", "logging", "progress", "metrics", "checkpoint"]
-STEP_HOOKS = ["on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
-              "on_train_batch_end"]
-#: --ablate: the framework with parts taken away (diagnosis only: the last two reach into the run)
-ABLATIONS = {
-    "built-in plugins off": dict(disable=BUILTINS),
-    "+ no LR-scheduler step": dict(disable=BUILTINS, no_scheduler=True),
-    "+ no per-step hook calls": dict(disable=BUILTINS, no_scheduler=True, no_hooks=True),
-}
-
-
-class _NoScheduler:
-    def step(self):
-        pass
-
-
-def framework(cfg: csf.RunConfig, workdir: Path, log: io.TextIOBase, disable=(), no_scheduler=False,
-              no_hooks=False):
-    """``Run.fit()`` with the default plugins; returns ((wall, CPU) seconds of the fit, (wall, CPU)
-    seconds of the steps, last logged loss)."""
+def framework(data: str, steps: int, batch_size: int, user_hook: bool, workdir: str) -> tuple[float, float]:
+    """``Run.fit()`` with the default plugins; returns (CPU seconds of the steps, last logged loss)."""
     timer = StepTimer()
-    if disable:
-        cfg = copy.deepcopy(cfg)
-        cfg.plugins.disable = list(disable)
-    run = csf.Run(cfg, plugins=[timer], output_dir=tempfile.mkdtemp(dir=workdir))
-    if no_scheduler:
-        run.scheduler = _NoScheduler()
-    if no_hooks:
-        for name in STEP_HOOKS:
-            setattr(run.hooks, name, lambda **kwargs: None)
-    with contextlib.redirect_stderr(log):  # the run's console output, as a batch job's log file
-        start = clock()
-        summary = run.fit()
-        seconds = since(start)
-    assert summary["status"] == "completed" and summary["global_step"] == cfg.loop.max_steps
-    return seconds, timer.seconds, summary["metrics"].get("train/loss")
+    plugins = [timer, UserHook()] if user_hook else [timer]
+    run = csf.Run(framework_config(data, steps, batch_size), plugins=plugins, output_dir=tempfile.mkdtemp(dir=workdir))
+    summary = run.fit()
+    assert summary["status"] == "completed" and summary["global_step"] == steps, summary
+    return timer.seconds, summary["metrics"]["train/loss"]
 
 
-def profile_framework(cfg: csf.RunConfig, workdir: Path, log: io.TextIOBase, top: int = 30) -> str:
-    run = csf.Run(cfg, output_dir=tempfile.mkdtemp(dir=workdir))
+def contestant(args) -> dict:
+    """One measurement in this fresh process: a short untimed warm-up, then the timed steps."""
+    torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
+    os.environ["CSF_BENCH_MODEL"] = args.model
+    _, batch_size, steps = MODELS[args.model]
+    steps = args.steps or steps
+    with (tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir, contextlib.redirect_stderr(io.StringIO()),
+          contextlib.redirect_stdout(io.StringIO())):
+        if args.contestant == "lightning":
+            lightning(WARMUP_STEPS, batch_size, workdir)
+            seconds, loss = lightning(steps, batch_size, workdir)
+        elif args.contestant == "hand":
+            hand_written(args.data, WARMUP_STEPS, batch_size)
+            seconds, loss = hand_written(args.data, steps, batch_size)
+        else:
+            framework(args.data, WARMUP_STEPS, batch_size, args.user_hook, workdir)
+            seconds, loss = framework(args.data, steps, batch_size, args.user_hook, workdir)
+    return {"us_per_step": 1e6 * seconds / steps, "loss": loss}
+
+
+def command(*args: str) -> list[str]:
+    return harness.python("benchmarks.loop_overhead", *args)
+
+
+def lightning_python() -> str | None:
+    """An interpreter with PyTorch Lightning for the Lightning rows: ``CSF_BENCH_LIGHTNING_PYTHON``, or this
+    one if it has Lightning (csframework does not depend on it); ``None``: the rows are left out."""
+    import importlib.util
+
+    if os.environ.get("CSF_BENCH_LIGHTNING_PYTHON"):
+        return os.environ["CSF_BENCH_LIGHTNING_PYTHON"]
+    return sys.executable if importlib.util.find_spec("lightning") else None
+
+
+def lightning_version(python: str) -> str:
+    import subprocess
+
+    return subprocess.run([python, "-c", "import lightning; print(lightning.__version__)"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def figures(rounds: int, only: str | None = None) -> list[harness.Figure]:
+    """Per-step CPU time, csframework against the hand-written loops, and a user hook's cost (``only``:
+    one figure, ``<model>-<data>`` or ``user-hook``)."""
+    out = []
+    lightning = lightning_python()
+    cases = [("mlp2", "loader", "784-256-256-10 MLP, same per-sample DataLoader", "hand loop, same DataLoader",
+              1.01, "<= 1.01x"),
+             ("mlp2", "premade", "784-256-256-10 MLP, tensor dataset (batched fetch)", "hand loop, pre-made batches",
+              1.05, "<= 1.05x"),
+             ("mlp", "premade", "784-256-10 MLP, tensor dataset (batched fetch)", "hand loop, pre-made batches",
+              1.05, "<= 1.05x"),
+             ("tiny", "premade", "tiny 16-32-4 MLP, tensor dataset (batched fetch)", "hand loop, pre-made batches",
+              1.05, "<= 1.05x")]
+    for model, data, name, baseline, limit, target in cases:
+        if only not in (None, f"{model}-{data}"):
+            continue
+        args = ("--model", model, "--data", data)
+        contestants = {"hand": command("--contestant", "hand", *args),
+                       "framework": command("--contestant", "framework", *args)}
+        if data == "premade" and lightning:
+            contestants["lightning"] = [lightning, *command("--contestant", "lightning", *args)[1:]]
+        res = harness.interleaved(contestants, rounds)
+        lightning_res = res.pop("lightning", None)
+        check_same_numbers(name, res)
+        out.append(harness.Figure(name=f"per-step CPU time: {name}", unit="us/step",
+                                  samples=[r["us_per_step"] for r in res["framework"]], baseline=baseline,
+                                  baseline_samples=[r["us_per_step"] for r in res["hand"]], target=target,
+                                  limit=limit, command=f"python -m benchmarks.loop_overhead --only {model}-{data}"))
+        if lightning_res:
+            out.append(harness.Figure(name=f"(PyTorch Lightning {lightning_version(lightning)}: {name.split(',')[0]})",
+                                      unit="us/step", samples=[r["us_per_step"] for r in lightning_res],
+                                      baseline=baseline, baseline_samples=[r["us_per_step"] for r in res["hand"]],
+                                      command="CSF_BENCH_LIGHTNING_PYTHON=<python with lightning> "
+                                              f"python -m benchmarks.loop_overhead --only {model}-{data}"))
+    if only not in (None, "user-hook"):
+        return out
+    args = ("--model", "tiny", "--data", "premade")
+    res = harness.interleaved({"plain": command("--contestant", "framework", *args),
+                               "hook": command("--contestant", "framework", "--user-hook", *args)}, rounds)
+    out.append(harness.Figure(name="a user plugin on on_train_batch_end (tiny MLP)", unit="us/step",
+                              samples=[r["us_per_step"] for r in res["hook"]], baseline="without it",
+                              baseline_samples=[r["us_per_step"] for r in res["plain"]], target="<= 5 us/step",
+                              limit=5.0, kind="difference",
+                              command="python -m benchmarks.loop_overhead --only user-hook"))
+    return out
+
+
+def check_same_numbers(name: str, results: dict) -> None:
+    """Both sides must have computed the same training run (else the timing compares different work)."""
+    losses = {side: {round(r["loss"], 4) for r in rs} for side, rs in results.items()}
+    if len(set().union(*losses.values())) != 1:
+        raise AssertionError(f"{name}: the contestants' last logged losses differ: {losses}")
+
+
+def profile(model: str) -> str:
+    os.environ["CSF_BENCH_MODEL"] = model
+    torch.set_num_threads(1)
+    _, batch_size, steps = MODELS[model]
     profiler = cProfile.Profile()
-    with contextlib.redirect_stderr(log):
+    with tempfile.TemporaryDirectory() as workdir:
+        framework("premade", WARMUP_STEPS, batch_size, False, workdir)
         profiler.enable()
-        run.fit()
+        framework("premade", steps, batch_size, False, workdir)
         profiler.disable()
     out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(40)
     return out.getvalue()
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--log-every", type=int, default=25)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--profile", action="store_true", help="also print a cProfile of one framework fit")
-    parser.add_argument("--ablate", action="store_true",
-                        help="also time the framework with plugins, the LR-scheduler step and the hook calls removed")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--contestant", choices=["hand", "framework", "lightning"])
+    parser.add_argument("--model", choices=list(MODELS), default="mlp2")
+    parser.add_argument("--data", choices=["loader", "premade"], default="premade")
+    parser.add_argument("--steps", type=int, default=0, help="timed steps (0: the model's default)")
+    parser.add_argument("--user-hook", action="store_true")
+    parser.add_argument("--only", help="one figure: <model>-<data> or user-hook")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one framework fit (tiny MLP)")
     args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
-    shared_dataset()
-    cfg = framework_config(args.steps, args.batch_size, args.lr, args.log_every)
-    hand, fit_times, step_times, hand_loss, fw_loss = [], [], [], None, None
-    with tempfile.TemporaryDirectory(prefix="csf-bench-") as tmp:
-        workdir = Path(tmp)
-        with open(workdir / "console.log", "w") as log:
-            hand_written(args.steps, args.batch_size, args.lr, args.log_every)  # warm-up, untimed
-            framework(cfg, workdir, log)
-            for i in range(args.rounds):
-                order = (0, 1) if i % 2 == 0 else (1, 0)  # alternate who goes first
-                for which in order:
-                    if which == 0:
-                        seconds, hand_loss = hand_written(args.steps, args.batch_size, args.lr, args.log_every)
-                        hand.append(seconds)
-                    else:
-                        fit_s, step_s, fw_loss = framework(cfg, workdir, log)
-                        fit_times.append(fit_s)
-                        step_times.append(step_s)
-            report = None
-            if args.profile:
-                report = profile_framework(cfg, workdir, log)
-            ablated = {}
-            if args.ablate:
-                ablated = {"hand-written loop": []} | {name: [] for name in ABLATIONS}
-                for i in range(args.rounds):
-                    names = list(ablated) if i % 2 == 0 else list(reversed(ablated))
-                    for name in names:
-                        if name == "hand-written loop":
-                            ablated[name].append(hand_written(args.steps, args.batch_size, args.lr,
-                                                              args.log_every)[0][1])
-                        else:
-                            ablated[name].append(framework(cfg, workdir, log, **ABLATIONS[name])[1][1])
-
-    n = args.steps
-
-    def ms(pairs, i):  # median ms per step of the wall (i=0) or CPU (i=1) times
-        return 1e3 * statistics.median(p[i] for p in pairs) / n
-
-    result = {}
-    for i, kind in enumerate(("wall", "cpu")):
-        result[f"hand_{kind}_ms"] = ms(hand, i)
-        result[f"fit_{kind}_ms"] = ms(fit_times, i)
-        result[f"steps_{kind}_ms"] = ms(step_times, i)
-        result[f"fit_{kind}_ratio"] = result[f"fit_{kind}_ms"] / result[f"hand_{kind}_ms"]
-        result[f"steps_{kind}_ratio"] = result[f"steps_{kind}_ms"] / result[f"hand_{kind}_ms"]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); model {IN}-{HIDDEN}-{HIDDEN}-{CLASSES} "
-          f"MLP, AdamW, batch {args.batch_size}, {n} steps x {args.rounds} rounds (median ms/step), "
-          f"framework log_every={args.log_every}")
-    print(f"  {'':26s} {'wall':>8s} {'ratio':>7s}   {'CPU':>8s} {'ratio':>7s}")
-    rows = (("hand-written loop", "hand"), ("csframework fit()", "fit"), ("csframework steps only", "steps"))
-    for label, key in rows:
-        row = f"  {label:26s} {result[key + '_wall_ms']:8.3f}"
-        row += f" {result[key + '_wall_ratio']:7.3f}" if key != "hand" else " " * 8
-        row += f"   {result[key + '_cpu_ms']:8.3f}"
-        row += f" {result[key + '_cpu_ratio']:7.3f}" if key != "hand" else ""
-        print(row)
-    print(f"  last logged train loss: hand-written {hand_loss:.4f}, csframework {fw_loss:.4f}")
-    print("  per round, wall ms/step, hand: " + " ".join(f"{1e3 * t[0] / n:.3f}" for t in hand))
-    print("  per round, wall ms/step, fit:  " + " ".join(f"{1e3 * t[0] / n:.3f}" for t in fit_times))
-    print("  (fit: the whole Run.fit() incl. start-up hooks, the final checkpoint and summary; steps only: first "
-          "batch to last step)")
-    # each round's two loops ran back to back: the median of the per-round ratios is robust to the
-    # machine's speed drifting between rounds, which the ratio of the medians is not
-    for i, kind in enumerate(("wall", "cpu")):
-        result[f"fit_{kind}_paired"] = statistics.median(f[i] / h[i] for h, f in zip(hand, fit_times))
-        result[f"steps_{kind}_paired"] = statistics.median(s[i] / h[i] for h, s in zip(hand, step_times))
-    print(f"  paired (median of the per-round ratios): fit {result['fit_wall_paired']:.3f} wall, "
-          f"{result['fit_cpu_paired']:.3f} CPU; steps only {result['steps_wall_paired']:.3f} wall, "
-          f"{result['steps_cpu_paired']:.3f} CPU")
-    worst = max(result["fit_wall_paired"], result["fit_cpu_paired"])
-    verdict = "within" if worst <= 1.05 else "OVER"
-    print(f"  fit() overhead, paired: {100 * (result['fit_wall_paired'] - 1):+.1f}% wall, "
-          f"{100 * (result['fit_cpu_paired'] - 1):+.1f}% CPU ({verdict} the 5% target)")
-    if ablated:
-        base = statistics.median(ablated["hand-written loop"])
-        print("  ablation, training steps only, CPU (median of the rounds):")
-        for name, times in ablated.items():
-            t = statistics.median(times)
-            print(f"    {name:28s} {1e3 * t / n:8.3f} ms/step  {1e6 * (t - base) / n:+7.1f} us/step  "
-                  f"ratio {t / base:.3f}")
-    if report:
-        print(report)
-    return result
+    if args.contestant:
+        print(json.dumps(contestant(args)))
+    elif args.profile:
+        print(profile(args.model if args.model != "mlp2" else "tiny"))
+    else:
+        print(harness.table(figures(args.rounds, args.only)))
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    main()

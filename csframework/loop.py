@@ -9,6 +9,7 @@ every step, which costs nothing there, so a run stops at the step whose loss is 
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -68,8 +69,10 @@ def train_stage(run: Run) -> None:
                 run.scheduler.step()
                 state.add_outputs(outputs)
                 loss = outputs.get("loss")
-                if isinstance(loss, torch.Tensor) and loss.device.type == "cpu" and not bool(loss.isfinite()):
-                    check_finite(run)  # free on the host: stop at this step (not an error under dynamic scaling)
+                # free on the host (a read, where ``bool(loss.isfinite())`` costs a kernel): stop at this step
+                # (not an error under dynamic scaling)
+                if isinstance(loss, torch.Tensor) and loss.device.type == "cpu" and not math.isfinite(loss.item()):
+                    check_finite(run)
                 if run.global_step % log_every == 0:
                     log_train_metrics(run)
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
@@ -108,12 +111,21 @@ def log_train_metrics(run: Run) -> None:
     pending = run.state.pending
     if not pending.get("loss"):
         return
-    values = {k: torch.stack(v).float() for k, v in pending.items()}
-    finite = check_finite(run, values["loss"])
-    if finite is not None:  # dynamic loss scaling skipped some steps: average the others
-        values = {k: v[finite] if len(v) == len(finite) else v for k, v in values.items()}
+    keys = ["loss"] + [k for k in pending if k != "loss"]
+    device = pending["loss"][0].device
+    # every mean in one tensor, read at once: one synchronisation with the device
+    means = torch.stack([torch.stack(pending[k]).float().mean().to(device) for k in keys]).tolist()
+    if not math.isfinite(means[0]):  # a loss in the window is not finite (or their sum overflowed)
+        values = {k: torch.stack(v).float() for k, v in pending.items()}
+        finite = check_finite(run, values["loss"])
+        if finite is not None:  # dynamic loss scaling skipped some steps: average the others
+            values = {k: v[finite] if len(v) == len(finite) else v for k, v in values.items()}
+        means = [float(values[k].mean()) for k in keys]
+    elif run.stage_config.precision.loss_scaling == "dynamic":
+        check_finite(run, torch.zeros(0))  # every loss was finite; the loss scale's floor is checked at each log
     now = time.perf_counter()
-    metrics = {f"train/{k}": float(v.mean()) for k, v in values.items()}
+    by_key = dict(zip(keys, means))
+    metrics = {f"train/{k}": by_key[k] for k in pending}
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
     since, step = run.state.last_log
     metrics["steps_per_sec"] = (run.global_step - step) / max(now - since, 1e-9)
