@@ -191,7 +191,7 @@ def framework_config(data: str, steps: int, batch_size: int) -> csf.RunConfig:
                        "optimizer.schedule.warmup_steps=0", "optimizer.schedule.min_lr=0",
                        f"loop.max_steps={steps}", "loop.eval_every=null", f"loop.log_every={LOG_EVERY}",
                        f"data.batch_size={batch_size}", "data.num_workers=0", "data.shuffle=true",
-                       f"seed={SEED}"])
+                       f"data.batched_fetch={str(data == 'premade').lower()}", f"seed={SEED}"])
     cfg.model = {"_target_": "csframework.models.Supervised", "loss": "cross_entropy",
                  "net": {"_target_": f"{__name__}.mlp"}}
     cfg.data.train = {"_target_": f"{__name__}.dataset"}
