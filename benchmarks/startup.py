@@ -8,7 +8,8 @@ Each contestant is a fresh process that notes the wall clock, starts its child (
 ``python -m csframework ... loop.max_steps=1`` with the ``FirstStep`` plugin below enabled) and waits for it;
 the child writes the wall clock at the end of its first optimizer step into the file named by
 ``CSF_FIRST_STEP_FILE``. The figure is the difference of the two times to first step (seconds); the whole
-1-step run (the framework's end-of-run evaluation, checkpoint, curves and summary included) is reported too.
+1-step run (the framework's end-of-run evaluation, checkpoint, curves and summary included) is reported too,
+and, as a reference, the hand-written script inside an empty ``@hydra.main`` app: what Hydra alone costs.
 Workloads: ``mlp`` (the test fixtures' ``model=blobs_mlp data=blobs``) and ``default`` (the embedded default
 tiny transformer, what ``python -m csframework`` trains without overrides).
 """
@@ -63,19 +64,22 @@ def framework_command(workload: str, run_dir: str) -> list[str]:
             f"hydra.run.dir={run_dir}", "plugins.enable=[benchmarks.startup:FirstStep]"]
 
 
-def hand_command(workload: str) -> list[str]:
-    return [sys.executable, str(ROOT / "benchmarks" / "startup_hand.py"), workload]
+def hand_command(workload: str, hydra: bool = False) -> list[str]:
+    """The hand-written script (``hydra``: inside a bare Hydra app)."""
+    return [sys.executable, str(ROOT / "benchmarks" / "startup_hand.py"), workload, *(["hydra"] if hydra else [])]
 
 
 def contestant(name: str) -> dict:
-    """One measurement: ``hand-<workload>`` or ``csframework-<workload>``; seconds from spawning the child to
+    """One measurement: ``hand-<workload>``, ``csframework-<workload>`` or ``hydra-<workload>`` (the hand
+    script inside a bare Hydra app); seconds from spawning the child to
     the end of its first step, and to its exit; the CPU seconds the child used up to the end of its first step
     (less disturbed by other work on the machine than the wall clock)."""
     side, workload = name.split("-", 1)
     with tempfile.TemporaryDirectory() as tmp:
         stamp = Path(tmp) / "first_step"
-        command = hand_command(workload) if side == "hand" else framework_command(workload, f"{tmp}/run")
-        env = dict(os.environ, **{STAMP_ENV: str(stamp)})
+        command = (framework_command(workload, f"{tmp}/run") if side == "csframework" else
+                   hand_command(workload, hydra=side == "hydra"))
+        env = dict(os.environ, **{STAMP_ENV: str(stamp), "CSF_HYDRA_RUN_DIR": f"{tmp}/run"})
         start = time.time()
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         end = time.time()
@@ -86,21 +90,24 @@ def contestant(name: str) -> dict:
 
 
 def figures(rounds: int) -> list:
-    """Time to first step and the whole 1-step run, on the MLP and the embedded default."""
+    """Time to first step (wall and CPU) and the whole 1-step run, on the MLP and the embedded default, each
+    against the hand-written script; and, for reference, the hand-written script inside a bare Hydra app."""
     from benchmarks import harness
 
     result = []
     for workload in WORKLOADS:
         sides = {side: harness.python("benchmarks.startup", "--contestant", f"{side}-{workload}")
-                 for side in ("csframework", "hand")}
+                 for side in ("csframework", "hand", "hydra")}
         runs = harness.interleaved(sides, rounds, harness.contestant_env())
         command = f"python -m benchmarks.startup --rounds {rounds}"
-        for key, what, limit in (("first_step_s", "time to first step", LIMIT_S),
-                                 ("first_step_cpu_s", "CPU time to first step", None),
-                                 ("run_s", "whole 1-step run", None)):
+        for side, key, what, limit in (
+                ("csframework", "first_step_s", "time to first step", LIMIT_S),
+                ("csframework", "first_step_cpu_s", "CPU time to first step", None),
+                ("csframework", "run_s", "whole 1-step run", None),
+                ("hydra", "first_step_s", "time to first step of a bare Hydra app (reference)", None)):
             result.append(harness.Figure(
                 name=f"{what}, {NAMES[workload]}", unit="s", kind="difference", command=command,
-                samples=[r[key] for r in runs["csframework"]], baseline="hand-written script",
+                samples=[r[key] for r in runs[side]], baseline="hand-written script",
                 baseline_samples=[r[key] for r in runs["hand"]],
                 target=f"<= +{limit} s" if limit is not None else "", limit=limit))
     return result

@@ -1,12 +1,13 @@
 """The hand-written baseline of ``benchmarks/startup.py``: a plain PyTorch script that builds the same model,
 data, optimizer and schedule as ``python -m csframework`` does for the same workload and runs one step.
 
-    python benchmarks/startup_hand.py mlp        # fixtures.mlp on fixtures.Blobs (tests/support on PYTHONPATH)
-    python benchmarks/startup_hand.py default    # the embedded default: TinyTransformer on StdlibText
+    python benchmarks/startup_hand.py mlp            # fixtures.mlp on fixtures.Blobs (tests/support on PYTHONPATH)
+    python benchmarks/startup_hand.py default        # the embedded default: TinyTransformer on StdlibText
+    python benchmarks/startup_hand.py default hydra  # the same inside a bare Hydra app (what Hydra alone costs)
 
-When the first optimizer step (and the schedule's step) is done it writes ``time.time()`` to the file named
-by ``CSF_FIRST_STEP_FILE`` (and its CPU time so far), as ``benchmarks.startup.FirstStep`` does inside the framework's run. Run by
-path, not as a module, so that it imports no more than such a script would.
+When the first optimizer step (and the schedule's step) is done it writes the wall clock and its CPU time so
+far to the file named by ``CSF_FIRST_STEP_FILE``, as ``benchmarks.startup.FirstStep`` does inside the
+framework's run. Run by path, not as a module, so that it imports no more than such a script would.
 """
 import math
 import os
@@ -35,8 +36,7 @@ def default_workload():
     return model, data, 32, lambda x, y: model((x, y))["loss"]  # the model computes its loss
 
 
-def main() -> None:
-    workload = sys.argv[1] if len(sys.argv) > 1 else "mlp"
+def main(workload: str) -> None:
     torch.manual_seed(0)
     model, dataset, batch_size, loss_of = {"mlp": mlp_workload, "default": default_workload}[workload]()
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
@@ -61,5 +61,14 @@ def main() -> None:
     print(f"loss {loss.item():.4f}")
 
 
+def hydra_app() -> None:
+    """``main`` as the task of an empty ``@hydra.main`` app (Hydra's argument parsing, its two compositions,
+    its output directory, logging and ``.hydra/`` record): the floor of any Hydra application."""
+    import hydra
+
+    argv, sys.argv = sys.argv, [sys.argv[0], f"hydra.run.dir={os.environ.get('CSF_HYDRA_RUN_DIR', 'outputs')}"]
+    hydra.main(version_base="1.3", config_path=None)(lambda cfg: main(argv[1]))()
+
+
 if __name__ == "__main__":
-    main()
+    hydra_app() if sys.argv[2:] == ["hydra"] else main(sys.argv[1] if len(sys.argv) > 1 else "mlp")

@@ -103,8 +103,8 @@ _schemas: dict[type, DictConfig] = {}
 
 
 def _cached_schema(sections: Mapping[str, type] | None = None) -> DictConfig:
-    """``_schema(sections)``, built once per set of sections: only for ``OmegaConf.merge``, which copies its
-    first argument and leaves it as it was."""
+    """``_schema(sections)``, built once per set of sections (building it costs more than copying it): only
+    for callers that copy it and leave it as it was (``OmegaConf.merge``, ``ConfigStore.store``)."""
     kind = run_config_type(sections)
     if kind not in _schemas:
         _schemas[kind] = _schema(sections)
@@ -114,7 +114,7 @@ def _cached_schema(sections: Mapping[str, type] | None = None) -> DictConfig:
 def register_schemas(sections: Mapping[str, type] | None = None) -> None:
     """Put the ``RunConfig`` schema (with the plugins' ``sections``) into Hydra's ConfigStore;
     ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema(sections))
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_cached_schema(sections))  # the store keeps a copy
 
 
 def flat_config(config) -> dict:
