@@ -184,7 +184,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
         from .sweep import run_sweep_job
 
         return run_sweep_job(cfg, run_job)
-    return single_job(cfg, list(HydraConfig.get().overrides.task))
+    return single_job(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task))  # unresolved, as typed
 
 
 def single_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:
@@ -275,6 +275,7 @@ def compose_run(args, found):
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import env_override
     from hydra.errors import HydraException
     from hydra.types import RunMode
     from omegaconf import open_dict, read_write
@@ -304,7 +305,8 @@ def compose_run(args, found):
                 cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
             cfg.hydra.run.dir = run_dir
             cfg.hydra.runtime.output_dir = run_dir
-        config = to_run_config(cfg, explicit_groups(overrides), backends=found.schemas, sections=found.sections)
+        with env_override(cfg.hydra.job.env_set):  # as inside the job: `${oc.env:...}` sees hydra.job.env_set
+            config = to_run_config(cfg, explicit_groups(overrides), backends=found.schemas, sections=found.sections)
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         GlobalHydra.instance().clear()
         raise ConfigError(describe_error(e)) from e
@@ -324,7 +326,7 @@ def run_composed(hydra, cfg: DictConfig, config: RunConfig, config_name: str) ->
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
-    overrides = list(cfg.hydra.overrides.task)
+    overrides = OmegaConf.to_container(cfg.hydra.overrides.task)  # as typed: `${...}` in them not resolved
 
     def task(task_cfg: DictConfig) -> float | None:
         return single_job(task_cfg, overrides, config)
