@@ -104,7 +104,8 @@ def figures(rounds: int) -> list:
                 ("csframework", "first_step_s", "time to first step", LIMIT_S),
                 ("csframework", "first_step_cpu_s", "CPU time to first step", None),
                 ("csframework", "run_s", "whole 1-step run", None),
-                ("hydra", "first_step_s", "time to first step of a bare Hydra app (reference)", None)):
+                ("hydra", "first_step_s", "time to first step of a bare Hydra app (reference)", None),
+                ("hydra", "first_step_cpu_s", "CPU time to first step of a bare Hydra app (reference)", None)):
             result.append(harness.Figure(
                 name=f"{what}, {NAMES[workload]}", unit="s", kind="difference", command=command,
                 samples=[r[key] for r in runs[side]], baseline="hand-written script",
