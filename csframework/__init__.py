@@ -4,7 +4,7 @@
     cfg = csf.compose(["device=csx", "loop.max_steps=50"])
     summary = csf.Run(cfg, plugins=[MyPlugin()]).fit()
 
-Importing the package loads only the errors and the hook markers; ``Run``, ``compose`` and the rest load on
+Importing the package loads only the errors and the hook markers (``__version__`` too is read on first use); ``Run``, ``compose`` and the rest load on
 first use, so ``csframework.config`` (the schemas) can be imported without the plugin system, and
 ``csframework.csx`` (the CSX low-level API: ``backend``, ``compile``, ``trace``, ``step_closure``) without
 loading the tracer before it is used.
@@ -13,16 +13,10 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from importlib.metadata import PackageNotFoundError, version as _version
 
 from .errors import (CheckpointWriteError, CompileError, ConfigError, CsfError, NonFiniteLossError, PluginError,
                      TracingError, ValidationError)
 from .hookspecs import hookimpl, hookspec
-
-try:
-    __version__ = _version("csframework")
-except PackageNotFoundError:  # a source tree that was not installed
-    __version__ = "0+unknown"
 
 #: Public names loaded on first use: name -> module.
 _LAZY = {"Run": ".run", "compose": ".api", "RunConfig": ".config", "RunState": ".state",
@@ -35,7 +29,17 @@ __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "C
 
 
 def __getattr__(name: str):
-    """The lazily loaded names; ``csf.backend`` & co. (moved to ``csf.csx``) with a deprecation warning."""
+    """The lazily loaded names (``__version__`` too: reading the installed metadata is not free);
+    ``csf.backend`` & co. (moved to ``csf.csx``) with a deprecation warning."""
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("csframework")
+        except PackageNotFoundError:  # a source tree that was not installed
+            value = "0+unknown"
+        globals()[name] = value
+        return value
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value

@@ -2,9 +2,11 @@
 
 Errors csframework raises on purpose (bad config, a rejected run, a failing plugin, a tracing error) are
 printed without a traceback, one line per problem, with the exit status of the error (2 for config and
-validation errors); ``debug=true`` shows the traceback. Before Hydra starts, the overrides are composed
-once here (a sweep's: every swept value), so a composition error (unknown key, wrong type, missing group
-option, a broken YAML file, an unparsable override) is one line naming the key or file too.
+validation errors); ``debug=true`` shows the traceback. A composition error (unknown key, wrong type, missing
+group option, a broken YAML file, an unparsable override) is one line naming the key or file too: a single
+run's config is composed once, here, by the Hydra instance that then runs it (``compose_run``,
+``run_composed``: Hydra's own run sequence without its two further compositions); a sweep's overrides are
+composed here first (every swept value) before Hydra's ``@hydra.main`` takes over, as are help and info.
 
 A rejected run writes nothing: Hydra writes no ``.hydra/`` (``hydra.output_subdir: null``; ``HydraRecord``
 writes it once the run starts), and the run directory, resolved here and handed to Hydra, is removed again
@@ -29,8 +31,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from . import api
-from .config import (check_config_files, compose_dict, describe_error, explicit_groups, resolve_run_dir,
-                     to_run_config, user_config_dirs)
+from .config import (RunConfig, check_config_files, compose_dict, describe_error, explicit_groups,
+                     resolve_run_dir, to_run_config, user_config_dirs)
 from .errors import ConfigError, CsfError, ValidationError, one_line
 from .plugins import hookimpl
 
@@ -156,11 +158,13 @@ class HydraRecord:
             (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
-def run_job(cfg: DictConfig, overrides: list[str]) -> float | None:
-    """Compose, validate, build and run one job; returns the final validation loss for sweepers."""
+def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:
+    """Validate, build and run one job (``config``: ``cfg`` already typed, else typed here with the
+    plugins' contributions); returns the final validation loss for sweepers."""
     from .run import Run
 
-    config = api.to_run_config(cfg, explicit_groups(overrides))
+    if config is None:
+        config = api.to_run_config(cfg, explicit_groups(overrides))
     run = Run(config, plugins=[HydraRecord(cfg)])
     mode = config.mode.value
     if mode == "check":
@@ -180,9 +184,15 @@ def hydra_main(cfg: DictConfig) -> float | None:
         from .sweep import run_sweep_job
 
         return run_sweep_job(cfg, run_job)
+    return single_job(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task))  # unresolved, as typed
+
+
+def single_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:
+    """``run_job`` for a run that is not part of a sweep: an error csframework raises on purpose is
+    reported in one line and ends the process with its status (the traceback with ``debug=true``)."""
     debug = bool(cfg.get("debug", False))
     try:
-        return run_job(cfg, list(HydraConfig.get().overrides.task))
+        return run_job(cfg, overrides, config)
     except CsfError as e:
         if debug:
             raise
@@ -198,17 +208,24 @@ def main() -> None:
     from .builtin import metrics
 
     metrics.ARGV = list(sys.argv)  # summary.json records the command as typed
+    composed = None
     try:
         args = parse_args(sys.argv[1:])
         # the schema with the plugins' sections, their configs and the backends' config files, into Hydra's
         # ConfigStore (plugins.enable / plugins.disable of the command line count)
         found = api.command_line_composition(args.overrides if args is not None else [])
-        run_dir = precompose(sys.argv[1:], found)
+        if is_single_run(args):
+            composed = compose_run(args, found)
+        if composed is None:
+            run_dir = precompose(sys.argv[1:], found)
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise
         report_error(e)
         sys.exit(e.exit_code)
+    if composed is not None:
+        finish(lambda: run_composed(*composed), composed[1].hydra.run.dir)
+        return
     if is_multirun(sys.argv[1:]):
         from . import sweep
 
@@ -216,21 +233,116 @@ def main() -> None:
         with sweep.forward_signals():
             hydra_main()
         sys.exit(sweep.finish())
-    created = []
-    if run_dir is not None:  # Hydra uses exactly this directory; what it creates for nothing is removed
-        created = new_directories(run_dir)
+    if run_dir is not None:  # Hydra uses exactly this directory
         quoted = str(run_dir).replace("'", "\\'")
         sys.argv = [a for a in sys.argv if a.lstrip("+").split("=", 1)[0] != "hydra.run.dir"]
         sys.argv.append(f"hydra.run.dir='{quoted}'")
+    finish(hydra_main, run_dir)
+
+
+def finish(run, run_dir: Path | str | None) -> None:
+    """Call ``run`` (the rest of the process's work), then remove the directories it created in vain for
+    ``run_dir`` and, under torchrun, leave the process group (``leave_process_group``)."""
+    created = new_directories(Path(run_dir)) if run_dir is not None else []
     try:
         try:
-            hydra_main()
+            run()
         finally:
             remove_if_empty(created)
     except SystemExit as e:
         leave_process_group(e.code)
         raise
     leave_process_group(0)
+
+
+def is_single_run(args) -> bool:
+    """Whether the command line (Hydra's parse of it) asks for one plain run: no help, info, ``--cfg``,
+    sweep, ``hydra.mode`` override or other config path, which are left to ``@hydra.main``."""
+    return not (args is None or args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+                or args.experimental_rerun or args.config_path or args.resolve or args.multirun
+                or any(o.lstrip("+~").startswith("hydra.mode=") for o in args.overrides))
+
+
+def compose_run(args, found):
+    """Compose a single run's config once, as Hydra's run would, with the Hydra instance that will run it:
+    ``(hydra, cfg, config, config name)`` with ``cfg.hydra.run.dir`` resolved to an absolute path and
+    ``config`` the typed ``RunConfig``; ``None`` when the config itself asks for a sweep (``hydra.mode``),
+    which is left to ``@hydra.main``. Raises ``ConfigError`` (one line naming the key or file) if it does not
+    compose; ``found``: the plugins' contributions (``api.command_line_composition``)."""
+    import yaml
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import env_override
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf import open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides, name = list(args.overrides), args.config_name or "config"
+    check_config_files(user_config_dirs(overrides, args.config_dir))
+    GlobalHydra.instance().clear()
+    try:
+        search_path = create_config_search_path("pkg://csframework.conf")  # what @hydra.main's config_path gives
+        if args.config_dir is not None:  # as config.compose_dict adds it
+            if not os.path.isdir(args.config_dir):
+                raise ConfigError(f"config_dir: no such directory: {args.config_dir}")
+            search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(args.config_dir)}",
+                                anchor=SearchPathQuery(provider="schema"))
+        hydra = Hydra.create_main_hydra2(task_name="csframework", config_search_path=search_path)
+        cfg = hydra.compose_config(config_name=name, overrides=overrides, run_mode=RunMode.RUN,
+                                   with_log_configuration=True)
+        if cfg.hydra.mode == RunMode.MULTIRUN:
+            GlobalHydra.instance().clear()
+            return None
+        HydraConfig.instance().set_config(cfg)  # as during the run: `${hydra:...}` resolves
+        run_dir = str(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute())  # `${now:...}`: once, here
+        with read_write(cfg.hydra), open_dict(cfg.hydra):  # (HydraConfig.set_config made it read-only)
+            if cfg.hydra.mode is None:  # as Hydra records a run whose config does not set the mode
+                cfg.hydra.mode = RunMode.RUN
+                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+            cfg.hydra.run.dir = run_dir
+            cfg.hydra.runtime.output_dir = run_dir
+        with env_override(cfg.hydra.job.env_set):  # as inside the job: `${oc.env:...}` sees hydra.job.env_set
+            config = to_run_config(cfg, explicit_groups(overrides), backends=found.schemas, sections=found.sections)
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
+        GlobalHydra.instance().clear()
+        raise ConfigError(describe_error(e)) from e
+    except BaseException:
+        GlobalHydra.instance().clear()
+        raise
+    return hydra, cfg, config, name
+
+
+def run_composed(hydra, cfg: DictConfig, config: RunConfig, config_name: str) -> None:
+    """What ``Hydra.run`` does after composing: the run callbacks, and the job (``single_job`` with the typed
+    ``config``) in Hydra's ``run_job`` (run directory, job logging, ``HydraConfig``); an unexpected error
+    is reported as Hydra reports it (exit status 1)."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job as hydra_run_job
+    from hydra.types import HydraContext
+
+    overrides = OmegaConf.to_container(cfg.hydra.overrides.task)  # as typed: `${...}` in them not resolved
+
+    def task(task_cfg: DictConfig) -> float | None:
+        return single_job(task_cfg, overrides, config)
+
+    def run() -> None:
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=config_name)
+        ret = hydra_run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+                            task_function=task, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None)
+        callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+        _ = ret.return_value  # raises the job's exception, as Hydra.run does
+
+    try:
+        run_and_report(run)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def leave_process_group(status) -> None:

@@ -70,16 +70,19 @@ def installed_entry_points() -> list:
     """The entry points of group ``csframework.plugins`` that ``CSFRAMEWORK_PLUGINS_AUTOLOAD`` allows,
     by name; nothing is imported."""
     allowed = _autoload()
+    if allowed is not None and not allowed:  # autoload off: no need to read every distribution's metadata
+        return []
     return sorted((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if allowed is None or ep.name in allowed),
                   key=lambda e: e.name)
 
 
-def load_entry_points(disabled: Iterable[str] = ()) -> list[tuple[str, Any]]:
+def load_entry_points(disabled: Iterable[str] = (), installed: list | None = None) -> list[tuple[str, Any]]:
     """Plugins of installed distributions except ``disabled``, which are never imported; the entry-point
-    name is the plugin name. One that fails to import is named with its distribution."""
+    name is the plugin name. One that fails to import is named with its distribution. ``installed``: the
+    result of ``installed_entry_points()`` when the caller has it already."""
     disabled = set(disabled)
     found = []
-    for ep in installed_entry_points():
+    for ep in installed_entry_points() if installed is None else installed:
         if ep.name in disabled:
             continue
         try:
@@ -132,10 +135,11 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
     composition) only a class that implements one of them is.
     """
     disable = set(disable)
-    candidates = load_entry_points(disable)
+    installed = installed_entry_points()  # read once: scanning the distributions' metadata is not free
+    candidates = load_entry_points(disable, installed)
     candidates += [(plugin_name(obj), obj) for obj in (load_module_path(p) for p in enable if p not in disable)]
     candidates += [(plugin_name(p), p) for p in extra] + list(builtins)
-    known = {n for n, _ in candidates} | {ep.name for ep in installed_entry_points()} | set(enable)
+    known = {n for n, _ in candidates} | {ep.name for ep in installed} | set(enable)
     unknown = disable - known
     if unknown:
         raise ConfigError(f"plugins.disable: no plugin named {', '.join(sorted(unknown))} "

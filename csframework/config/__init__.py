@@ -7,7 +7,6 @@ plugins' own config sections).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import enum
@@ -100,10 +99,22 @@ def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
     return schema
 
 
+_schemas: dict[type, DictConfig] = {}
+
+
+def _cached_schema(sections: Mapping[str, type] | None = None) -> DictConfig:
+    """``_schema(sections)``, built once per set of sections (building it costs more than copying it): only
+    for callers that copy it and leave it as it was (``OmegaConf.merge``, ``ConfigStore.store``)."""
+    kind = run_config_type(sections)
+    if kind not in _schemas:
+        _schemas[kind] = _schema(sections)
+    return _schemas[kind]
+
+
 def register_schemas(sections: Mapping[str, type] | None = None) -> None:
     """Put the ``RunConfig`` schema (with the plugins' ``sections``) into Hydra's ConfigStore;
     ``conf/config.yaml`` builds on it."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=_schema(sections))
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_cached_schema(sections))  # the store keeps a copy
 
 
 def flat_config(config) -> dict:
@@ -273,13 +284,13 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
     for the validation plugin to refuse.
     """
     try:
-        cfg = copy.deepcopy(cfg)
+        # a copy of the node without ``hydra`` (copying Hydra's own config would cost more than the rest)
+        cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
         OmegaConf.set_struct(cfg, False)
-        cfg.pop("hydra", None)
         if "backend" in selected and "device" not in selected:
             cfg.device.type = cfg.backend.type
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(_schema(sections), OmegaConf.to_container(cfg, resolve=False))
+        typed = OmegaConf.merge(_cached_schema(sections), OmegaConf.to_container(cfg, resolve=False))
         _device_types_upper(typed)
         run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:

@@ -19,3 +19,13 @@ def test_loop_overhead_benchmark_runs(tmp_path):
     assert set(rows) == {"hand-written loop", "csframework fit()", "csframework steps"}
     assert 0.5 < float(rows["csframework fit()"][3]) < 3  # a ratio framework / hand-written
     assert "overhead" in r.stdout and list(tmp_path.iterdir()) == []  # the runs wrote into a temporary dir
+
+
+@pytest.mark.parametrize("side", ["csframework", "hand", "hydra"])
+def test_startup_contestants_report_their_first_step(side):
+    """benchmarks/startup.py: each contestant's child reaches its first step (the FirstStep plugin inside
+    ``python -m csframework``, the stamp of the hand-written script) and the times are in order."""
+    from benchmarks import harness
+
+    result = harness.run_once(harness.python("benchmarks.startup", "--contestant", f"{side}-mlp"), timeout=300)
+    assert 0 < result["first_step_cpu_s"] and 0 < result["first_step_s"] <= result["run_s"]

@@ -209,6 +209,43 @@ def test_multirun_runs_one_job_per_choice(tmp_path, cli_env):
     assert len((sweep / "sweep.csv").read_text().splitlines()) == 3
 
 
+def test_a_single_run_composes_its_config_once(tmp_path, cli_env):
+    """The CLI composes a run's config once (its check and its run share it; Hydra composes no more), and
+    Hydra's record of the run is as Hydra writes it: mode RUN, the run directory and the overrides."""
+    run_dir = tmp_path / "run"
+    script = textwrap.dedent('''
+        import sys
+        from hydra._internal.hydra import Hydra
+        composed = []
+        compose_config = Hydra.compose_config
+        def counting(self, *args, **kwargs):
+            composed.append(kwargs.get("run_mode"))
+            return compose_config(self, *args, **kwargs)
+        Hydra.compose_config = counting
+        from csframework.__main__ import main
+        try:
+            main()
+        finally:
+            print("compositions:", len(composed))
+    ''')
+    argv = [*TINY, "loop.max_steps=2", f"hydra.run.dir={run_dir}", "+hydra.job.env_set.CSF_TEST_SEED=5",
+            "seed=${oc.env:CSF_TEST_SEED}"]
+    r = subprocess.run([sys.executable, "-c", script, *argv], env=cli_env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "compositions: 1" in r.stdout, r.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    record = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert record["mode"] == "RUN" and record["run"]["dir"] == str(run_dir)
+    assert record["runtime"]["output_dir"] == str(run_dir)
+    assert record["overrides"]["task"] == [a for a in argv[2:] if not a.startswith(("hydra.", "+hydra."))]
+    assert record["overrides"]["hydra"] == [f"hydra.run.dir={run_dir}", "+hydra.job.env_set.CSF_TEST_SEED=5",
+                                            "hydra.mode=RUN"]
+    # the run's config saw hydra.job.env_set, as its job does: the seed came from it
+    assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["seed"] == "${oc.env:CSF_TEST_SEED}"
+    assert yaml.safe_load((run_dir / "checkpoints" / "step-00000002" / "config.yaml").read_text())["seed"] == 5
+
+
 # -- logging --------------------------------------------------------------------------------------------------------
 def test_console_shows_each_event_once(tmp_path, cli_env):
     run_dir = tmp_path / "run"
