@@ -71,7 +71,7 @@ def train_stage(run: Run) -> None:
                 loss = outputs.get("loss")
                 # free on the host (a read, where ``bool(loss.isfinite())`` costs a kernel): stop at this step
                 # (not an error under dynamic scaling)
-                if isinstance(loss, torch.Tensor) and loss.device.type == "cpu" and not math.isfinite(loss.item()):
+                if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
                     check_finite(run)
                 if run.global_step % log_every == 0:
                     log_train_metrics(run)
