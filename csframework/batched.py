@@ -127,7 +127,8 @@ class InProcessPass:
         if self._tensors is None:
             return self._read(next(self._indices))
         if not self._ahead:
-            indices = [i for i, _ in zip(self._indices, range(self._chunk))]
+            # range first: zip then stops without taking one more batch of indices from the sampler
+            indices = [i for _, i in zip(range(self._chunk), self._indices)]
             if not indices:
                 raise StopIteration
             sizes = [len(i) for i in indices]

@@ -71,6 +71,18 @@ def test_the_fast_path_gives_the_batches_of_the_per_sample_path(options):
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 700, 2**30], ids=["one-batch", "3-batches", "whole-epoch"])
+@pytest.mark.parametrize("options", [{}, {"drop_last": False}, {"epochs": ((0, 4), (1, 0))}],
+                         ids=["default", "keep-last", "resume"])
+def test_reading_ahead_across_chunk_boundaries_gives_the_same_batches(monkeypatch, chunk_bytes, options):
+    """A plain TensorDataset pass reads several batches per index_select (READ_AHEAD_BYTES); a batch split
+    across chunk ends, a short last batch and a resumed start must still come out exactly."""
+    monkeypatch.setattr("csframework.batched.READ_AHEAD_BYTES", chunk_bytes)
+    plain, _ = passes(dataset(), False, **options)
+    fast, _ = passes(dataset(), True, **options)
+    assert_same_batches(plain, fast)
+
+
 class Overrides(TensorDataset):
     def __getitem__(self, i):
         return tuple(t[i] * 2 for t in self.tensors)
