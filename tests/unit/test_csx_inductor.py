@@ -11,7 +11,7 @@ import torch
 
 import csframework as csf
 import fixtures
-from csframework.backends.csx import inductor
+from csframework.backends.csx import inductor, lowlevel
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
 from test_csx_backend import Changing, line_of, max_diff, params_of, run_on
 
@@ -98,6 +98,34 @@ def test_without_inductor_the_interpreted_graph_runs_with_a_one_line_warning(tmp
     console = [line for line in (capsys.readouterr().err + caplog.text).splitlines()
                if "csx_graph_compiler_fallback" in line]
     assert console and all("C++ compiler" in line for line in console)
+
+
+def test_the_low_level_api_warns_once_when_it_falls_back(tmp_path, monkeypatch):
+    import torch._inductor
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("Failed to find a C++ compiler")
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", unavailable)
+    lowlevel._reset()
+    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path / "c"), graph_compiler="inductor")
+    model = csf.csx.compile(fixtures.mlp(), backend)
+    optimizer = torch.optim.SGD(model.model.parameters(), lr=0.1)
+
+    @csf.csx.trace
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    with pytest.warns(RuntimeWarning, match="graph_compiler=inductor is not available") as record:
+        for _ in range(3):
+            step(x, y)
+    assert len([w for w in record if "graph_compiler" in str(w.message)]) == 1
+    lowlevel._reset()
 
 
 def test_graph_compiler_must_be_inductor_or_none(tmp_path):

@@ -26,6 +26,7 @@ Gradients live inside the step: each traced step starts without gradients and ke
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -139,7 +140,7 @@ class CsxBackendHandle(Backend):
             step = self.steps[fn] = StaticStep(fn, getattr(fn, "__name__", "step"),
                                                retrace=self.retrace_every_iteration, cache=self.cache,
                                                modules=[m.model for m in self.models], optimizers=optimizers,
-                                               graph_compiler=self.graph_compiler)
+                                               graph_compiler=self.graph_compiler, on_compile=_fallback_notice)
         else:
             step.tracer.optimizers[:] = optimizers
             step.tracer.modules[:] = [m.model for m in self.models]
@@ -191,6 +192,14 @@ def _optimizers_used_by(fn: Callable) -> list:
         if isinstance(obj, torch.optim.Optimizer) and not any(obj is s for s in seen):
             seen.append(obj)
     return seen
+
+
+def _fallback_notice(compiled) -> None:
+    """One warning line when the graph compiler could not compile a traced step's graph."""
+    info = compiled.report.get("graph_compiler", {})
+    if info.get("status") == "fallback":
+        warnings.warn(f"csf.csx: {compiled.report.get('step')}: graph_compiler={info['name']} is not available "
+                      f"({info['reason']}); the interpreted graph runs", RuntimeWarning, stacklevel=2)
 
 
 def backend(backend_type: str, **settings) -> Backend:
