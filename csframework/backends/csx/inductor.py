@@ -32,16 +32,17 @@ def default_compiler() -> str:
     return os.environ.get(ENV_DEFAULT) or "inductor"
 
 
-def _isa_tag() -> str:
-    """The CPU vector ISA that the kernels were built for: part of the artifact's name, so a cache shared by
-    machines of other CPUs never loads kernels they cannot run."""
+def _host_tag() -> str:
+    """What the kernels were built for: the CPU's vector ISA (a cache shared by machines of other CPUs never
+    loads kernels they cannot run) and torch's thread count (Inductor's CPU kernels are specialised on it), or
+    the CUDA version."""
     if torch.cuda.is_available():
         return "cuda" + torch.version.cuda.replace(".", "")
-    return torch.backends.cpu.get_cpu_capability().lower()
+    return f"{torch.backends.cpu.get_cpu_capability().lower()}-t{torch.get_num_threads()}"
 
 
 def artifact_path(entry: Path) -> Path:
-    return entry / f"inductor-{_isa_tag()}.bin"
+    return entry / f"inductor-{_host_tag()}.bin"
 
 
 def example_inputs(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
