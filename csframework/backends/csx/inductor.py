@@ -59,10 +59,15 @@ def example_inputs(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
 
 @contextlib.contextmanager
 def _inductor_cache(directory: Path):
-    """Inductor's cache (generated code, built kernels) in ``directory`` for the duration."""
+    """Inductor's cache (generated code, built kernels) in ``directory`` for the duration; Inductor's default
+    cache when ``directory`` cannot be created (a read-only compile cache must not stop training)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield
+        return
     with temporary_cache_dir(str(directory)):
         yield
 
