@@ -1,36 +1,39 @@
-"""CSX emulator figures: trace time, steady-state step time on csx vs eager cpu on the same model, and the
-per-step cost of ``retrace_every_iteration``.
+"""CSX emulator figures: the steady-state step of ``device=csx`` against eager CPU on the embedded default
+model (tiny transformer, AdamW, clipping), and the time to trace and compile the step, cold and cached.
 
-    python benchmarks/csx_emulator.py                    # the embedded default (tiny transformer, AdamW)
-    python benchmarks/csx_emulator.py --steps 50 --model mlp
+    python -m benchmarks.csx_emulator [--rounds N]       # the figures (fresh processes, interleaved)
+    python -m benchmarks.csx_emulator --detail           # one process: trace, steps, retrace cost
+    python -m benchmarks.csx_emulator --contestant csx   # one measurement (a JSON line)
 
-Each figure times ``backend.train_batch`` (the whole optimizer step: forward, backward, clipping, update,
-schedule) on one fixed batch, after warm-up, so data loading and logging are not part of it. Steady-state
-times are medians over ``--steps`` steps, csx and cpu steps alternating, repeated ``--repeats`` times and the
-best repeat reported: the usual way to take timings on a shared machine.
+Each contestant process builds the run, times ``backend.train_batch`` (the whole optimizer step: forward,
+backward, clipping, update, schedule) on one fixed batch for ``--steps`` steps after warm-up, and reports the
+median ms/step (wall time, and the process's CPU time, which a busy shared machine inflates less); data
+loading and logging are not part of it. The csx contestant also reports its first
+step's trace + graph compile seconds. The figures' csx contestants share one compile directory: the first
+csx process (run once, before the rounds) finds it empty (the cold figure), the rounds find it filled (the
+cached figure).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test fixtures (mlp model)
-
-import csframework as csf  # noqa: E402
 
 QUIET = ["plugins.disable=[progress,logging,checkpoint,metrics]", "data.val=null", "loop.eval_every=null"]
+MODULE = "benchmarks.csx_emulator"
 
 
-def make_run(device: str, model: str, extra: list[str], workdir: str):
-    overrides = [f"device={device}", "loop.max_steps=1000", *QUIET, *extra]
+def make_run(device: str, model: str, extra: list[str], workdir: str, compile_dir: str | None = None):
+    import csframework as csf
+
+    overrides = [f"device={device}", "loop.max_steps=100000", *QUIET, *extra]
     if device == "csx":
-        overrides.append(f"backend.compile_dir={workdir}/compile")
+        overrides.append(f"backend.compile_dir={compile_dir or workdir + '/compile'}")
     if model == "mlp":
         from fixtures import CONF
         cfg = csf.compose(["model=blobs_mlp", "data=blobs", "optimizer=adamw", *overrides], config_dir=CONF)
@@ -42,54 +45,108 @@ def make_run(device: str, model: str, extra: list[str], workdir: str):
     return run, batch
 
 
-def step_times(run, batch, steps: int) -> list[float]:
+def step_times(run, batch, steps: int, clock=time.perf_counter) -> list[float]:
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = clock()
         out = run.backend.train_batch(run, batch, True)
         out["loss"].item()  # the step's value is available (no-op sync on CPU)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
         run.state.global_step += 1  # what the loop does after a step
     return times
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["default", "mlp"], default="default")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def contestant(name: str, steps: int, compile_dir: str | None, graph_compiler: str | None) -> dict:
+    """One fresh-process measurement: median ms/step over ``steps`` steady-state steps (and, on csx, the
+    first step's trace + compile seconds)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
+    extra = [f"backend.graph_compiler={graph_compiler}"] if graph_compiler and name == "csx" else []
     with tempfile.TemporaryDirectory() as workdir:
-        csx, batch = make_run("csx", args.model, [], workdir)
+        run, batch = make_run(name, "default", extra, workdir, compile_dir)
+        result = {"contestant": name, "threads": torch.get_num_threads()}
+        step_times(run, batch, 1)
+        if name == "csx":
+            report = run.backend.compiled.report
+            info = report.get("graph_compiler", {})
+            result.update(trace_s=report["trace_seconds"], graph_compile_s=info.get("seconds", 0.0),
+                          trace_compile_s=report["trace_seconds"] + info.get("seconds", 0.0),
+                          graph_compiler=info.get("status"))
+        step_times(run, batch, 3)
+        result["ms_per_step"] = 1e3 * statistics.median(step_times(run, batch, steps))
+        # CPU time of the process: what a step costs without the waits for a core that other processes on a
+        # shared machine add to the wall time
+        result["cpu_ms_per_step"] = 1e3 * statistics.median(step_times(run, batch, steps, time.process_time))
+    return result
+
+
+def figures(rounds: int, steps: int = 20) -> list:
+    from . import harness
+
+    base = harness.python(MODULE, "--steps", str(steps))
+    compile_dir = tempfile.mkdtemp(prefix="csf-csx-bench-")
+    try:
+        csx = [*base, "--contestant", "csx", "--compile-dir", compile_dir]
+        cold = harness.run_once(csx)  # the empty compile directory: a cold trace + compile, and the cache filled
+        results = harness.interleaved({"csx": csx, "cpu": [*base, "--contestant", "cpu"]}, rounds)
+    finally:
+        shutil.rmtree(compile_dir, ignore_errors=True)
+    command = f"python -m {MODULE} --rounds {rounds}"
+    return [
+        harness.Figure("CSX steady-state step vs eager (embedded default)", "ms/step",
+                       [r["ms_per_step"] for r in results["csx"]], baseline="eager cpu",
+                       baseline_samples=[r["ms_per_step"] for r in results["cpu"]], target="<= 0.8x", limit=0.8,
+                       command=command),
+        harness.Figure("CSX steady-state step vs eager, CPU time", "ms/step",
+                       [r["cpu_ms_per_step"] for r in results["csx"]], baseline="eager cpu",
+                       baseline_samples=[r["cpu_ms_per_step"] for r in results["cpu"]], target="<= 0.8x",
+                       limit=0.8, command=command),
+        harness.Figure("CSX trace+compile, cached", "s", [r["trace_compile_s"] for r in results["csx"]],
+                       target="<= 2 s", limit=2.0, command=command, kind="value"),
+        harness.Figure("CSX trace+compile, cold (empty cache)", "s", [cold["trace_compile_s"]], command=command,
+                       kind="value"),
+    ]
+
+
+def detail(model: str, steps: int, repeats: int, threads: int, compile_dir: str | None = None) -> dict:
+    """One process: trace time, first step, csx and eager steps alternating, the retrace cost."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as workdir:
+        csx, batch = make_run("csx", model, [], workdir, compile_dir)
         start = time.perf_counter()
         step_times(csx, batch, 1)
         first_step = time.perf_counter() - start
         compiled = csx.backend.compiled
         trace_s = compiled.report["trace_seconds"]
-        cpu, cpu_batch = make_run("cpu", args.model, [], workdir)
+        compiler = compiled.report.get("graph_compiler", {})
+        cpu, cpu_batch = make_run("cpu", model, [], workdir)
         step_times(cpu, cpu_batch, 3)
         step_times(csx, batch, 3)
         csx_runs, cpu_runs = [], []
-        for _ in range(args.repeats):  # alternate csx and cpu step by step, so both see the same machine load
-            pairs = [(step_times(csx, batch, 1)[0], step_times(cpu, cpu_batch, 1)[0]) for _ in range(args.steps)]
+        for _ in range(repeats):  # alternate csx and cpu step by step, so both see the same machine load
+            pairs = [(step_times(csx, batch, 1)[0], step_times(cpu, cpu_batch, 1)[0]) for _ in range(steps)]
             csx_runs.append(statistics.median(p[0] for p in pairs))
             cpu_runs.append(statistics.median(p[1] for p in pairs))
-        retrace, retrace_batch = make_run("csx", args.model, ["backend.retrace_every_iteration=true"], workdir)
+        retrace, retrace_batch = make_run("csx", model, ["backend.retrace_every_iteration=true"], workdir,
+                                          compile_dir)
         step_times(retrace, retrace_batch, 2)
-        retrace_step = statistics.median(step_times(retrace, retrace_batch, max(5, args.steps // 3)))
+        retrace_step = statistics.median(step_times(retrace, retrace_batch, max(5, steps // 3)))
     figures = {
-        "model": args.model, "torch_threads": torch.get_num_threads(), "graph_ops": compiled.report["ops"]["total"],
+        "model": model, "torch_threads": torch.get_num_threads(), "graph_ops": compiled.report["ops"]["total"],
+        "graph_compiler": compiler.get("status"), "graph_compile_s": compiler.get("seconds", 0.0),
         "trace_s": trace_s, "first_step_s (trace+compile+run)": first_step,
         "csx_step_ms": 1e3 * min(csx_runs), "cpu_eager_step_ms": 1e3 * min(cpu_runs),
         "csx_vs_eager": min(csx_runs) / min(cpu_runs),
         "retrace_step_ms": 1e3 * retrace_step, "retrace_cost_per_step_ms": 1e3 * (retrace_step - min(csx_runs)),
     }
-    print(f"CSX emulator benchmark ({args.model} model, {figures['graph_ops']} graph ops, "
-          f"{figures['torch_threads']} torch threads)")
+    print(f"CSX emulator benchmark ({model} model, {figures['graph_ops']} graph ops, "
+          f"{figures['torch_threads']} torch threads, graph compiler: {figures['graph_compiler']})")
     print(f"  trace time (first step's trace)          {trace_s * 1e3:9.1f} ms")
+    print(f"  graph compile (or cache load)            {figures['graph_compile_s'] * 1e3:9.1f} ms")
     print(f"  first step (trace + compile + execute)   {first_step * 1e3:9.1f} ms")
     print(f"  steady-state step, csx graph             {figures['csx_step_ms']:9.2f} ms")
     print(f"  steady-state step, eager cpu             {figures['cpu_eager_step_ms']:9.2f} ms")
@@ -97,6 +154,30 @@ def main(argv=None) -> dict:
     print(f"  step with retrace_every_iteration        {figures['retrace_step_ms']:9.1f} ms")
     print(f"  retrace cost per step                    {figures['retrace_cost_per_step_ms']:9.1f} ms")
     return figures
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of fresh processes")
+    parser.add_argument("--steps", type=int, default=20, help="steady-state steps timed per process")
+    parser.add_argument("--contestant", choices=["csx", "cpu"], help="one measurement, printed as JSON")
+    parser.add_argument("--compile-dir", default=None, help="the csx contestant's compile directory")
+    parser.add_argument("--graph-compiler", choices=["inductor", "none"], default=None,
+                        help="the csx contestant's backend.graph_compiler (default: the config's)")
+    parser.add_argument("--detail", action="store_true", help="the one-process detail printout")
+    parser.add_argument("--model", choices=["default", "mlp"], default="default", help="--detail's model")
+    parser.add_argument("--repeats", type=int, default=3, help="--detail's repeats")
+    parser.add_argument("--threads", type=int, default=0, help="--detail's torch threads (0: torch's default)")
+    args = parser.parse_args(argv)
+    if args.contestant:
+        print(json.dumps(contestant(args.contestant, args.steps, args.compile_dir, args.graph_compiler)))
+    elif args.detail:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                                        "support"))  # the test fixtures (mlp model)
+        detail(args.model, args.steps, args.repeats, args.threads, args.compile_dir)
+    else:
+        from . import harness
+        print(harness.table(figures(args.rounds, args.steps)))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ import fixtures
 # The core suite runs without installed third-party plugins (the plugins/ packages test themselves); a test
 # of entry points names the ones it wants.
 os.environ["CSFRAMEWORK_PLUGINS_AUTOLOAD"] = "0"
+# CSX runs interpret their graphs unless a test asks for Inductor (test_csx_inductor.py): a cold Inductor
+# compile costs seconds to a minute per graph, and every test has its own compile directory.
+os.environ.setdefault("CSF_CSX_GRAPH_COMPILER", "none")
 
 
 def _cli_env() -> dict:

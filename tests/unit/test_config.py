@@ -55,7 +55,8 @@ def test_a_new_backend_schema_is_all_composition_needs():
 def test_a_stage_merges_onto_the_typed_backend():
     cfg = compose(["device=csx", "+stages.a.loop.max_steps=2", "+stages.b.backend.num_csx=2"],
                   backends=BACKENDS, config_files=CSX_CONF)
-    assert stage_config(cfg, "b", cfg.stages["b"]).backend == CsxConfig(num_csx=2, compile_dir=cfg.backend.compile_dir)
+    assert stage_config(cfg, "b", cfg.stages["b"]).backend == CsxConfig(num_csx=2, compile_dir=cfg.backend.compile_dir,
+                                                                         graph_compiler=cfg.backend.graph_compiler)
     with pytest.raises(ConfigError, match="stages.a.backend.strategy"):
         stage_config(cfg, "a", {"backend": {"strategy": "ddp"}})
 

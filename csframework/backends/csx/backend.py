@@ -39,6 +39,7 @@ class CsxBackend(BackendBase):
         self.dry_run = "compiled" if b.compile_only else "validated" if b.validate_only else None
         self.num_csx, self.num_workers_per_csx = b.num_csx, b.num_workers_per_csx
         self.cache = CompileCache(b.compile_dir)
+        self.graph_compiler = b.graph_compiler
         self.precision = CsxPrecision(cfg.precision, self.device)
         self.max_grad_norm = cfg.optimizer.max_grad_norm
         self.accum = cfg.loop.grad_accum_steps
@@ -66,7 +67,8 @@ class CsxBackend(BackendBase):
         self.train_step = StaticStep(self._train_step, "train_step", retrace=self.retrace, cache=self.cache,
                                      modules=[run.model], optimizers=[run.optimizer],
                                      extras=self.precision.scaler.state_attrs(), report_extra=extra,
-                                     on_compile=self._compiled)
+                                     on_compile=self._compiled, graph_compiler=self.graph_compiler)
+        # evaluation graphs (one per batch shape) stay interpreted: compiling each would cost more than it saves
         self.eval_step = StaticStep(self._eval_step, "eval_step", retrace=self.retrace, cache=self.cache,
                                     keyed=True, modules=[run.model], report_extra=extra)
 
@@ -134,10 +136,15 @@ class CsxBackend(BackendBase):
             self.report_path = path
         except OSError as e:
             run.log.warning("compile_report_not_written", error=str(e))
+        info = compiled.report.get("graph_compiler", {})
+        if info.get("status") == "fallback":
+            run.log.warning("csx_graph_compiler_fallback", compiler=info["name"], reason=info["reason"],
+                            result="the interpreted graph runs (backend.graph_compiler=none avoids the attempt)")
         if not self.compile_only:
             run.log.info("compiled", graph="train_step", fingerprint=compiled.fingerprint,
                          cache=compiled.report["cache"]["status"], ops=compiled.report["ops"]["total"],
-                         trace_seconds=compiled.report["trace_seconds"])
+                         trace_seconds=compiled.report["trace_seconds"], graph_compiler=info.get("status"),
+                         graph_compile_seconds=info.get("seconds"))
 
     # -- state and summary ------------------------------------------------------------------------------
     def loss_scale(self) -> float | None:
@@ -176,6 +183,7 @@ class CsxBackend(BackendBase):
             out["backend_mode"] = "compile_only" if self.compile_only else "validate_only"
         if self.compiled is not None:
             out.update(graph_fingerprint=self.compiled.fingerprint,
+                       graph_compiler=self.compiled.report.get("graph_compiler", {}).get("status"),
                        compile_cache=self.compiled.report["cache"]["status"],
                        compile_report=str(self.report_path) if self.report_path else None)
         return out

@@ -2,9 +2,12 @@
 ``retrace_every_iteration``), compile, and execute the same graph every iteration.
 
 "Compiling" here is what can be checked and planned without a wafer: clean the graph, fingerprint it, count
-its operations, estimate its memory, and generate the Python code that runs it on the host. The artifact
-(report + generated code) is cached by fingerprint in ``compile_dir``: an identical graph is a cache hit and
-skips the compile passes, as an identical graph skips compilation on a Cerebras cluster.
+its operations, estimate its memory, generate the Python code of the graph, and (``graph_compiler="inductor"``,
+the default for the train step) compile that graph to host code with TorchInductor (``inductor.py``), which is
+what every execution then runs; without a C++ compiler, or when Inductor fails, the interpreted graph runs
+instead and the report says why. The artifact (report, generated code, Inductor artifact) is cached by
+fingerprint in ``compile_dir``: an identical graph is a cache hit and skips the compile passes, as an identical
+graph skips compilation on a Cerebras cluster.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from torch.utils import _pytree as pytree
 from ...errors import CompileError
 from ...files import write_json_atomic, write_text_atomic
 from . import graph as graphs
+from . import inductor
 from .tracer import Signature, StepTracer, Traced, detailed_difference
 
 DEFAULT_COMPILE_DIR = "~/.cache/csframework/csx"
@@ -63,10 +67,27 @@ class Compiled:
         self.raw_wheres = raw_wheres  # the user's line behind each traced node
         self.report, self.cache_hit = report, cache_hit
         self.gm = traced.gm
+        self.runner: Callable = traced.gm.forward  # what executes the graph: gm.forward or Inductor's code
 
 
-def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra: dict | None = None) -> Compiled:
-    """Clean, fingerprint and analyse a traced graph, or take the analysis from the cache."""
+def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compiler: str) -> None:
+    """Compile the graph with ``graph_compiler`` (or load it from the cache); on failure keep the
+    interpreted graph. ``report["graph_compiler"]`` says which runs, and why."""
+    report = compiled.report
+    if graph_compiler == "none":
+        report["graph_compiler"] = {"name": "none", "status": "interpreted"}
+        return
+    entry = cache.entry(compiled.fingerprint) if cache is not None else None
+    runner, info = inductor.compile_graph(compiled.gm, entry, cache.directory if cache is not None else None)
+    if runner is not None:
+        compiled.runner = runner
+    report["graph_compiler"] = {"name": graph_compiler, **info}
+
+
+def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra: dict | None = None,
+                   graph_compiler: str = "none") -> Compiled:
+    """Clean, fingerprint and analyse a traced graph, or take the analysis from the cache; then compile it
+    with ``graph_compiler`` (``inductor`` or ``none``: the interpreted graph)."""
     raw_lines = graphs.canonical(traced.gm)
     raw_wheres = graphs.wheres(traced.gm)
     graphs.postprocess(traced.gm)
@@ -96,22 +117,28 @@ def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra:
     report["cache"] = {"status": "hit" if hit else "miss",
                        "entry": str(cache.entry(fp)) if cache is not None else None}
     report["trace_seconds"] = round(traced.seconds, 6)
-    return Compiled(traced, lines, fp, report, hit, raw_lines, raw_wheres)
+    compiled = Compiled(traced, lines, fp, report, hit, raw_lines, raw_wheres)
+    _graph_compile(compiled, cache, graph_compiler)
+    return compiled
 
 
 class StaticStep:
     """One step function on a CSX backend: traced, compiled, executed.
 
     ``keyed=True`` keeps one graph per input signature (evaluation, where the last batch may be short);
-    otherwise a second signature is a ``CompileError`` (a second compile is not allowed).
+    otherwise a second signature is a ``CompileError`` (a second compile is not allowed). ``graph_compiler``
+    (``inductor`` or ``none``) compiles each new graph; a retrace that gives the identical graph runs the graph
+    already compiled.
     """
 
     def __init__(self, fn: Callable, name: str, *, retrace: bool, cache: CompileCache | None,
                  keyed: bool = False, modules=(), optimizers=(), extras=(), compute_context=None,
-                 report_extra: Callable[[], dict] | None = None, on_compile: Callable[[Compiled], Any] | None = None):
+                 report_extra: Callable[[], dict] | None = None, on_compile: Callable[[Compiled], Any] | None = None,
+                 graph_compiler: str = "none"):
         self.tracer = StepTracer(fn, name, modules=modules, optimizers=optimizers, extras=extras,
                                  compute_context=compute_context)
         self.name, self.retrace, self.cache, self.keyed = name, retrace, cache, keyed
+        self.graph_compiler = graph_compiler
         self.report_extra = report_extra or dict
         self.on_compile = on_compile
         self.graphs: dict[Any, tuple[Signature, Compiled]] = {}
@@ -150,7 +177,7 @@ class StaticStep:
         self.traces += 1
         self.trace_seconds += traced.seconds
         if known is None:
-            compiled = compile_traced(traced, self.cache, self.name, self.report_extra())
+            compiled = compile_traced(traced, self.cache, self.name, self.report_extra(), self.graph_compiler)
             self.graphs[sig.values] = (sig, compiled)
             if self.first is None:
                 self.first = (sig, compiled)
@@ -175,7 +202,7 @@ class StaticStep:
 
     def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int):
         compiled, state, leaves = self.prepare(args, kwargs, iteration)
-        out = StepTracer.execute(compiled.gm, compiled.traced, state, leaves, global_step)
+        out = StepTracer.execute(compiled.runner, compiled.traced, state, leaves, global_step)
         self.executions += 1
         return out
 

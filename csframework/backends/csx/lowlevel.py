@@ -26,6 +26,7 @@ Gradients live inside the step: each traced step starts without gradients and ke
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -34,7 +35,8 @@ import torch
 from ...errors import CompileError, ConfigError, CsfError
 from ..eager import missing_cuda
 from .compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
-from .schema import CsxConfig, num_csx_problem
+from .inductor import default_compiler
+from .schema import GRAPH_COMPILERS, CsxConfig, num_csx_problem
 from .tracer import active, step_closure
 
 __all__ = ["backend", "compile", "trace", "step_closure", "Backend", "EagerHandle", "CsxBackendHandle",
@@ -42,7 +44,7 @@ __all__ = ["backend", "compile", "trace", "step_closure", "Backend", "EagerHandl
 
 #: Settings each device type understands here (CSX: every ``backend`` setting; ``type`` is the argument).
 SETTINGS = {
-    "CSX": {k: v for k, v in vars(CsxConfig()).items() if k != "type"},
+    "CSX": {**{k: v for k, v in vars(CsxConfig()).items() if k != "type"}, "graph_compiler": None},
     "CPU": {"threads": 0},
     "GPU": {"threads": 0, "device_index": 0},
 }
@@ -99,6 +101,10 @@ class CsxBackendHandle(Backend):
         self.num_workers_per_csx = int(settings["num_workers_per_csx"])
         self.compile_dir = settings["compile_dir"] or DEFAULT_COMPILE_DIR
         self.cache = CompileCache(self.compile_dir)
+        self.graph_compiler = settings["graph_compiler"] or default_compiler()
+        if self.graph_compiler not in GRAPH_COMPILERS:
+            raise ConfigError(f"csf.csx.backend('CSX'): graph_compiler={self.graph_compiler!r} is not one of "
+                              f"{', '.join(GRAPH_COMPILERS)}")
         self.device = device_for_host()
         self.optimizers: list = []
         self.steps: dict[Callable, StaticStep] = {}
@@ -133,7 +139,8 @@ class CsxBackendHandle(Backend):
         if step is None:
             step = self.steps[fn] = StaticStep(fn, getattr(fn, "__name__", "step"),
                                                retrace=self.retrace_every_iteration, cache=self.cache,
-                                               modules=[m.model for m in self.models], optimizers=optimizers)
+                                               modules=[m.model for m in self.models], optimizers=optimizers,
+                                               graph_compiler=self.graph_compiler, on_compile=_fallback_notice)
         else:
             step.tracer.optimizers[:] = optimizers
             step.tracer.modules[:] = [m.model for m in self.models]
@@ -187,11 +194,20 @@ def _optimizers_used_by(fn: Callable) -> list:
     return seen
 
 
+def _fallback_notice(compiled) -> None:
+    """One warning line when the graph compiler could not compile a traced step's graph."""
+    info = compiled.report.get("graph_compiler", {})
+    if info.get("status") == "fallback":
+        warnings.warn(f"csf.csx: {compiled.report.get('step')}: graph_compiler={info['name']} is not available "
+                      f"({info['reason']}); the interpreted graph runs", RuntimeWarning, stacklevel=2)
+
+
 def backend(backend_type: str, **settings) -> Backend:
     """A backend of ``backend_type`` (``"CSX"``, ``"CPU"`` or ``"GPU"``, any case) with its settings.
 
     CSX settings: ``retrace_every_iteration``, ``compile_only``, ``validate_only``, ``num_csx``,
-    ``num_workers_per_csx``, ``compile_dir``. A setting another device type owns is an error, and one process
+    ``num_workers_per_csx``, ``compile_dir``, ``graph_compiler`` (``inductor``/``none``; default
+    ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``). A setting another device type owns is an error, and one process
     holds backends of one device type at a time.
     """
     global _CURRENT

@@ -25,6 +25,15 @@ class CsxConfig(ReadOnly):
     """Input workers per system; global across stages (0: the default)."""
     compile_dir: Optional[str] = None
     """Where compiled graphs are cached by fingerprint."""
+    graph_compiler: str = "inductor"
+    """How the train step's static graph runs: ``inductor`` compiles it once to host code with TorchInductor
+    (cached in ``compile_dir``; without a C++ compiler, or when Inductor fails, the interpreted graph runs,
+    with a one-line warning), ``none`` interprets it (the eager kernels, op by op). The default comes from
+    ``$CSF_CSX_GRAPH_COMPILER`` when set."""
+
+
+#: Values of ``backend.graph_compiler``.
+GRAPH_COMPILERS = ("inductor", "none")
 
 
 #: Settings every stage of a run must share.
@@ -55,6 +64,9 @@ def stage_rules(cfg) -> list[str]:
                             hint=" (data.batch_size): each system needs at least one sample")
     problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
                             hint=" (0: the default)")
+    if b.graph_compiler not in GRAPH_COMPILERS:
+        problems.append(f"backend.graph_compiler: {b.graph_compiler!r} is not one of {', '.join(GRAPH_COMPILERS)}; "
+                        "use backend.graph_compiler=inductor (compile the step) or none (interpret it)")
     if b.compile_only and b.validate_only:
         problems.append("backend.compile_only, backend.validate_only: choose one of them")
     return problems + optimizer_rules(cfg)

@@ -600,14 +600,15 @@ class StepTracer:
 
     # -- execution --------------------------------------------------------------------------------------
     @staticmethod
-    def execute(gm: torch.fx.GraphModule, traced: Traced, state: State, leaves: list, global_step: int):
-        """Run the graph on the live tensors; run the step closures; return the outputs (copies)."""
+    def execute(run_graph: Callable, traced: Traced, state: State, leaves: list, global_step: int):
+        """Run the graph (``run_graph``: the GraphModule's ``forward`` or its compiled code) on the live
+        tensors; run the step closures; return the outputs (copies)."""
         inputs = list(state.tensors)
         inputs += [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
         inputs.append(torch.tensor(global_step, dtype=torch.int64))
         inputs += [leaves[i] for i in traced.arg_positions]
         with torch.no_grad():
-            outs = gm.forward(*inputs)
+            outs = run_graph(*inputs)
             n_out = len(traced.out_tensor_positions)
             n_clo = traced.n_closure_tensors
             for pos, value in zip(traced.writebacks, outs[n_out + n_clo:]):

@@ -1,0 +1,116 @@
+"""Compile a traced step's static graph to host code with TorchInductor (``backend.graph_compiler=inductor``).
+
+The graph is compiled once, ahead of the first execution, with ``torch._inductor.standalone_compile``: every
+operation, the in-place updates of parameters and optimizer state included, becomes C++ loops or aten calls
+(Inductor functionalises the graph and writes the mutated inputs back, so the live tensors are updated as by
+the interpreted graph). The artifact is saved in the compile cache entry of the graph's fingerprint, and
+Inductor's own cache (the C++ kernels) lives under ``<compile_dir>/inductor``; an identical graph in a later
+run loads the artifact instead of compiling.
+
+When compilation is not possible (no C++ compiler, an Inductor failure) ``compile_graph`` returns the reason
+and the caller runs the interpreted graph: the numbers are then those of the eager kernels.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+#: Environment variable that sets the default of ``backend.graph_compiler`` (e.g. ``none`` in test suites).
+ENV_DEFAULT = "CSF_CSX_GRAPH_COMPILER"
+
+#: Compilations done in this process (a cache hit loads and does not count): what tests count.
+compilations = 0
+
+
+def default_compiler() -> str:
+    """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``."""
+    return os.environ.get(ENV_DEFAULT) or "inductor"
+
+
+def _host_tag() -> str:
+    """What the kernels were built for: the CPU's vector ISA (a cache shared by machines of other CPUs never
+    loads kernels they cannot run) and torch's thread count (Inductor's CPU kernels are specialised on it), or
+    the CUDA version."""
+    if torch.cuda.is_available():
+        return "cuda" + torch.version.cuda.replace(".", "")
+    return f"{torch.backends.cpu.get_cpu_capability().lower()}-t{torch.get_num_threads()}"
+
+
+def artifact_path(entry: Path) -> Path:
+    return entry / f"inductor-{_host_tag()}.bin"
+
+
+def example_inputs(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Uninitialised tensors with the placeholders' shapes, strides and dtypes (compilation reads no values)."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta["val"]
+        out.append(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype,
+                                       device=val.device if val.device.type != "meta" else "cpu"))
+    return out
+
+
+@contextlib.contextmanager
+def _inductor_cache(directory: Path):
+    """Inductor's cache (generated code, built kernels) in ``directory`` for the duration; Inductor's default
+    cache when ``directory`` cannot be created (a read-only compile cache must not stop training)."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield
+        return
+    with temporary_cache_dir(str(directory)):
+        yield
+
+
+def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path | None
+                  ) -> tuple[Callable | None, dict]:
+    """Compile ``gm`` (or load its artifact from ``entry``); returns ``(callable or None, info)``.
+
+    ``info`` has ``status`` (``compiled``, ``loaded`` or ``fallback``), ``seconds`` and, on fallback,
+    ``reason`` (one line). ``entry`` is the compile cache entry of the graph's fingerprint, ``cache_root``
+    the compile cache directory (Inductor's cache goes under it); ``None`` for both compiles uncached.
+    """
+    global compilations
+    start = time.perf_counter()
+    path = artifact_path(entry) if entry is not None else None
+    try:
+        import torch._inductor
+        import torch._inductor.config as inductor_config
+
+        cache = _inductor_cache(cache_root / "inductor") if cache_root is not None else contextlib.nullcontext()
+        with cache, torch.no_grad():
+            if path is not None and path.is_file():
+                try:
+                    # the artifact was built (and its vector ISA probed) on a CPU of this ISA: skip the probe,
+                    # which builds and loads test programs in subprocesses (seconds)
+                    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+                        fn = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+                    return fn, {"status": "loaded", "seconds": round(time.perf_counter() - start, 3)}
+                except Exception:  # a stale or damaged artifact: compile again
+                    pass
+            artifact = torch._inductor.standalone_compile(
+                gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
+                # dropout and other random operations draw from torch's generator, as the interpreted graph does
+                options={"config_patches": {"fallback_random": True}})
+            compilations += 1
+            if path is not None:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    artifact.save(path=str(path), format="binary")
+                except Exception:  # a read-only or unserialisable cache must not stop training
+                    pass
+        return artifact, {"status": "compiled", "seconds": round(time.perf_counter() - start, 3)}
+    except Exception as e:  # no C++ compiler, an unsupported operation, an Inductor bug: run interpreted
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        return None, {"status": "fallback", "seconds": round(time.perf_counter() - start, 3),
+                      "reason": reason if len(reason) <= 300 else reason[:297] + "..."}
