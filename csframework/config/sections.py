@@ -56,6 +56,11 @@ class LoopConfig(ReadOnly):
     """Batches whose gradients are accumulated into one optimizer step."""
     log_every: int = 10
     """Log training metrics every this many steps; the only host-device synchronisation of the loop."""
+    inference_mode: bool = True
+    """Evaluate under ``torch.inference_mode()``, which skips all autograd bookkeeping; ``false``: under
+    ``torch.no_grad()``, for a model whose evaluation needs autograd (``torch.enable_grad()`` inside
+    ``forward``, e.g. for input gradients) or a plugin that keeps evaluation tensors to change them in place
+    after the evaluation (inference tensors refuse that)."""
     collect: List[str] = field(default_factory=list)
     """Evaluation output keys to collect (non-scalar tensors, one row per sample): gathered across steps and
     ranks in dataset order into ``run.eval_outputs`` for ``on_eval_end`` hooks (``csframework.collect``)."""
