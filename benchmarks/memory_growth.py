@@ -123,7 +123,7 @@ def contestant(steps: int, log_every: int) -> dict:
         with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):  # the console lines
             summary = run.fit()
         saved = len(os.listdir(os.path.join(tmp, "run", "eval_outputs")))
-    if summary["status"] != "completed" or saved != steps // EVERY:
+    if summary["status"] != "completed" or saved != -(-steps // EVERY):  # and one at the end
         raise RuntimeError(f"the run did not do its work: {summary['status']}, {saved} collected evaluations saved")
     first, last = sampler.samples[marks[0]], sampler.samples[marks[-1]]
     return {"steps": steps, "warm_step": marks[0],
