@@ -154,14 +154,13 @@ def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor |
 def evaluate(run: Run) -> dict:
     """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*`` means.
 
-    Each batch's forward pass and hooks run under ``torch.inference_mode()`` (``torch.no_grad()`` with
-    ``loop.inference_mode=false``). The loader fetches the batches outside it: a dataset that caches what
-    it builds, and is also the training set, must not keep inference tensors for training.
+    The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
+    hand-written evaluation loop; ``torch.no_grad()`` with ``loop.inference_mode=false``); the collected
+    outputs are assembled, and ``on_eval_epoch_end``/``on_eval_end`` called, outside it.
     """
     hooks, backend = run.hooks, run.backend
     loop = run.stage_config.loop
     limit = loop.eval_steps
-    grad_mode = torch.inference_mode if loop.inference_mode else torch.no_grad
     was_training = run.module.training
     run.module.eval()
     hooks.on_eval_start(run=run)
@@ -170,11 +169,11 @@ def evaluate(run: Run) -> dict:
     count = 0
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
     try:
-        for batch_idx, batch in enumerate(run.val_loader):
-            if limit is not None and batch_idx >= limit:
-                break
-            batch = backend.to_device(batch)
-            with grad_mode():
+        with torch.inference_mode() if loop.inference_mode else torch.no_grad():
+            for batch_idx, batch in enumerate(run.val_loader):
+                if limit is not None and batch_idx >= limit:
+                    break
+                batch = backend.to_device(batch)
                 hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
                 outputs = backend.eval_batch(run, batch)
                 hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
@@ -186,7 +185,7 @@ def evaluate(run: Run) -> dict:
                             sums[key] = value.to(torch.float32, copy=True)
                 if collector is not None:
                     collector.add(outputs)
-            count += 1
+                count += 1
         if run.world_size > 1:  # every rank evaluated its shard: average over all of them
             sums, count = _all_reduce(sums, count)
         metrics = {f"val/{k}": float(v) / max(count, 1) for k, v in sums.items()}

@@ -140,13 +140,15 @@ def caching_blobs() -> CachingBlobs:
     return _CACHING
 
 
-def test_a_dataset_that_caches_samples_can_be_evaluated_before_it_is_trained_on(tmp_path):
-    # the loader fetches evaluation batches outside inference_mode: the samples the dataset caches then are
-    # ordinary tensors, which training can save for backward
+@pytest.mark.parametrize("inference_mode", ["true", "false"])
+def test_samples_a_dataset_caches_during_evaluation_can_be_trained_on(tmp_path, inference_mode):
+    # under inference_mode the cached samples are inference tensors; the collated batches are new tensors
     global _CACHING
     _CACHING = None
-    run = run_of(tmp_path, model={"_target_": "csframework.models.Supervised", "net": {"_target_": "fixtures.mlp"}},
+    run = run_of(tmp_path, f"loop.inference_mode={inference_mode}",
+                 model={"_target_": "csframework.models.Supervised", "net": {"_target_": "fixtures.mlp"}},
                  data={"_target_": f"{__name__}.caching_blobs"})
     run.validate()
-    assert len(_CACHING.cache) == 64 and not any(x.is_inference() for x, _ in _CACHING.cache.values())
+    made = {x.is_inference() for x, _ in _CACHING.cache.values()}
+    assert len(_CACHING.cache) == 64 and made == {inference_mode == "true"}
     assert run.fit()["status"] == "completed"
