@@ -57,14 +57,13 @@ def medians(times: list[tuple[float, float]]) -> dict:
     return {"wall_s": statistics.median(t[0] for t in times), "cpu_s": statistics.median(t[1] for t in times)}
 
 
-def hand(passes: int) -> dict:
-    """The hand-written loop; returns the median seconds per pass and the mean loss."""
+def hand_pass() -> callable:
+    """The hand-written evaluation; returns a function that runs one pass and returns the mean loss."""
     torch.manual_seed(SEED)
     model = Supervised(net=mlp(), loss="cross_entropy")
     loader = DataLoader(shared_dataset(), batch_size=BATCH, shuffle=False, num_workers=0)
-    times, mean = [], None
-    for _ in range(passes + 1):
-        start = clock()
+
+    def one_pass() -> float:
         model.eval()
         with torch.inference_mode():
             total, count = torch.zeros(()), 0
@@ -72,9 +71,22 @@ def hand(passes: int) -> dict:
                 loss = model(batch)["loss"]
                 total += loss
                 count += 1
-            mean = float(total / count)
+            return float(total / count)
+
+    one_pass.batches = len(loader)
+    return one_pass
+
+
+def hand(passes: int) -> dict:
+    """The hand-written loop ``passes + 1`` times; the median seconds per pass (the first one not counted)
+    and the mean loss."""
+    one_pass = hand_pass()
+    times = []
+    for _ in range(passes + 1):
+        start = clock()
+        mean = one_pass()
         times.append(since(start))
-    return medians(times[1:]) | {"loss": mean, "batches": count}
+    return medians(times[1:]) | {"loss": mean, "batches": one_pass.batches}
 
 
 class PassTimer:
@@ -94,23 +106,51 @@ class PassTimer:
         self.times.append(since(self.start))
 
 
-def framework(passes: int) -> dict:
-    """``Run.validate()`` ``passes + 1`` times on one run; the median seconds per pass and ``val/loss``."""
-    timer = PassTimer()
+def framework_run(timer: PassTimer, output_dir: str) -> csf.Run:
+    """The run ``Run.validate()`` evaluates: the same model, weights, dataset and batches as ``hand_pass``."""
     cfg = csf.compose(["data.num_workers=0", f"data.batch_size={BATCH}", "loop.eval_steps=null",
                        f"seed={SEED}", "loop.max_steps=1"])
     cfg.model = {"_target_": "csframework.models.Supervised", "loss": "cross_entropy",
                  "net": {"_target_": "benchmarks.loop_overhead.mlp"}}
     cfg.data.train = {"_target_": "benchmarks.loop_overhead.shared_dataset"}
     cfg.data.val = {"_target_": "benchmarks.loop_overhead.shared_dataset"}
+    return csf.Run(cfg, plugins=[timer], output_dir=output_dir)
+
+
+def framework(passes: int) -> dict:
+    """``Run.validate()`` ``passes + 1`` times on one run; the median seconds per pass and ``val/loss``."""
+    timer = PassTimer()
     with tempfile.TemporaryDirectory(prefix="csf-eval-") as tmp:
-        run = csf.Run(cfg, plugins=[timer], output_dir=tmp)
+        run = framework_run(timer, tmp)
         with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):  # the console lines
             for _ in range(passes + 1):
                 summary = run.validate()
     if summary["status"] != "completed" or len(timer.times) != passes + 1:
         raise RuntimeError(f"validate did not complete {passes + 1} evaluations: {summary}")
     return medians(timer.times[1:]) | {"loss": summary["metrics"]["val/loss"], "batches": len(run.val_loader)}
+
+
+def same_process(passes: int) -> dict:
+    """Diagnosis: both sides in this one process, pass after pass (alternating who goes first), CPU time;
+    without the differences between processes a shared machine adds, a smaller overhead shows. Returns the
+    ratio of the fastest passes and the median of the per-pair ratios."""
+    one_hand, timer = hand_pass(), PassTimer()
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory(prefix="csf-eval-") as tmp:
+        run = framework_run(timer, tmp)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            run.validate()
+            one_hand()
+            for i in range(passes):
+                for side in ("hand", "csframework") if i % 2 == 0 else ("csframework", "hand"):
+                    if side == "hand":
+                        start = clock()
+                        one_hand()
+                        theirs.append(since(start)[1])
+                    else:
+                        run.validate()
+                        ours.append(timer.times[-1][1])
+    return {"fastest": min(ours) / min(theirs), "paired": statistics.median(o / t for o, t in zip(ours, theirs))}
 
 
 def measure(rounds: int, passes: int = PASSES) -> dict[str, list[dict]]:
@@ -134,6 +174,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--passes", type=int, default=PASSES, help="timed passes per process (median)")
     parser.add_argument("--contestant", choices=["hand", "csframework"], help="one measurement, as JSON")
+    parser.add_argument("--same-process", type=int, default=0, metavar="PASSES",
+                        help="also time both sides in one process, PASSES passes each, alternating (diagnosis)")
     args = parser.parse_args(argv)
     if args.contestant:
         torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
@@ -146,6 +188,13 @@ def main(argv=None) -> None:
     losses = {name: {round(r["loss"], 6) for r in rs} for name, rs in results.items()}
     print(f"mean loss: hand-written {losses['hand']}, csframework val/loss {losses['csframework']}; "
           f"{results['hand'][0]['batches']} batches of {BATCH} per pass, median of {args.passes} passes per round")
+    if args.same_process:
+        env = harness.contestant_env()
+        os.environ.update({k: env[k] for k in ("CSF_BENCH_THREADS", "CSFRAMEWORK_PLUGINS_AUTOLOAD")})
+        torch.set_num_threads(int(env["CSF_BENCH_THREADS"]))
+        both = same_process(args.same_process)
+        print(f"same process, {args.same_process} passes each, CPU time: csframework / hand-written "
+              f"{both['fastest']:.3f}x (fastest passes), {both['paired']:.3f}x (median of the pairs)")
 
 
 if __name__ == "__main__":
