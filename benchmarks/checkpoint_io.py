@@ -1,26 +1,31 @@
-"""Checkpoint save and load time against plain ``torch.save`` / ``torch.load``.
+"""Checkpoint save and load time against plain ``torch.save`` / ``torch.load`` of the same state.
 
-A model of ``--params`` parameters (default 100M: 20 linear layers, float32, 400 MB) is saved and loaded
-``--repeats`` times each way, alternating, and the best time of each is reported:
+Two contestants, each a fresh process per round, on the same state: a model of ``--params`` parameters
+(default 100M: 20 linear layers, float32, 400 MB) plus a loop position, as ``Run.state_dict()`` holds them.
+Each saves and loads it ``--repeats`` times after one untimed warm-up (caches, allocators) and reports the
+best time of each:
 
-* csframework: ``write_checkpoint`` (state.pt streamed through a CRC-32, config.yaml, meta.json, every file
-  fsynced, the directory renamed into place) and ``read_checkpoint`` (sizes and checksums verified while
-  ``torch.load(weights_only=True)`` reads the file);
-* plain: ``torch.save(state, path)`` and ``torch.load(path, weights_only=True)``; also ``torch.save`` followed
-  by an fsync, the durable equivalent.
+* ``csframework``: the checkpoint plugin's ``write_checkpoint`` (state.pt streamed through a CRC-32,
+  config.yaml, meta.json, every file fsynced, the directory renamed into place) and ``read_checkpoint``
+  (sizes and checksums verified while ``torch.load(weights_only=True)`` reads the file);
+* ``torch``: ``torch.save(state, path)`` and ``torch.load(path, weights_only=True)``; it also times
+  ``torch.save`` followed by an fsync, the durable equivalent (printed beside the figures).
 
 Files go to ``--dir`` (default: a temporary directory). Before each timed operation the previous file is
-removed and ``os.sync()`` flushes every dirty page, so no side pays for the other's write-back; loads read
-from a warm page cache (the CPU cost of the format, not of the disk).
+removed and ``os.sync()`` flushes every dirty page, so no operation pays for another's write-back; loads
+read from a warm page cache (the CPU cost of the format, not of the disk).
 
-    python benchmarks/checkpoint_io.py
-    python benchmarks/checkpoint_io.py --params 10_000_000 --repeats 5
+    python -m benchmarks.checkpoint_io                      # 3 rounds, 100M parameters
+    python -m benchmarks.checkpoint_io --params 10_000_000 --repeats 5
+    python -m benchmarks.checkpoint_io --contestant torch   # one measurement, as JSON
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +33,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from csframework.builtin.checkpoint import read_checkpoint, write_checkpoint
+from benchmarks import harness
+
+MODULE = "benchmarks.checkpoint_io"  #: this module (``__name__`` is ``__main__`` under ``python -m``)
+PARAMS = 100_000_000
 
 
 def model_of(params: int) -> nn.Module:
@@ -37,7 +45,7 @@ def model_of(params: int) -> nn.Module:
     return nn.Sequential(*[nn.Linear(width, out) if i % 2 == 0 else nn.Linear(out, width) for i in range(layers)])
 
 
-def timed(fn, remove=None) -> float:
+def timed(fn, remove: Path | None = None) -> float:
     if remove is not None:
         shutil.rmtree(remove, ignore_errors=True) if remove.is_dir() else remove.unlink(missing_ok=True)
     os.sync()
@@ -46,22 +54,16 @@ def timed(fn, remove=None) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=lambda s: int(float(s.replace("_", ""))), default=100_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", default=None)
-    args = parser.parse_args()
+def contestant(which: str, params: int, repeats: int, directory: str | None) -> dict:
+    """Save and load the state ``repeats + 1`` times (the first untimed); the best seconds of each."""
+    from csframework.builtin.checkpoint import read_checkpoint, write_checkpoint
 
+    torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
     torch.manual_seed(0)
-    model = model_of(args.params)
-    n = sum(p.numel() for p in model.parameters())
+    model = model_of(params)
     state = {"model": model.state_dict(), "loop": {"global_step": 1}}
-    meta = {"global_step": 1}
-    work = Path(args.dir or tempfile.mkdtemp(prefix="csf-ckpt-io-"))
-    work.mkdir(parents=True, exist_ok=True)
-    plain = work / "plain.pt"
-    root = work / "checkpoints"
+    work = Path(tempfile.mkdtemp(prefix="csf-ckpt-io-", dir=directory))
+    plain, root = work / "plain.pt", work / "checkpoints"
 
     def plain_fsync():
         with open(plain, "wb") as f:
@@ -69,37 +71,67 @@ def main() -> None:
             f.flush()
             os.fsync(f.fileno())
 
-    times: dict[str, list[float]] = {k: [] for k in ("csf save", "torch.save", "torch.save+fsync",
-                                                      "csf load", "torch.load")}
+    if which == "torch":
+        ops = {"save": (lambda: torch.save(state, plain), plain),
+               "save_fsync": (plain_fsync, plain),
+               "load": (lambda: torch.load(plain, map_location="cpu", weights_only=True), None)}
+    else:
+        ops = {"save": (lambda: write_checkpoint(root, "step-1", state, {"global_step": 1}, "seed: 0\n"),
+                        root / "step-1"),
+               "load": (lambda: read_checkpoint(root / "step-1"), None)}
+    times: dict[str, list[float]] = {name: [] for name in ops}
     try:
-        for i in range(args.repeats + 1):  # the first round warms caches and allocators, and is dropped
-            t = {
-                "torch.save": timed(lambda: torch.save(state, plain), plain),
-                "csf save": timed(lambda: write_checkpoint(root, "step-1", state, meta, "seed: 0\n"),
-                                  root / "step-1"),
-                "torch.save+fsync": timed(plain_fsync, plain),
-                "torch.load": timed(lambda: torch.load(plain, map_location="cpu", weights_only=True)),
-                "csf load": timed(lambda: read_checkpoint(root / "step-1")),
-            }
-            if i:
-                for k, v in t.items():
-                    times[k].append(v)
-        loaded, _ = read_checkpoint(root / "step-1")
-        assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
-        size = (root / "step-1" / "state.pt").stat().st_size
+        for i in range(repeats + 1):
+            for name, (fn, remove) in ops.items():
+                seconds = timed(fn, remove)
+                if i:
+                    times[name].append(seconds)
+        loaded = torch.load(plain, weights_only=True) if which == "torch" else read_checkpoint(root / "step-1")[0]
+        if not all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items()):
+            raise RuntimeError(f"{which}: the state read back differs from the state saved")
+        size = (plain if which == "torch" else root / "step-1" / "state.pt").stat().st_size
     finally:
-        if args.dir is None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    n = sum(p.numel() for p in model.parameters())
+    return {f"{name}_s": min(t) for name, t in times.items()} | {"params": n, "bytes": size}
 
-    best = {k: min(v) for k, v in times.items()}
-    print(f"checkpoint I/O: {n / 1e6:.1f}M parameters, state.pt {size / 1e6:.0f} MB, best of {args.repeats}; "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
-    print(f"  save: csframework {best['csf save']:.3f} s, torch.save {best['torch.save']:.3f} s "
-          f"-> {best['csf save'] / best['torch.save']:.2f}x "
-          f"(torch.save + fsync {best['torch.save+fsync']:.3f} s -> "
-          f"{best['csf save'] / best['torch.save+fsync']:.2f}x)")
-    print(f"  load: csframework {best['csf load']:.3f} s, torch.load {best['torch.load']:.3f} s "
-          f"-> {best['csf load'] / best['torch.load']:.2f}x")
+
+def measure(rounds: int, params: int = PARAMS, repeats: int = 3, directory: str | None = None) -> dict:
+    extra = ["--params", str(params), "--repeats", str(repeats)] + (["--dir", directory] if directory else [])
+    contestants = {name: harness.python(MODULE, "--contestant", name, *extra) for name in ("torch", "csframework")}
+    return harness.interleaved(contestants, rounds, harness.contestant_env())
+
+
+def figures(rounds: int, params: int = PARAMS, repeats: int = 3, results: dict | None = None) -> list[harness.Figure]:
+    """csframework's checkpoint save and load time over ``torch.save`` and ``torch.load`` of the same state."""
+    results = results or measure(rounds, params, repeats)
+    size = f"{params / 1e6:g}M parameters"
+    command = f"python -m {MODULE} --rounds {rounds}" + (f" --params {params}" if params != PARAMS else "")
+    return [harness.Figure(name=f"checkpoint {op} ({size})", unit="s",
+                           samples=[r[f"{op}_s"] for r in results["csframework"]],
+                           baseline=f"torch.{op}", baseline_samples=[r[f"{op}_s"] for r in results["torch"]],
+                           target="<= 1.5x", limit=1.5, command=command)
+            for op in ("save", "load")]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--params", type=lambda s: int(float(s.replace("_", ""))), default=PARAMS)
+    parser.add_argument("--repeats", type=int, default=3, help="timed saves and loads per process (best)")
+    parser.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
+    parser.add_argument("--contestant", choices=["torch", "csframework"], help="one measurement, as JSON")
+    args = parser.parse_args(argv)
+    if args.contestant:
+        print(json.dumps(contestant(args.contestant, args.params, args.repeats, args.dir)))
+        return
+    results = measure(args.rounds, args.params, args.repeats, args.dir)
+    print(harness.table(figures(args.rounds, args.params, args.repeats, results)))
+    ours, theirs = results["csframework"], results["torch"]
+    durable = statistics.median(c["save_s"] / t["save_fsync_s"] for c, t in zip(ours, theirs))
+    print(f"\n{ours[0]['params'] / 1e6:.1f}M parameters, state.pt {ours[0]['bytes'] / 1e6:.0f} MB, best of "
+          f"{args.repeats} per process; torch.save + fsync "
+          f"{statistics.median(t['save_fsync_s'] for t in theirs):.3f} s (csframework save / it: {durable:.2f}x)")
 
 
 if __name__ == "__main__":

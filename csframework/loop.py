@@ -164,31 +164,40 @@ def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor |
 
 
 def evaluate(run: Run) -> dict:
-    """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*`` means."""
+    """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*`` means.
+
+    The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
+    hand-written evaluation loop; ``torch.no_grad()`` with ``loop.inference_mode=false``); the collected
+    outputs are assembled, and ``on_eval_epoch_end``/``on_eval_end`` called, outside it.
+    """
     hooks, backend = run.hooks, run.backend
-    limit = run.stage_config.loop.eval_steps
+    loop = run.stage_config.loop
+    limit = loop.eval_steps
     was_training = run.module.training
     run.module.eval()
     hooks.on_eval_start(run=run)
     hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
     sums: dict[str, torch.Tensor] = {}
     count = 0
-    collect = run.stage_config.loop
-    collector = Collector(run, collect.collect, collect.collect_max_memory_mb) if collect.collect else None
+    collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
     try:
-        for batch_idx, batch in enumerate(run.val_loader):
-            if limit is not None and batch_idx >= limit:
-                break
-            batch = backend.to_device(batch)
-            hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
-            outputs = backend.eval_batch(run, batch)
-            hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-            for key, value in outputs.items():
-                if isinstance(value, torch.Tensor) and value.ndim == 0:
-                    sums[key] = sums[key] + value.float() if key in sums else value.float()
-            if collector is not None:
-                collector.add(outputs)
-            count += 1
+        with torch.inference_mode() if loop.inference_mode else torch.no_grad():
+            for batch_idx, batch in enumerate(run.val_loader):
+                if limit is not None and batch_idx >= limit:
+                    break
+                batch = backend.to_device(batch)
+                hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+                outputs = backend.eval_batch(run, batch)
+                hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+                for key, value in outputs.items():
+                    if isinstance(value, torch.Tensor) and value.ndim == 0:
+                        if key in sums:
+                            sums[key].add_(value.float())  # in place: one op a batch, as a hand loop's sum
+                        else:  # a copy: the sum must not be the output tensor the hooks were given
+                            sums[key] = value.to(torch.float32, copy=True)
+                if collector is not None:
+                    collector.add(outputs)
+                count += 1
         if run.world_size > 1:  # every rank evaluated its shard: average over all of them
             sums, count = _all_reduce(sums, count)
         metrics = {f"val/{k}": float(v) / max(count, 1) for k, v in sums.items()}
@@ -197,7 +206,7 @@ def evaluate(run: Run) -> dict:
             run.log.info("eval_outputs_collected", keys=list(run.eval_outputs), spilled=collector.spilled,
                          rows=len(next(iter(run.eval_outputs.values()), ())),
                          peak_mb=round(collector.peak / 2**20, 3))
-            if collect.collect_save and run.rank == 0:
+            if loop.collect_save and run.rank == 0:
                 collector.save(run.eval_outputs,
                                run.output_dir / "eval_outputs" / f"step_{run.global_step}.safetensors")
         hooks.on_eval_epoch_end(run=run, epoch=run.epoch)

@@ -45,7 +45,8 @@ class Backend(Protocol):
         ``csframework.step``); returns the outputs (detached tensors), or ``{}`` if it has none yet."""
 
     def eval_batch(self, run: Run, batch: Any) -> dict:
-        """The outputs of one evaluation batch (detached tensors)."""
+        """The outputs of one evaluation batch (detached tensors). The loop calls it under
+        ``torch.inference_mode()``, or ``torch.no_grad()`` with ``loop.inference_mode=false``."""
 
     def dry_stage(self, run: Run) -> None:
         """Prepare the current stage without training (only called when ``dry_run`` is set)."""

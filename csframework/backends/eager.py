@@ -177,10 +177,11 @@ class EagerBackend(BackendBase):
             step.apply_gradients(run, self.precision, self.max_grad_norm)
         return step.detached(outputs)
 
-    @torch.no_grad()
     def eval_batch(self, run, batch) -> dict:
         with self.precision.autocast():
-            return step.detached(step.model_outputs(run.module(batch)))
+            outputs = step.model_outputs(run.module(batch))
+        # under inference_mode (the loop's default) no output can require grad: nothing to detach
+        return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 
     def loss_scale(self) -> float | None:
         """The current dynamic loss scale (one synchronisation), or ``None`` without dynamic scaling."""

@@ -60,6 +60,13 @@ class LoopConfig(ReadOnly):
     """Batches whose gradients are accumulated into one optimizer step."""
     log_every: int = 10
     """Log training metrics every this many steps; the only host-device synchronisation of the loop."""
+    inference_mode: bool = True
+    """Evaluate under ``torch.inference_mode()`` (the batches' loading, forward passes and hooks), which skips
+    all autograd bookkeeping; ``false``: under ``torch.no_grad()``. Turn it off for a model whose evaluation
+    needs autograd (``torch.enable_grad()`` inside ``forward``, e.g. input gradients), or when tensors made
+    during an evaluation are changed in place or saved for backward after it (a sample cache shared with
+    ``data.train`` and modified in place, a plugin that keeps outputs to change later): torch refuses
+    inference tensors there."""
     collect: List[str] = field(default_factory=list)
     """Evaluation output keys to collect (non-scalar tensors, one row per sample): gathered across steps and
     ranks in dataset order into ``run.eval_outputs`` for ``on_eval_end`` hooks (``csframework.collect``)."""

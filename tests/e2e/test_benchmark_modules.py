@@ -1,0 +1,43 @@
+"""The memory, evaluation and checkpoint I/O benchmarks keep working: each module's ``figures()`` runs its
+fresh-process contestants on a small workload and returns complete figures (their values are the report's,
+not asserted here)."""
+import pytest
+
+from benchmarks import checkpoint_io, evaluation, harness, memory_growth
+
+pytestmark = pytest.mark.slow
+
+
+def check(figure: harness.Figure, module: str, baseline: bool) -> None:
+    assert figure.name and figure.unit and figure.target and figure.limit is not None
+    assert len(figure.samples) == 1 and all(s == s for s in figure.samples)  # one round, no NaN
+    assert bool(figure.baseline_samples) == baseline and len(figure.baseline_samples) == (1 if baseline else 0)
+    assert figure.command.startswith(f"python -m benchmarks.{module} ")
+    assert figure.met in (True, False)
+    assert figure.name in harness.table([figure])
+
+
+def test_memory_growth_figure():
+    [figure] = memory_growth.figures(1, steps=1500)  # warm point 1000, evaluations and checkpoints at 1000, 1500
+    check(figure, "memory_growth", baseline=False)
+    assert figure.kind == "value" and figure.unit == "MB" and figure.limit == 5.0
+    assert "--steps 1500" in figure.command
+
+
+def test_evaluation_figure_and_both_sides_compute_the_same_loss():
+    results = evaluation.measure(1, passes=1)
+    assert results["hand"][0]["loss"] == pytest.approx(results["csframework"][0]["loss"], rel=1e-6)
+    assert results["hand"][0]["batches"] == results["csframework"][0]["batches"] == 128
+    [figure] = evaluation.figures(1, passes=1, results=results)
+    check(figure, "evaluation", baseline=True)
+    assert figure.kind == "ratio" and figure.limit == 1.02
+
+
+def test_checkpoint_io_figures(tmp_path):
+    results = checkpoint_io.measure(1, params=200_000, repeats=1, directory=str(tmp_path))
+    save, load = checkpoint_io.figures(1, params=200_000, repeats=1, results=results)
+    for figure in (save, load):
+        check(figure, "checkpoint_io", baseline=True)
+        assert figure.limit == 1.5
+    assert save.name.startswith("checkpoint save") and load.name.startswith("checkpoint load")
+    assert list(tmp_path.iterdir()) == []  # every contestant removed its files
