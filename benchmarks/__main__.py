@@ -21,7 +21,7 @@ import time
 from . import harness
 
 #: The modules measured, in the table's order.
-MODULES = ["loop_overhead", "startup", "evaluation", "csx_emulator", "memory_growth", "checkpoint_io"]
+MODULES = ["loop_overhead", "data_fetch", "startup", "evaluation", "csx_emulator", "memory_growth", "checkpoint_io"]
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 

@@ -2,7 +2,7 @@
 
 Two contestants, each a fresh process per round, one torch thread, on the same work: ``Supervised`` around
 the 784-256-256-10 MLP of ``benchmarks.loop_overhead`` (the same initial weights: seed 0), evaluated on its
-in-memory dataset (``shared_dataset``, 8,192 samples) in batches of 64, through a ``DataLoader`` with the
+in-memory dataset (``dataset``, 8,192 samples) in batches of 64, through a ``DataLoader`` with the
 same settings on both sides (in order, no workers, no pinning):
 
 * ``hand``: ``model.eval()``, then ``with torch.inference_mode(): for batch in loader: loss =
@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 
 import csframework as csf
 from benchmarks import harness
-from benchmarks.loop_overhead import SEED, mlp, shared_dataset
+from benchmarks.loop_overhead import SEED, dataset, mlp
 from csframework.models import Supervised
 
 MODULE = "benchmarks.evaluation"  #: this module (``__name__`` is ``__main__`` under ``python -m``)
@@ -61,7 +61,7 @@ def hand_pass() -> callable:
     """The hand-written evaluation; returns a function that runs one pass and returns the mean loss."""
     torch.manual_seed(SEED)
     model = Supervised(net=mlp(), loss="cross_entropy")
-    loader = DataLoader(shared_dataset(), batch_size=BATCH, shuffle=False, num_workers=0)
+    loader = DataLoader(dataset(), batch_size=BATCH, shuffle=False, num_workers=0)
 
     def one_pass() -> float:
         model.eval()
@@ -112,8 +112,8 @@ def framework_run(timer: PassTimer, output_dir: str) -> csf.Run:
                        f"seed={SEED}", "loop.max_steps=1"])
     cfg.model = {"_target_": "csframework.models.Supervised", "loss": "cross_entropy",
                  "net": {"_target_": "benchmarks.loop_overhead.mlp"}}
-    cfg.data.train = {"_target_": "benchmarks.loop_overhead.shared_dataset"}
-    cfg.data.val = {"_target_": "benchmarks.loop_overhead.shared_dataset"}
+    cfg.data.train = {"_target_": "benchmarks.loop_overhead.dataset"}
+    cfg.data.val = {"_target_": "benchmarks.loop_overhead.dataset"}
     return csf.Run(cfg, plugins=[timer], output_dir=output_dir)
 
 

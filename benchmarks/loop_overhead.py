@@ -47,7 +47,7 @@ def model_spec() -> tuple[tuple[int, ...], int, int]:
     return MODELS[os.environ.get("CSF_BENCH_MODEL", "mlp2")]
 
 
-def dataset(n: int = 4096) -> TensorDataset:
+def dataset(n: int = 8192) -> TensorDataset:
     """The in-memory dataset (the framework's ``data.train._target_`` builds the same one)."""
     widths = model_spec()[0]
     g = torch.Generator().manual_seed(1234)
@@ -102,6 +102,8 @@ def hand_written(data: str, steps: int, batch_size: int) -> tuple[float, float]:
                 print(f"step {step} loss {logged:.4f}", file=sys.stderr)  # the run's log line
             if step == steps:
                 break
+    if losses:  # the steps since the last log, as the framework logs them at the end
+        logged = float(torch.stack(losses).mean())
     return time.process_time() - start, logged
 
 
@@ -250,9 +252,9 @@ def lightning_version(python: str) -> str:
                           text=True).stdout.strip()
 
 
-def figures(rounds: int, only: str | None = None) -> list[harness.Figure]:
+def figures(rounds: int, only: str | None = None, steps: int = 0) -> list[harness.Figure]:
     """Per-step CPU time, csframework against the hand-written loops, and a user hook's cost (``only``:
-    one figure, ``<model>-<data>`` or ``user-hook``)."""
+    one figure, ``<model>-<data>`` or ``user-hook``; ``steps``: timed steps, 0 for each model's default)."""
     out = []
     lightning = lightning_python()
     cases = [("mlp2", "loader", "784-256-256-10 MLP, same per-sample DataLoader", "hand loop, same DataLoader",
@@ -266,7 +268,7 @@ def figures(rounds: int, only: str | None = None) -> list[harness.Figure]:
     for model, data, name, baseline, limit, target in cases:
         if only not in (None, f"{model}-{data}"):
             continue
-        args = ("--model", model, "--data", data)
+        args = ("--model", model, "--data", data, "--steps", str(steps))
         contestants = {"hand": command("--contestant", "hand", *args),
                        "framework": command("--contestant", "framework", *args)}
         if data == "premade" and lightning:
@@ -286,7 +288,7 @@ def figures(rounds: int, only: str | None = None) -> list[harness.Figure]:
                                               f"python -m benchmarks.loop_overhead --only {model}-{data}"))
     if only not in (None, "user-hook"):
         return out
-    args = ("--model", "tiny", "--data", "premade")
+    args = ("--model", "tiny", "--data", "premade", "--steps", str(steps))
     res = harness.interleaved({"plain": command("--contestant", "framework", *args),
                                "hook": command("--contestant", "framework", "--user-hook", *args)}, rounds)
     out.append(harness.Figure(name="a user plugin on on_train_batch_end (tiny MLP)", unit="us/step",
