@@ -94,8 +94,18 @@ class CsxBackend(BackendBase):
             return {}
         batches, self._pending = self._pending + [batch], []
         self._delivered = None
+        if self.train_step.first is None:
+            self._compiling(run)
         self.train_step(((batches,)), {}, iteration=run.global_step + 1, global_step=run.global_step)
         return self._delivered
+
+    def _compiling(self, run) -> None:
+        """Say what the first step is about to do: with Inductor, a graph new to ``compile_dir`` compiles for
+        a long while (about a minute for the embedded default on 2 cores) with nothing else on the console."""
+        if self.graph_compiler == "inductor":
+            run.log.info("csx_compiling", graph="train_step", compile_dir=str(self.cache.directory),
+                         note="a graph new to compile_dir takes up to a minute to compile, a cached one seconds; "
+                              "backend.graph_compiler=none runs the graph interpreted, without compiling")
 
     def eval_batch(self, run, batch) -> dict:
         self._delivered = None
@@ -144,7 +154,7 @@ class CsxBackend(BackendBase):
             run.log.info("compiled", graph="train_step", fingerprint=compiled.fingerprint,
                          cache=compiled.report["cache"]["status"], ops=compiled.report["ops"]["total"],
                          trace_seconds=compiled.report["trace_seconds"], graph_compiler=info.get("status"),
-                         graph_compile_seconds=info.get("seconds"))
+                         **({"graph_compile_seconds": info["seconds"]} if "seconds" in info else {}))
 
     # -- state and summary ------------------------------------------------------------------------------
     def loss_scale(self) -> float | None:
