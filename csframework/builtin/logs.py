@@ -10,7 +10,6 @@ configured globally, so importing csframework never touches the user's logging.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import sys
@@ -40,12 +39,6 @@ def console_line(event: dict) -> str:
         text = repr(value) if not isinstance(value, str) or not _QUOTED.isdisjoint(value) else value
         fields.append(f"{key}={text}")
     return f"{str(event.get('event', '')):<30} {' '.join(fields)}".rstrip()
-
-
-def _timestamp(_, __, event: dict) -> dict:
-    """The event's time, ISO 8601 in UTC (structlog's ``TimeStamper(fmt="iso", utc=True)`` format)."""
-    event["timestamp"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return event
 
 
 class LoggingPlugin:
