@@ -108,8 +108,9 @@ class PassTimer:
 
 def framework_run(timer: PassTimer, output_dir: str) -> csf.Run:
     """The run ``Run.validate()`` evaluates: the same model, weights, dataset and batches as ``hand_pass``."""
+    # the hand-written loop's per-sample DataLoader (not the batched fast path): the same reads on both sides
     cfg = csf.compose(["data.num_workers=0", f"data.batch_size={BATCH}", "loop.eval_steps=null",
-                       f"seed={SEED}", "loop.max_steps=1"])
+                       "data.batched_fetch=false", f"seed={SEED}", "loop.max_steps=1"])
     cfg.model = {"_target_": "csframework.models.Supervised", "loss": "cross_entropy",
                  "net": {"_target_": "benchmarks.loop_overhead.mlp"}}
     cfg.data.train = {"_target_": "benchmarks.loop_overhead.dataset"}

@@ -95,7 +95,7 @@ class BatchReader(Dataset):
 
 
 #: The most a ``TensorDataset`` pass reads ahead at once (bytes): bounded, so a big dataset is not copied.
-READ_AHEAD_BYTES = 4 * 2**20
+READ_AHEAD_BYTES = 2**20
 
 
 class InProcessPass:
@@ -103,9 +103,10 @@ class InProcessPass:
     single-process iterator would add about 20 us per batch (a profiler record, the fetcher, a conversion
     walk) to a read that takes as long, for nothing this path needs.
 
-    A plain ``TensorDataset`` is read a few batches at a time (up to ``READ_AHEAD_BYTES``): one
-    ``index_select`` per tensor for them all, each batch then a contiguous slice of it. The same values in
-    the same order; a per-batch cost that a step on a small model would notice is paid once per chunk."""
+    A plain ``TensorDataset`` is read a few batches at a time (up to ``READ_AHEAD_BYTES``; more stops paying
+    on wide rows, whose chunks no longer stay in cache): one ``index_select`` per tensor for them all, each
+    batch then a contiguous slice of it. The same values in the same order; a per-batch cost that a step on
+    a small model would notice is paid once per chunk."""
 
     def __init__(self, sampler: BatchIndices, reader: BatchReader):
         self._indices, self._read, self._length = iter(sampler), reader.__getitem__, len(sampler)
