@@ -191,8 +191,8 @@ def evaluate(run: Run) -> dict:
                 hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
                 for key, value in outputs.items():
                     if isinstance(value, torch.Tensor) and value.ndim == 0:
-                        if key in sums:
-                            sums[key].add_(value.float())  # in place: one op a batch, as a hand loop's sum
+                        if key in sums:  # in place, one op a batch as a hand loop's; add_ upcasts to float32
+                            sums[key].add_(value)
                         else:  # a copy: the sum must not be the output tensor the hooks were given
                             sums[key] = value.to(torch.float32, copy=True)
                 if collector is not None:

@@ -105,7 +105,8 @@ class MetricsPlugin:
             summary["error"] = f"{type(error).__name__}: {error}"
         run.output_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run.output_dir / "summary.json", summary)
-        write_curves(run.output_dir, title=f"{run.run_id} ({summary['status']})")
+        if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
+            write_curves(run.output_dir, title=f"{run.run_id} ({summary['status']})")
 
     def _figures(self, run) -> dict:
         """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's

@@ -152,3 +152,25 @@ def test_samples_a_dataset_caches_during_evaluation_can_be_trained_on(tmp_path, 
     made = {x.is_inference() for x, _ in _CACHING.cache.values()}
     assert len(_CACHING.cache) == 64 and made == {inference_mode == "true"}
     assert run.fit()["status"] == "completed"
+
+
+class MixedDtypes(nn.Module):
+    """Scalar outputs of several dtypes: a bfloat16 loss, an int64 count, a float64 score."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = fixtures.mlp()
+
+    def forward(self, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        return {"loss": loss if self.training else loss.bfloat16(), "count": torch.tensor(len(y)),
+                "score": loss.double() * 3}
+
+
+def test_val_means_of_other_dtypes_are_float32_sums_as_a_hand_written_loop(tmp_path):
+    run = run_of(tmp_path, "loop.eval_every=4", "data.eval_batch_size=5",
+                 model={"_target_": f"{__name__}.MixedDtypes"})
+    val = {k: v for k, v in run.fit()["metrics"].items() if k.startswith("val/")}
+    assert val == hand_written_means(run)
+    assert {k: type(v) for k, v in val.items()} == dict.fromkeys(("val/loss", "val/count", "val/score"), float)

@@ -86,3 +86,9 @@ def test_with_matplotlib_a_one_step_run_draws_curves_png(tmp_path, monkeypatch):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "curves.svg").exists()
     assert {name: len(points) for name, points in drawn[0].items()} == {"train/loss": 1, "val/loss": 1}
+
+
+def test_a_validate_run_writes_its_summary_but_draws_no_curves(tmp_path):
+    summary = csf.Run(fixtures.compose("mode=validate"), output_dir=tmp_path).validate()
+    assert json.loads((tmp_path / "summary.json").read_text())["metrics"]["val/loss"] == summary["metrics"]["val/loss"]
+    assert not (tmp_path / "curves.png").exists() and not (tmp_path / "curves.svg").exists()
