@@ -131,8 +131,17 @@ def test_the_low_level_api_warns_once_when_it_falls_back(tmp_path, monkeypatch):
 def test_graph_compiler_must_be_inductor_or_none(tmp_path):
     with pytest.raises(csf.ValidationError, match="backend.graph_compiler: 'tvm' is not one of inductor, none"):
         run_on("csx", tmp_path, "backend.graph_compiler=tvm")
-    with pytest.raises(csf.ConfigError, match="graph_compiler='tvm'"):
+    with pytest.raises(csf.ConfigError, match="graph_compiler: 'tvm' is not one of inductor, none; use"):
         csf.csx.backend("CSX", graph_compiler="tvm")
+
+
+def test_a_bad_graph_compiler_from_the_environment_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("CSF_CSX_GRAPH_COMPILER", "tvm")  # the default's source: the command line never shows it
+    from_env = r"'tvm' is not one of inductor, none \(from the environment variable CSF_CSX_GRAPH_COMPILER"
+    with pytest.raises(csf.ValidationError, match="backend.graph_compiler: " + from_env):
+        run_on("csx", tmp_path)
+    with pytest.raises(csf.ConfigError, match="graph_compiler: " + from_env):
+        csf.csx.backend("CSX")
 
 
 @pytest.mark.slow

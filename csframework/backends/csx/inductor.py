@@ -20,8 +20,7 @@ from typing import Callable
 
 import torch
 
-#: Environment variable that sets the default of ``backend.graph_compiler`` (e.g. ``none`` in test suites).
-ENV_DEFAULT = "CSF_CSX_GRAPH_COMPILER"
+from .schema import GRAPH_COMPILER_ENV
 
 #: Compilations done in this process (a cache hit loads and does not count): what tests count.
 compilations = 0
@@ -29,7 +28,7 @@ compilations = 0
 
 def default_compiler() -> str:
     """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``."""
-    return os.environ.get(ENV_DEFAULT) or "inductor"
+    return os.environ.get(GRAPH_COMPILER_ENV) or "inductor"
 
 
 def _host_tag() -> str:

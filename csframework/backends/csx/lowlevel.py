@@ -36,7 +36,7 @@ from ...errors import CompileError, ConfigError, CsfError
 from ..eager import missing_cuda
 from .compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
 from .inductor import default_compiler
-from .schema import GRAPH_COMPILERS, CsxConfig, num_csx_problem
+from .schema import CsxConfig, graph_compiler_problem, num_csx_problem
 from .tracer import active, step_closure
 
 __all__ = ["backend", "compile", "trace", "step_closure", "Backend", "EagerHandle", "CsxBackendHandle",
@@ -102,9 +102,8 @@ class CsxBackendHandle(Backend):
         self.compile_dir = settings["compile_dir"] or DEFAULT_COMPILE_DIR
         self.cache = CompileCache(self.compile_dir)
         self.graph_compiler = settings["graph_compiler"] or default_compiler()
-        if self.graph_compiler not in GRAPH_COMPILERS:
-            raise ConfigError(f"csf.csx.backend('CSX'): graph_compiler={self.graph_compiler!r} is not one of "
-                              f"{', '.join(GRAPH_COMPILERS)}")
+        if (problem := graph_compiler_problem(self.graph_compiler, "graph_compiler")) is not None:
+            raise ConfigError(f"csf.csx.backend('CSX'): {problem}")
         self.device = device_for_host()
         self.optimizers: list = []
         self.steps: dict[Callable, StaticStep] = {}

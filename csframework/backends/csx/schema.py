@@ -2,6 +2,7 @@
 this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.csx.backend``)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,6 +35,19 @@ class CsxConfig(ReadOnly):
 
 #: Values of ``backend.graph_compiler``.
 GRAPH_COMPILERS = ("inductor", "none")
+#: The environment variable that sets ``backend.graph_compiler``'s default (``conf/backend/csx.yaml`` reads it).
+GRAPH_COMPILER_ENV = "CSF_CSX_GRAPH_COMPILER"
+
+
+def graph_compiler_problem(value: str, key: str) -> str | None:
+    """Why ``value`` is not a ``backend.graph_compiler`` (named ``key`` in the message), or ``None``; a value
+    that came from ``$CSF_CSX_GRAPH_COMPILER`` is said to, since the command line never showed it."""
+    if value in GRAPH_COMPILERS:
+        return None
+    source = (f" (from the environment variable {GRAPH_COMPILER_ENV}: unset it or set it to inductor or none)"
+              if os.environ.get(GRAPH_COMPILER_ENV) == value else "")
+    return (f"{key}: {value!r} is not one of {', '.join(GRAPH_COMPILERS)}{source}; "
+            f"use {key}=inductor (compile the step) or none (interpret it)")
 
 
 #: Settings every stage of a run must share.
@@ -64,9 +78,8 @@ def stage_rules(cfg) -> list[str]:
                             hint=" (data.batch_size): each system needs at least one sample")
     problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
                             hint=" (0: the default)")
-    if b.graph_compiler not in GRAPH_COMPILERS:
-        problems.append(f"backend.graph_compiler: {b.graph_compiler!r} is not one of {', '.join(GRAPH_COMPILERS)}; "
-                        "use backend.graph_compiler=inductor (compile the step) or none (interpret it)")
+    if (problem := graph_compiler_problem(b.graph_compiler, "backend.graph_compiler")) is not None:
+        problems.append(problem)
     if b.compile_only and b.validate_only:
         problems.append("backend.compile_only, backend.validate_only: choose one of them")
     return problems + optimizer_rules(cfg)
