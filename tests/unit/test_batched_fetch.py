@@ -15,6 +15,7 @@ from torch.utils.data import TensorDataset, default_collate
 import csframework as csf
 from csframework.batched import BatchReader
 from csframework.data import epoch_batches, make_loader
+from csframework.defaults import StdlibText
 from csframework.errors import DataTimeoutError
 
 import fixtures
@@ -148,6 +149,17 @@ def test_a_getbatch_dataset_is_read_a_batch_at_a_time():
         assert a.keys() == b.keys() and type(a["pair"]) is type(b["pair"]) is list
         assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])
         assert all(torch.equal(p, q) for p, q in zip(a["pair"], b["pair"]))
+
+
+@pytest.mark.parametrize("options", [{}, {"drop_last": False, "shuffle": False}, {"epochs": ((0, 5), (1, 0))},
+                                     {"rank": 1, "world_size": 2, "pad": True, "drop_last": False}])
+def test_the_default_text_dataset_reads_whole_batches_of_the_same_windows(options):
+    data = StdlibText(split="val", block_size=16, num_chars=20_000)  # 2,000 bytes: 124 windows of 16 and their targets
+    plain, _ = passes(data, False, **options)
+    fast, loader = passes(data, True, **options)
+    assert loader.reader() == "StdlibText.__getbatch__"
+    assert_same_batches(plain, fast)
+    assert torch.equal(fast[0][1][:, :-1], fast[0][0][:, 1:])  # the targets: the inputs shifted by one byte
 
 
 def test_a_getbatch_that_is_not_a_method_is_refused():
