@@ -22,3 +22,8 @@ class Clusters(Dataset):
 
     def __getitem__(self, i: int):
         return self.points[i], self.labels[i]
+
+    def __getbatch__(self, indices: torch.Tensor) -> list[torch.Tensor]:
+        """The samples ``indices`` as the loader's collate makes them, ``[points, labels]``, one
+        ``index_select`` each (the loader's batched fast path, ``data.batched_fetch``)."""
+        return [self.points.index_select(0, indices), self.labels.index_select(0, indices)]

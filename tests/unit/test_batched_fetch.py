@@ -16,6 +16,7 @@ import csframework as csf
 from csframework.batched import BatchReader
 from csframework.data import epoch_batches, make_loader
 from csframework.defaults import StdlibText
+from csframework.defaults.tiny import Clusters
 from csframework.errors import DataTimeoutError
 
 import fixtures
@@ -151,15 +152,23 @@ def test_a_getbatch_dataset_is_read_a_batch_at_a_time():
         assert all(torch.equal(p, q) for p, q in zip(a["pair"], b["pair"]))
 
 
+BUILT_IN = {"StdlibText": lambda: StdlibText(split="val", block_size=16, num_chars=20_000),  # 124 windows
+            "Clusters": lambda: Clusters(n=101, dim=5, classes=4)}
+
+
 @pytest.mark.parametrize("options", [{}, {"drop_last": False, "shuffle": False}, {"epochs": ((0, 5), (1, 0))},
                                      {"rank": 1, "world_size": 2, "pad": True, "drop_last": False}])
-def test_the_default_text_dataset_reads_whole_batches_of_the_same_windows(options):
-    data = StdlibText(split="val", block_size=16, num_chars=20_000)  # 2,000 bytes: 124 windows of 16 and their targets
-    plain, _ = passes(data, False, **options)
-    fast, loader = passes(data, True, **options)
-    assert loader.reader() == "StdlibText.__getbatch__"
+@pytest.mark.parametrize("name", list(BUILT_IN))
+def test_the_built_in_datasets_read_whole_batches_of_the_same_samples(name, options):
+    plain, _ = passes(BUILT_IN[name](), False, **options)
+    fast, loader = passes(BUILT_IN[name](), True, **options)
+    assert loader.reader() == f"{name}.__getbatch__"
     assert_same_batches(plain, fast)
-    assert torch.equal(fast[0][1][:, :-1], fast[0][0][:, 1:])  # the targets: the inputs shifted by one byte
+
+
+def test_the_text_targets_are_the_inputs_shifted_by_one_byte():
+    inputs, targets = BUILT_IN["StdlibText"]().__getbatch__(torch.tensor([3, 0, 7]))
+    assert inputs.shape == targets.shape == (3, 16) and torch.equal(targets[:, :-1], inputs[:, 1:])
 
 
 def test_a_getbatch_that_is_not_a_method_is_refused():
