@@ -67,3 +67,15 @@ def test_the_model_contract():
         assert "dict with a 'loss' key" in str(e) and "['logits']" in str(e)
     else:
         raise AssertionError("no TypeError")
+
+
+def test_outputs_reach_hooks_out_of_the_graph_and_the_rest_as_the_model_made_them():
+    weight = torch.ones(3, requires_grad=True)
+    labels = torch.arange(3)
+    logits = weight * 2
+    outputs = step.detached({"loss": logits.sum(), "logits": logits, "labels": labels, "note": "text"})
+    assert not any(v.requires_grad for v in outputs.values() if isinstance(v, torch.Tensor))
+    assert torch.equal(outputs["logits"], logits) and outputs["loss"].item() == 6.0
+    assert outputs["labels"] is labels and outputs["note"] == "text"  # in no graph: nothing to detach
+    outputs["logits"].add_(1)  # a detached tensor shares the output's storage, as detach() does
+    assert logits[0].item() == 3.0
