@@ -4,10 +4,10 @@
     cfg = csf.compose(["device=csx", "loop.max_steps=50"])
     summary = csf.Run(cfg, plugins=[MyPlugin()]).fit()
 
-Importing the package loads only the errors and the hook markers (``__version__`` too is read on first use); ``Run``, ``compose`` and the rest load on
-first use, so ``csframework.config`` (the schemas) can be imported without the plugin system, and
-``csframework.csx`` (the CSX low-level API: ``backend``, ``compile``, ``trace``, ``step_closure``) without
-loading the tracer before it is used.
+Importing the package loads only the errors and the hook markers; ``Run``, ``compose``, the rest and even
+``__version__`` load on first use, so ``csframework.config`` (the schemas) can be imported without the
+plugin system, and ``csframework.csx`` (the CSX low-level API: ``backend``, ``compile``, ``trace``,
+``step_closure``) without loading the tracer before it is used.
 """
 from __future__ import annotations
 

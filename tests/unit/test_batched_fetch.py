@@ -157,7 +157,8 @@ BUILT_IN = {"StdlibText": lambda: StdlibText(split="val", block_size=16, num_cha
 
 
 @pytest.mark.parametrize("options", [{}, {"drop_last": False, "shuffle": False}, {"epochs": ((0, 5), (1, 0))},
-                                     {"rank": 1, "world_size": 2, "pad": True, "drop_last": False}])
+                                     {"rank": 1, "world_size": 2, "pad": True, "drop_last": False},
+                                     {"num_workers": 2, "epochs": ((0, 0), (1, 3))}])
 @pytest.mark.parametrize("name", list(BUILT_IN))
 def test_the_built_in_datasets_read_whole_batches_of_the_same_samples(name, options):
     plain, _ = passes(BUILT_IN[name](), False, **options)
