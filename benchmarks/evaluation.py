@@ -5,8 +5,9 @@ the 784-256-256-10 MLP of ``benchmarks.loop_overhead`` (the same initial weights
 in-memory dataset (``dataset``, 8,192 samples) in batches of 64, through a ``DataLoader`` with the
 same settings on both sides (in order, no workers, no pinning):
 
-* ``hand``: ``model.eval()``, then ``with torch.inference_mode(): for batch in loader: loss =
-  model(batch)["loss"]; total += loss``, and the mean;
+* ``hand``: ``model.eval()``, then ``with torch.inference_mode(): for batch in loader: out = model(batch);
+  loss_sum += out["loss"]; accuracy_sum += out["accuracy"]``, and the means: the two figures the framework
+  reports (``val/loss``, ``val/accuracy``; the model computes both on either side);
 * ``csframework``: ``Run.validate()`` with the default plugins (the framework's loader, per-batch hooks,
   ``val/*`` means of every scalar output, the output collector off, as by default).
 
@@ -15,7 +16,7 @@ seconds per pass; csframework's pass is timed inside the run, from the first ``o
 ``on_eval_end`` (the evaluation itself; not ``validate``'s set-up and tear-down, ``on_fit_start`` and
 ``on_fit_end``). The figure is the CPU time (the process's, one thread): on a shared machine it is far
 less disturbed by other work than the wall time, which is printed beside it. Both sides print the mean
-loss, which must agree.
+loss and accuracy, which must agree.
 
     python -m benchmarks.evaluation                   # 7 rounds
     python -m benchmarks.evaluation --rounds 3
@@ -58,7 +59,8 @@ def medians(times: list[tuple[float, float]]) -> dict:
 
 
 def hand_pass() -> callable:
-    """The hand-written evaluation; returns a function that runs one pass and returns the mean loss."""
+    """The hand-written evaluation; returns a function that runs one pass and returns the mean loss and
+    accuracy."""
     torch.manual_seed(SEED)
     model = Supervised(net=mlp(), loss="cross_entropy")
     loader = DataLoader(dataset(), batch_size=BATCH, shuffle=False, num_workers=0)
@@ -66,12 +68,13 @@ def hand_pass() -> callable:
     def one_pass() -> float:
         model.eval()
         with torch.inference_mode():
-            total, count = torch.zeros(()), 0
+            loss_sum, accuracy_sum, count = torch.zeros(()), torch.zeros(()), 0
             for batch in loader:
-                loss = model(batch)["loss"]
-                total += loss
+                out = model(batch)
+                loss_sum += out["loss"]
+                accuracy_sum += out["accuracy"]
                 count += 1
-            return float(total / count)
+            return float(loss_sum / count), float(accuracy_sum / count)
 
     one_pass.batches = len(loader)
     return one_pass
@@ -79,14 +82,14 @@ def hand_pass() -> callable:
 
 def hand(passes: int) -> dict:
     """The hand-written loop ``passes + 1`` times; the median seconds per pass (the first one not counted)
-    and the mean loss."""
+    and the mean loss and accuracy."""
     one_pass = hand_pass()
     times = []
     for _ in range(passes + 1):
         start = clock()
-        mean = one_pass()
+        loss, accuracy = one_pass()
         times.append(since(start))
-    return medians(times[1:]) | {"loss": mean, "batches": one_pass.batches}
+    return medians(times[1:]) | {"loss": loss, "accuracy": accuracy, "batches": one_pass.batches}
 
 
 class PassTimer:
@@ -119,7 +122,8 @@ def framework_run(timer: PassTimer, output_dir: str) -> csf.Run:
 
 
 def framework(passes: int) -> dict:
-    """``Run.validate()`` ``passes + 1`` times on one run; the median seconds per pass and ``val/loss``."""
+    """``Run.validate()`` ``passes + 1`` times on one run; the median seconds per pass, ``val/loss`` and
+    ``val/accuracy``."""
     timer = PassTimer()
     with tempfile.TemporaryDirectory(prefix="csf-eval-") as tmp:
         run = framework_run(timer, tmp)
@@ -128,7 +132,8 @@ def framework(passes: int) -> dict:
                 summary = run.validate()
     if summary["status"] != "completed" or len(timer.times) != passes + 1:
         raise RuntimeError(f"validate did not complete {passes + 1} evaluations: {summary}")
-    return medians(timer.times[1:]) | {"loss": summary["metrics"]["val/loss"], "batches": len(run.val_loader)}
+    return medians(timer.times[1:]) | {"loss": summary["metrics"]["val/loss"],
+                                       "accuracy": summary["metrics"]["val/accuracy"], "batches": len(run.val_loader)}
 
 
 def same_process(passes: int) -> dict:
@@ -186,8 +191,8 @@ def main(argv=None) -> None:
     print(harness.table(figures(args.rounds, args.passes, results)))
     wall = statistics.median(c["wall_s"] / h["wall_s"] for c, h in zip(results["csframework"], results["hand"]))
     print(f"\nwall time: csframework / hand-written, median of the per-round ratios: {wall:.3f}x")
-    losses = {name: {round(r["loss"], 6) for r in rs} for name, rs in results.items()}
-    print(f"mean loss: hand-written {losses['hand']}, csframework val/loss {losses['csframework']}; "
+    means = {name: {(round(r["loss"], 6), round(r["accuracy"], 6)) for r in rs} for name, rs in results.items()}
+    print(f"mean (loss, accuracy): hand-written {means['hand']}, csframework {means['csframework']}; "
           f"{results['hand'][0]['batches']} batches of {BATCH} per pass, median of {args.passes} passes per round")
     if args.same_process:
         env = harness.contestant_env()
