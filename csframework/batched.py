@@ -2,10 +2,11 @@
 instead of ``batch_size`` calls of ``__getitem__`` and a per-sample ``default_collate`` (about 400 us per
 batch of 64 on an MLP, more than many steps' own overhead).
 
-A dataset qualifies when ``batch_reader`` finds a way to read a whole batch: its own ``__getbatch__``, or
-the tensors of a plain ``TensorDataset``. The loader then has no auto-batching (``batch_size=None``): its
-sampler, ``BatchIndices``, yields the batches a ``BatchSampler`` makes of the same ``ResumableSampler``
-order (same order, same ``drop_last``, same resume position), and ``BatchReader`` turns each into the batch.
+A dataset qualifies when ``batch_reader`` finds a way to read a whole batch: its own ``__getbatch__``, the
+tensors of a plain ``TensorDataset``, or a plain ``Subset`` (what ``random_split`` makes) of either. The
+loader then has no auto-batching (``batch_size=None``): its sampler, ``BatchIndices``, yields the batches a
+``BatchSampler`` makes of the same ``ResumableSampler`` order (same order, same ``drop_last``, same resume
+position), and ``BatchReader`` turns each into the batch.
 ``data.make_loader`` picks this path; ``data.batched_fetch=false`` or a ``data.collate_fn`` turn it off.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import Dataset, Sampler, TensorDataset
+from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
 from .rng import seed_batch
 
@@ -29,6 +30,9 @@ def batch_reader(dataset: Dataset) -> Callable[[torch.Tensor], Any] | None:
       tuples (``default_collate`` makes a list of a tuple's fields).
     * A ``TensorDataset`` whose class overrides neither ``__getitem__`` nor ``__getitems__``: one
       ``index_select`` per tensor, as a list (that same collated batch, bit for bit).
+    * A ``Subset`` whose class overrides neither, of a dataset read in one of these ways, with integer
+      indices within its dataset: the batch's indices mapped through ``Subset.indices`` (a negative one
+      counted from the end, as ``dataset[i]`` does), then read as a batch.
     """
     getbatch = getattr(dataset, "__getbatch__", None)
     if getbatch is not None:
@@ -36,16 +40,68 @@ def batch_reader(dataset: Dataset) -> Callable[[torch.Tensor], Any] | None:
             raise TypeError(f"{type(dataset).__name__}.__getbatch__ is a {type(getbatch).__name__}, not a method; "
                             "define __getbatch__(self, indices) returning the collated batch, or remove it")
         return getbatch
-    cls = type(dataset)
-    if (isinstance(dataset, TensorDataset) and cls.__getitem__ is TensorDataset.__getitem__
-            and getattr(cls, "__getitems__", None) is None):
+    if _reads_as(dataset, TensorDataset):
         return functools.partial(_select, dataset.tensors)
+    if _reads_as(dataset, Subset):
+        inner = batch_reader(dataset.dataset)
+        through = _subset_rows(dataset) if inner is not None else None
+        if through is None:  # read sample by sample, where a bad index fails as it would without this path
+            return None
+        if isinstance(inner, functools.partial) and inner.func is _select:  # of a (Subset of a) TensorDataset
+            before = inner.keywords.get("through")
+            return functools.partial(_select, inner.args[0],
+                                     through=before.index_select(0, through) if before is not None else through)
+        return functools.partial(_read_through, inner, through)
     return None
 
 
-def _select(tensors: tuple[torch.Tensor, ...], indices: torch.Tensor) -> list[torch.Tensor]:
+def _reads_as(dataset: Dataset, base: type) -> bool:
+    """``dataset`` is a ``base`` whose class reads samples as ``base`` does (overrides neither reader)."""
+    cls = type(dataset)
+    return (isinstance(dataset, base) and cls.__getitem__ is base.__getitem__
+            and getattr(cls, "__getitems__", None) is getattr(base, "__getitems__", None))
+
+
+def _subset_rows(subset: Subset) -> torch.Tensor | None:
+    """``subset.indices`` as an int64 tensor of rows of its dataset, or ``None`` when they are not 1-D
+    integers within it."""
+    indices = subset.indices
+    if len(indices) == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    try:
+        rows = torch.as_tensor(indices)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    size = len(subset.dataset)
+    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == torch.bool:
+        return None
+    rows = rows.to(torch.int64)
+    if int(rows.min()) < -size or int(rows.max()) >= size:
+        return None
+    return torch.where(rows < 0, rows + size, rows)
+
+
+def _select(tensors: tuple[torch.Tensor, ...], indices: torch.Tensor, through: torch.Tensor | None = None
+            ) -> list[torch.Tensor]:
+    """Rows ``indices`` of each tensor (rows ``through[indices]`` for a ``Subset``)."""
+    if through is not None:
+        indices = through.index_select(0, indices)
     # index_select, not tensor[indices]: the same copy, but advanced indexing costs 4x more on CPU
     return [t.index_select(0, indices) for t in tensors]
+
+
+def _read_through(read: Callable[[torch.Tensor], Any], through: torch.Tensor, indices: torch.Tensor) -> Any:
+    """A ``Subset``'s batch: ``read`` (its dataset's batch reader) of ``through[indices]``."""
+    return read(through.index_select(0, indices))
+
+
+def describe(dataset: Dataset) -> str:
+    """What reads a batch of ``dataset``, for error messages: ``Name.__getbatch__``, ``Name (index_select)``,
+    ``Subset of ...``."""
+    if _reads_as(dataset, Subset) and not hasattr(dataset, "__getbatch__"):
+        return f"Subset of {describe(dataset.dataset)}"
+    name = type(dataset).__name__
+    return f"{name}.__getbatch__" if hasattr(dataset, "__getbatch__") else f"{name} (index_select)"
 
 
 class BatchIndices(Sampler):
@@ -60,7 +116,8 @@ class BatchIndices(Sampler):
         order = self.sampler.order()
         if self.drop_last:
             order = order[: len(order) // self.batch_size * self.batch_size]
-        batches = order.split(self.batch_size)
+        # split() makes one empty batch of no indices; a pass resumed at the end of its epoch has no batch
+        batches = order.split(self.batch_size) if len(order) else ()
         return iter([b.tolist() for b in batches] if self.as_lists else batches)
 
     def __len__(self) -> int:
@@ -90,8 +147,7 @@ class BatchReader(Dataset):
 
     def reader(self) -> str:
         """What reads a batch, for error messages."""
-        name = type(self.dataset).__name__
-        return f"{name}.__getbatch__" if hasattr(self.dataset, "__getbatch__") else f"{name} (index_select)"
+        return describe(self.dataset)
 
 
 #: The most a ``TensorDataset`` pass reads ahead at once (bytes): bounded, so a big dataset is not copied.
@@ -103,10 +159,10 @@ class InProcessPass:
     single-process iterator would add about 20 us per batch (a profiler record, the fetcher, a conversion
     walk) to a read that takes as long, for nothing this path needs.
 
-    A plain ``TensorDataset`` is read a few batches at a time (up to ``READ_AHEAD_BYTES``; more stops paying
-    on wide rows, whose chunks no longer stay in cache): one ``index_select`` per tensor for them all, each
-    batch then a contiguous slice of it. The same values in the same order; a per-batch cost that a step on
-    a small model would notice is paid once per chunk."""
+    A plain ``TensorDataset`` (or a ``Subset`` of one) is read a few batches at a time (up to
+    ``READ_AHEAD_BYTES``; more stops paying on wide rows, whose chunks no longer stay in cache): one
+    ``index_select`` per tensor for them all, each batch then a contiguous slice of it. The same values in
+    the same order; a per-batch cost that a step on a small model would notice is paid once per chunk."""
 
     def __init__(self, sampler: BatchIndices, reader: BatchReader):
         self._indices, self._read, self._length = iter(sampler), reader.__getitem__, len(sampler)
@@ -114,6 +170,7 @@ class InProcessPass:
         plain = isinstance(reader.read, functools.partial) and reader.read.func is _select
         tensors = reader.read.args[0] if plain else None
         self._tensors = tensors if tensors is not None and not reader.tagged else None
+        self._through = reader.read.keywords.get("through") if plain else None
         if self._tensors is not None:
             row = sum(t[:1].numel() * t.element_size() for t in self._tensors)
             self._chunk = max(1, min(64, READ_AHEAD_BYTES // max(1, row * sampler.batch_size)))
@@ -133,7 +190,7 @@ class InProcessPass:
             if not indices:
                 raise StopIteration
             sizes = [len(i) for i in indices]
-            columns = [t.split(sizes) for t in _select(self._tensors, torch.cat(indices))]
+            columns = [t.split(sizes) for t in _select(self._tensors, torch.cat(indices), self._through)]
             self._ahead = [list(batch) for batch in zip(*columns)][::-1]
         return self._ahead.pop()
 

@@ -64,7 +64,8 @@ class ResumableSampler(Sampler[int]):
         return self.size // self.world_size
 
     def __len__(self) -> int:
-        return self.per_rank - self.start
+        # a pass resumed after an epoch's short last batch starts past the end: no sample left, not fewer
+        return max(0, self.per_rank - self.start)
 
 
 class WorkerSeeded(Dataset):

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset, default_collate
+from torch.utils.data import Subset, TensorDataset, default_collate, random_split
 
 import csframework as csf
 from csframework.batched import BatchReader
@@ -56,11 +56,13 @@ def assert_same_batches(plain: list, fast: list) -> None:
     {"rank": 1, "world_size": 3},
     {"rank": 2, "world_size": 3, "pad": True, "drop_last": False, "shuffle": False},  # evaluation
     {"epochs": ((0, 3), (1, 0), (2, 11))},  # resumed in the middle of an epoch, and at its last batch
+    {"epochs": ((0, 12), (1, 0))},  # resumed after the last batch: no batch in that epoch
+    {"drop_last": False, "epochs": ((0, 13), (1, 0))},
     {"num_workers": 2, "epochs": ((0, 0), (1, 5))},
     {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 3},
     {"pin_memory": True},
-], ids=["default", "keep-last", "in-order", "rank-1-of-3", "eval-pad", "resume", "workers", "persistent",
-        "pin-memory"])
+], ids=["default", "keep-last", "in-order", "rank-1-of-3", "eval-pad", "resume", "resume-at-end",
+        "resume-at-end-keep-last", "workers", "persistent", "pin-memory"])
 def test_the_fast_path_gives_the_batches_of_the_per_sample_path(options):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "'pin_memory' argument is set as true but no accelerator")
@@ -167,6 +169,62 @@ def test_the_built_in_datasets_read_whole_batches_of_the_same_samples(name, opti
     assert_same_batches(plain, fast)
 
 
+class OwnSubset(Subset):
+    def __getitem__(self, i):
+        return self.dataset[self.indices[i]][0] * 2
+
+    def __getitems__(self, indices):  # torch requires it of a Subset that overrides __getitem__
+        return [self[i] for i in indices]
+
+
+def split(data, n: int = 32):
+    """The first part of ``random_split(data, [n, rest])``: a Subset of shuffled indices."""
+    return random_split(data, [n, len(data) - n], generator=torch.Generator().manual_seed(0))[0]
+
+
+@pytest.mark.parametrize("data, batched", [
+    (split(TensorDataset(torch.arange(40.))), True),
+    (Subset(split(TensorDataset(torch.arange(40.)), 36), list(range(32))), True),  # a split of a split
+    (split(fixtures.AugmentedBlobs(40)), True),
+    (split(fixtures.Blobs(40)), False),
+    (OwnSubset(TensorDataset(torch.arange(40.)), list(range(32))), False),
+    (Subset(TensorDataset(torch.arange(40.)), list(range(31)) + [40]), False),  # an index past the end
+    (Subset(TensorDataset(torch.arange(40.)), [0.5] * 32), False),  # not integers
+], ids=["random_split", "nested", "getbatch", "plain-dataset", "own-getitem", "out-of-range", "float-indices"])
+def test_which_subsets_take_the_fast_path(data, batched):
+    test_which_datasets_take_the_fast_path(data, {}, batched)
+
+
+SUBSETS = {
+    # shuffled, with a repeated and a negative index (dataset[-1] is the last sample on the per-sample path)
+    "TensorDataset": lambda: Subset(dataset(), [*torch.randperm(103, generator=torch.Generator().manual_seed(1))
+                                                .tolist()[:90], 5, 5, -1, -103]),
+    "nested": lambda: Subset(split(dataset(), 80), torch.arange(79, -1, -1)),
+    "getbatch": lambda: Subset(DictSamples(), range(10, 45)),
+}
+
+
+@pytest.mark.parametrize("options", [{}, {"drop_last": False, "shuffle": False}, {"epochs": ((0, 4), (1, 0))},
+                                     {"rank": 1, "world_size": 3, "pad": True, "drop_last": False},
+                                     {"num_workers": 2, "epochs": ((0, 0), (1, 2))}],
+                         ids=["default", "in-order", "resume", "eval-pad", "workers"])
+@pytest.mark.parametrize("name", list(SUBSETS))
+def test_a_subset_reads_whole_batches_of_the_same_samples(name, options, monkeypatch):
+    monkeypatch.setattr("csframework.batched.READ_AHEAD_BYTES", 700)  # reads ahead across several batches
+    data = SUBSETS[name]()
+    plain, _ = passes(data, False, **options)
+    fast, loader = passes(data, True, **options)
+    assert isinstance(loader.dataset, BatchReader)
+    if name == "getbatch":
+        assert loader.reader() == "Subset of DictSamples.__getbatch__"
+        assert all(torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"]) for a, b in zip(plain, fast))
+        assert len(plain) == len(fast) > 0
+    else:
+        nested = "Subset of " if name == "nested" else ""
+        assert loader.reader() == f"Subset of {nested}TensorDataset (index_select)"
+        assert_same_batches(plain, fast)
+
+
 def test_the_text_targets_are_the_inputs_shifted_by_one_byte():
     inputs, targets = BUILT_IN["StdlibText"]().__getbatch__(torch.tensor([3, 0, 7]))
     assert inputs.shape == targets.shape == (3, 16) and torch.equal(targets[:, :-1], inputs[:, 1:])
@@ -255,15 +313,26 @@ def test_a_run_trains_the_same_with_and_without_the_fast_path(tmp_path, extra):
     assert_same_params(params(fast), params(plain))
 
 
-@pytest.mark.parametrize("target, workers", [("fixtures.tensor_blobs", 0), ("fixtures.AugmentedBlobs", 0),
-                                             ("fixtures.AugmentedBlobs", 2)])
-def test_the_fast_path_resumes_in_the_middle_of_an_epoch_exactly(tmp_path, target, workers):
-    # 256 samples in batches of 16: the checkpoint of step 20 is the 5th batch of the 2nd epoch
-    common = ["loop.max_steps=24", "checkpoint.every_steps=5", "checkpoint.keep_last=5",
-              f"data.train._target_={target}", f"data.num_workers={workers}"]
+RESUME_AT = {  # 256 samples
+    "mid-epoch": (20, []),  # batches of 16: the 5th batch of the 2nd epoch
+    "end-of-epoch": (16, []),  # the last batch of the 1st: the resumed run starts in an epoch with no batch left
+    "end-of-short-epoch": (11, ["data.batch_size=24", "data.drop_last=false"]),  # a last batch of 16 samples
+}
+
+
+@pytest.mark.parametrize("target, workers, fetch", [
+    ("fixtures.tensor_blobs", 0, "fast"), ("fixtures.AugmentedBlobs", 0, "fast"),
+    ("fixtures.AugmentedBlobs", 2, "fast"), ("fixtures.tensor_blobs", 0, "per-sample"),
+])
+@pytest.mark.parametrize("at", list(RESUME_AT))
+def test_a_run_resumes_exactly_wherever_its_checkpoint_is_in_the_epoch(tmp_path, target, workers, fetch, at):
+    step, extra = RESUME_AT[at]
+    common = ["loop.max_steps=24", f"checkpoint.every_steps={step}", "checkpoint.keep_last=3",
+              f"data.train._target_={target}",
+              f"data.num_workers={workers}", f"data.batched_fetch={fetch == 'fast'}", *extra]
     straight, straight_losses = fit(tmp_path / "straight", *common)
     resumed, resumed_losses = fit(tmp_path / "resumed", *common,
-                                  f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000020'}")
-    assert isinstance(resumed.train_loader.dataset, BatchReader)
-    assert resumed_losses.train == straight_losses.train[20:]
+                                  f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / f'step-{step:08d}'}")
+    assert isinstance(resumed.train_loader.dataset, BatchReader) is (fetch == "fast")
+    assert resumed_losses.train == straight_losses.train[step:]
     assert_same_params(params(straight), params(resumed))
