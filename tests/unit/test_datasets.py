@@ -44,12 +44,13 @@ def test_custom_collate_and_two_workers_read_each_sample_once_per_epoch(conf, tm
     assert single.model.seen == workers.model.seen, "workers make the batches one process makes"
 
 
-def test_an_iterable_dataset_resumes_from_the_middle_of_an_epoch_exactly(conf, tmp_path):
-    common = ["data.num_workers=2", "loop.max_steps=12", "checkpoint.every_steps=5"]
+@pytest.mark.parametrize("step", [10, 8], ids=["mid-epoch", "end-of-epoch"])  # 8 batches an epoch
+def test_an_iterable_dataset_resumes_from_the_middle_of_an_epoch_exactly(conf, tmp_path, step):
+    common = ["data.num_workers=2", "loop.max_steps=12", f"checkpoint.every_steps={step}", "checkpoint.keep_last=3"]
     straight = run(conf, tmp_path, *common, name="straight")
     resumed = run(conf, tmp_path, *common, name="resumed",
-                  *[f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / 'step-00000010'}"])
-    assert resumed.model.seen == straight.model.seen[10:]
+                  *[f"checkpoint.resume={tmp_path / 'straight' / 'checkpoints' / f'step-{step:08d}'}"])
+    assert resumed.model.seen == straight.model.seen[step:]
     for (key, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), key
 
