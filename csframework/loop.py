@@ -18,6 +18,7 @@ import torch
 from .collect import Collector
 from .data import epoch_batches
 from .errors import ConfigError, NonFiniteLossError
+from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ def train_stage(run: Run) -> None:
     accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
     state.clear_pending()
     state.last_log = (time.perf_counter(), run.global_step)
-    last_eval_step = -1
     run.module.train()
     hooks.on_train_start(run=run)
     while not _stage_done(run) and run.stop_reason is None:
@@ -77,7 +77,6 @@ def train_stage(run: Run) -> None:
                     log_train_metrics(run)
                 if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
-                    last_eval_step = run.global_step
             if last and (signum := _stop_requested(run)) is not None:  # SIGINT/SIGTERM: this step is the last
                 state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
@@ -94,10 +93,24 @@ def train_stage(run: Run) -> None:
             state.next_epoch()
             continue
         hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
+    _drop_partial_step(run, accum)
     log_train_metrics(run)
-    if run.val_loader is not None and last_eval_step != run.global_step:
+    if run.val_loader is not None and state.last_eval_step != run.global_step:  # not again after a resume
         evaluate(run)
     hooks.on_train_end(run=run)
+
+
+def _drop_partial_step(run: Run, accum: int) -> None:
+    """A stage ends at a step boundary: the gradients of micro-batches after the last step (``max_epochs``
+    with epochs that ``grad_accum_steps`` does not divide) are dropped, not carried into the next stage or
+    a later run (a checkpoint does not hold gradients, so a resumed run could not carry them)."""
+    leftover = run.state.drop_partial_step(accum)
+    if leftover:
+        run.optimizer.zero_grad(set_to_none=True)
+        run.log.warning("partial_step_dropped", micro_batches=leftover, grad_accum_steps=accum,
+                        problem=f"the stage ended {leftover} micro-batch(es) into a step of {accum}: their "
+                                "gradients are dropped; make loop.grad_accum_steps divide the batches of an epoch "
+                                "to use every batch")
 
 
 def _stop_requested(run: Run) -> int | None:
@@ -169,7 +182,23 @@ def evaluate(run: Run) -> dict:
     The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
     hand-written evaluation loop; ``torch.no_grad()`` with ``loop.inference_mode=false``); the collected
     outputs are assembled, and ``on_eval_epoch_end``/``on_eval_end`` called, outside it.
+
+    Training's random generators are left as the evaluation found them: it draws (random augmentations of
+    the validation data, say) from generators seeded by ``seed`` and the step. So how often a run evaluates
+    never changes its training, a resumed run trains as the uninterrupted one even where the checkpoint
+    was written after an evaluation, and the evaluation of a step is the same in every run.
     """
+    training_rng = rng_state()
+    seed_everything(((run.stage_config.seed * 1_000_003 + run.global_step) * 1_000_003 + 7) % 2**63)
+    try:
+        metrics = _evaluate(run)
+    finally:
+        set_rng_state(training_rng)
+    run.state.last_eval_step = run.global_step
+    return metrics
+
+
+def _evaluate(run: Run) -> dict:
     hooks, backend = run.hooks, run.backend
     loop = run.stage_config.loop
     limit = loop.eval_steps

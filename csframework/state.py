@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 #: The fields that locate a run in its stages, saved in a checkpoint (``state_dict()["loop"]``).
-POSITION = ("global_step", "stage_index", "stage_step", "epoch", "batch_in_epoch", "micro_step")
+POSITION = ("global_step", "stage_index", "stage_step", "epoch", "batch_in_epoch", "micro_step", "last_eval_step")
+#: What a checkpoint without a field (written before the field existed) restores it to.
+POSITION_DEFAULTS = {"last_eval_step": -1}
 
 
 @dataclass
@@ -26,6 +28,9 @@ class RunState:
     """Batches of ``epoch`` already consumed (where a resumed run starts in it)."""
     micro_step: int = 0
     """Batches of the stage consumed (``micro_step % grad_accum_steps == 0``: a step boundary)."""
+    last_eval_step: int = -1
+    """The global step of the stage's latest evaluation (-1: none yet). Saved, so that a run resumed where
+    its stage ended does not evaluate that step again."""
     stop_signal: int | None = None
     """The SIGINT/SIGTERM that asked a running ``fit`` to stop, else ``None``."""
     stopping: bool = False
@@ -42,6 +47,7 @@ class RunState:
         """The start of stage ``index``: its counters at zero (the global step goes on)."""
         self.stage_index, self.stage_step = index, 0
         self.epoch = self.batch_in_epoch = self.micro_step = 0
+        self.last_eval_step = -1
 
     def start_batch(self, accum: int) -> bool:
         """A batch is about to run; returns whether it is the last of an optimizer step of ``accum``."""
@@ -54,6 +60,13 @@ class RunState:
         if last:
             self.global_step += 1
             self.stage_step += 1
+
+    def drop_partial_step(self, accum: int) -> int:
+        """The stage ends: micro-batches past the last step boundary make no step. Returns how many there
+        were; the count goes back to that boundary (the data position stays where it is)."""
+        leftover = self.micro_step % accum
+        self.micro_step -= leftover
+        return leftover
 
     def next_epoch(self) -> None:
         self.epoch += 1
@@ -92,4 +105,4 @@ class RunState:
 
     def restore_position(self, position: dict) -> None:
         for key in POSITION:
-            setattr(self, key, int(position[key]))
+            setattr(self, key, int(position[key] if key in position else POSITION_DEFAULTS[key]))

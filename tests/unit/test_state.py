@@ -16,7 +16,7 @@ def test_a_step_of_two_micro_batches_advances_the_position_once():
     assert (state.epoch, state.batch_in_epoch) == (1, 0)
     state.enter_stage(1)
     assert state.position() == dict(global_step=1, stage_index=1, stage_step=0, epoch=0, batch_in_epoch=0,
-                                    micro_step=0)
+                                    micro_step=0, last_eval_step=-1)
 
 
 def test_the_position_round_trips():
