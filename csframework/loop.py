@@ -177,7 +177,9 @@ def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor |
 
 
 def evaluate(run: Run) -> dict:
-    """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*`` means.
+    """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*``: the mean over
+    samples of every scalar output (each batch's value weighted by its samples, so a short last batch
+    counts for what it holds; an output that only some batches return is averaged over those).
 
     The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
     hand-written evaluation loop; ``torch.no_grad()`` with ``loop.inference_mode=false``); the collected
@@ -206,8 +208,8 @@ def _evaluate(run: Run) -> dict:
     run.module.eval()
     hooks.on_eval_start(run=run)
     hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
-    sums: dict[str, torch.Tensor] = {}
-    count = 0
+    sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
+    counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
     try:
         with torch.inference_mode() if loop.inference_mode else torch.no_grad():
@@ -218,18 +220,19 @@ def _evaluate(run: Run) -> dict:
                 hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
                 outputs = backend.eval_batch(run, batch)
                 hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+                samples = samples_in(batch)
                 for key, value in outputs.items():
                     if isinstance(value, torch.Tensor) and value.ndim == 0:
                         if key in sums:  # in place, one op a batch as a hand loop's; add_ upcasts to float32
-                            sums[key].add_(value)
+                            sums[key].add_(value, alpha=samples)
                         else:  # a copy: the sum must not be the output tensor the hooks were given
-                            sums[key] = value.to(torch.float32, copy=True)
+                            sums[key] = value.to(torch.float32, copy=True).mul_(samples)
+                        counts[key] = counts.get(key, 0) + samples
                 if collector is not None:
                     collector.add(outputs)
-                count += 1
         if run.world_size > 1:  # every rank evaluated its shard: average over all of them
-            sums, count = _all_reduce(sums, count)
-        metrics = {f"val/{k}": float(v) / max(count, 1) for k, v in sums.items()}
+            sums, counts = _all_reduce(sums, counts)
+        metrics = {f"val/{k}": float(v) / max(counts[k], 1) for k, v in sums.items()}
         if collector is not None:
             run.eval_outputs = collector.finish()
             run.log.info("eval_outputs_collected", keys=list(run.eval_outputs), spilled=collector.spilled,
@@ -249,12 +252,23 @@ def _evaluate(run: Run) -> dict:
     return metrics
 
 
-def _all_reduce(sums: dict, count: int) -> tuple[dict, int]:
-    """Sum the per-rank evaluation sums and batch counts over all ranks (one collective)."""
+def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
+    """Sum the per-rank evaluation sums and sample counts over all ranks (one collective)."""
     import torch.distributed as dist
 
     keys = sorted(sums)
-    device = sums[keys[0]].device if keys else None
-    packed = torch.stack([sums[k] for k in keys] + [torch.tensor(float(count), device=device)])
+    if not keys:
+        return sums, counts
+    device = sums[keys[0]].device
+    packed = torch.stack([sums[k] for k in keys] + [torch.tensor(float(counts[k]), device=device) for k in keys])
     dist.all_reduce(packed)
-    return {k: packed[i] for i, k in enumerate(keys)}, int(packed[-1].item())
+    return ({k: packed[i] for i, k in enumerate(keys)},
+            {k: int(packed[len(keys) + i].item()) for i, k in enumerate(keys)})
+
+
+def samples_in(batch) -> int:
+    """The samples in a batch: the length of its first tensor (of the first field of a list, tuple or dict);
+    1 for a batch without one, whose outputs then count once each."""
+    while isinstance(batch, (list, tuple, dict)) and batch:
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return len(batch) if isinstance(batch, torch.Tensor) and batch.ndim else 1

@@ -192,20 +192,31 @@ class Run:
             if cfg.loop.max_steps is None:
                 raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
                                   "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+        elif len(train) == 0:
+            raise ConfigError(f"data.train: the dataset is empty ({type(train).__name__} has no sample); check it")
         elif len(train_loader) == 0:
             raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
-                              f"({len(train)} samples per process) with drop_last; lower it")
+                              f"({len(train)} samples, {len(train_loader.position)} per process) with drop_last; "
+                              "lower it")
+        elif cfg.loop.max_steps is None and cfg.loop.max_epochs * len(train_loader) < cfg.loop.grad_accum_steps:
+            raise ConfigError(f"loop.grad_accum_steps: a step takes {cfg.loop.grad_accum_steps} batches, and "
+                              f"{cfg.loop.max_epochs} epoch(s) of {len(train_loader)} batch(es) make no step; "
+                              "lower it, or raise loop.max_epochs")
         val_loader = None
         if val is not None:
             val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
                                      drop_last=False, role="data.val", pad=True, **common)
+            if not is_iterable(val_loader) and len(val) == 0:
+                raise ConfigError(f"data.val: the dataset is empty ({type(val).__name__} has no sample); "
+                                  "check it, or set data.val=null to train without evaluation")
         return train_loader, val_loader
 
     def total_steps(self, cfg: RunConfig) -> int:
         """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
         if cfg.loop.max_steps is not None:
             return cfg.loop.max_steps
-        return cfg.loop.max_epochs * max(1, len(self.train_loader) // cfg.loop.grad_accum_steps)
+        # a step may span two epochs of a stage (only its end drops a partial step: loop._drop_partial_step)
+        return cfg.loop.max_epochs * len(self.train_loader) // cfg.loop.grad_accum_steps
 
     # -- running ----------------------------------------------------------------------------------------
     def fit(self) -> dict:

@@ -9,6 +9,7 @@ import torch
 import csframework as csf
 from csframework.errors import ValidationError
 
+import fixtures
 from numbered import N, write_conf
 
 
@@ -85,3 +86,52 @@ def test_loader_settings_are_validated(conf, tmp_path, overrides, message):
 def test_iterable_dataset_errors_name_the_key(conf, tmp_path, overrides, message):
     with pytest.raises(csf.ConfigError, match=message):
         run(conf, tmp_path, *overrides)
+
+
+# -- epochs too small for the run --------------------------------------------------------------------------
+def blobs_run(tmp_path, *overrides):
+    cfg = fixtures.compose("data.train._target_=fixtures.tensor_blobs", "data.val._target_=fixtures.tensor_blobs",
+                           *overrides)
+    return csf.Run(cfg, output_dir=tmp_path)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.train.n=0"], r"^data.train: the dataset is empty \(TensorDataset has no sample\); check it$"),
+    (["data.val.n=0"], r"^data.val: the dataset is empty .* or set data.val=null"),
+    (["data.train.n=10", "data.drop_last=true"],
+     r"^data.batch_size: 16 is larger than the training set \(10 samples, 10 per process\) with drop_last"),
+    (["data.train.n=20", "data.drop_last=false", "loop.max_steps=null", "loop.max_epochs=1",
+      "loop.grad_accum_steps=3"],
+     r"^loop.grad_accum_steps: a step takes 3 batches, and 1 epoch\(s\) of 2 batch\(es\) make no step"),
+])
+def test_a_training_or_validation_set_too_small_for_the_run_is_refused_naming_the_key(tmp_path, overrides, message):
+    with pytest.raises(csf.ConfigError, match=message):
+        blobs_run(tmp_path, *overrides)
+
+
+class StepRates:
+    """The learning rate each optimizer step uses."""
+
+    name = "step_rates"
+
+    def __init__(self):
+        self.rates = []
+
+    @csf.hookimpl
+    def on_before_optimizer_step(self, optimizer):
+        self.rates.append(optimizer.param_groups[0]["lr"])
+
+
+def test_steps_of_an_accumulating_stage_span_epochs_so_the_schedule_has_their_number(tmp_path):
+    # 48 samples in batches of 16: 3 batches an epoch; 2 a step over 4 epochs is 6 steps (a step spans
+    # two epochs), and the linear schedule decays over those 6, not 4 (4 epochs x 1 whole step each)
+    rates = StepRates()
+    cfg = fixtures.compose("data.train._target_=fixtures.tensor_blobs", "data.train.n=48", "data.val=null",
+                           "loop.max_steps=null", "loop.max_epochs=4", "loop.grad_accum_steps=2",
+                           "optimizer.schedule.name=linear")
+    run = csf.Run(cfg, output_dir=tmp_path, plugins=[rates])
+    assert run.total_steps(run.stage_config) == 6
+    assert run.fit()["global_step"] == 6
+    # linear: from optimizer.lr down to min_lr (0) at the last step, every step a little lower
+    assert len(rates.rates) == 6 and all(a > b for a, b in zip(rates.rates, rates.rates[1:]))
+    assert rates.rates[0] == pytest.approx(0.1) and rates.rates[-1] == 0 and rates.rates[-2] > 0

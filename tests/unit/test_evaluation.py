@@ -22,16 +22,18 @@ def run_of(tmp_path, *overrides, plugins=(), model=None, data=None):
 
 
 def hand_written_means(run) -> dict[str, float]:
-    """The ``val/*`` means as a hand-written loop computes them: float32 sums of every scalar output."""
+    """The ``val/*`` means as a hand-written loop computes them: per-sample means of every scalar output
+    (each batch's value times its samples), summed in float32."""
     module = run.module
     module.eval()
     sums, count = {}, 0
     with torch.no_grad():
         for batch in run.val_loader:
+            samples = len(batch[0])
             for key, value in module(batch).items():
                 if value.ndim == 0:
-                    sums[key] = sums[key] + value.float() if key in sums else value.float()
-            count += 1
+                    sums[key] = sums[key] + value.float() * samples if key in sums else value.float() * samples
+            count += samples
     return {f"val/{k}": float(v) / count for k, v in sums.items()}
 
 
@@ -41,7 +43,8 @@ def test_val_metrics_are_those_of_a_hand_written_loop(tmp_path, inference_mode):
     summary = run.fit()
     val = {k: v for k, v in summary["metrics"].items() if k.startswith("val/")}
     assert set(val) == {"val/loss", "val/accuracy"}
-    assert val == hand_written_means(run)  # exactly: the same float32 sums in the same order
+    assert len(run.val_loader.dataset) % 5 != 0, "a short last batch: it must weigh what it holds"
+    assert val == pytest.approx(hand_written_means(run), rel=1e-6)  # the same float32 sums, same order
 
 
 class SeesEvaluation:
@@ -172,5 +175,41 @@ def test_val_means_of_other_dtypes_are_float32_sums_as_a_hand_written_loop(tmp_p
     run = run_of(tmp_path, "loop.eval_every=4", "data.eval_batch_size=5",
                  model={"_target_": f"{__name__}.MixedDtypes"})
     val = {k: v for k, v in run.fit()["metrics"].items() if k.startswith("val/")}
-    assert val == hand_written_means(run)
+    assert val == pytest.approx(hand_written_means(run), rel=1e-6)
     assert {k: type(v) for k, v in val.items()} == dict.fromkeys(("val/loss", "val/count", "val/score"), float)
+
+
+class Rows(Dataset):
+    """Sample ``i`` is the value ``i``: a batch's mean is the mean of its sample indices."""
+
+    def __init__(self, n: int = 17):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+class MeanOfRows(nn.Module):
+    """``loss``: the batch's mean value; ``short``: 1, returned only by a batch of fewer than 16 samples."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def forward(self, batch):
+        out = {"loss": batch.mean() + 0 * self.w}
+        if len(batch) < 16:
+            out["short"] = torch.tensor(1.0)
+        return out
+
+
+def test_val_metrics_are_means_over_samples_whatever_the_batch_sizes(tmp_path):
+    run = run_of(tmp_path, "loop.max_steps=1", "data.batch_size=16", "data.eval_batch_size=16",
+                 model={"_target_": f"{__name__}.MeanOfRows"}, data={"_target_": f"{__name__}.Rows", "n": 17})
+    val = {k: v for k, v in run.fit()["metrics"].items() if k.startswith("val/")}
+    # batches of 16 and 1 samples: the mean of 0..16 is 8 (the mean of the two batch means would be 11.75)
+    assert val["val/loss"] == pytest.approx(8.0)
+    assert val["val/short"] == 1.0, "an output only some batches return is averaged over those batches"
