@@ -73,7 +73,9 @@ def _subset_rows(subset: Subset) -> torch.Tensor | None:
     except (TypeError, ValueError, RuntimeError):
         return None
     size = len(subset.dataset)
-    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == torch.bool:
+    # uint8 and bool index tensors are masks to torch's indexing, not indices: the per-sample path's way
+    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype in (torch.bool,
+                                                                                                  torch.uint8):
         return None
     rows = rows.to(torch.int64)
     if int(rows.min()) < -size or int(rows.max()) >= size:

@@ -190,7 +190,9 @@ def split(data, n: int = 32):
     (OwnSubset(TensorDataset(torch.arange(40.)), list(range(32))), False),
     (Subset(TensorDataset(torch.arange(40.)), list(range(31)) + [40]), False),  # an index past the end
     (Subset(TensorDataset(torch.arange(40.)), [0.5] * 32), False),  # not integers
-], ids=["random_split", "nested", "getbatch", "plain-dataset", "own-getitem", "out-of-range", "float-indices"])
+    (Subset(TensorDataset(torch.arange(40.)), torch.arange(32, dtype=torch.uint8)), False),  # a mask to torch
+], ids=["random_split", "nested", "getbatch", "plain-dataset", "own-getitem", "out-of-range", "float-indices",
+        "uint8-indices"])
 def test_which_subsets_take_the_fast_path(data, batched):
     test_which_datasets_take_the_fast_path(data, {}, batched)
 
