@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
@@ -136,6 +137,8 @@ class BatchReader(Dataset):
     def __init__(self, dataset: Dataset, read: Callable[[torch.Tensor], Any], seed: int, tagged: bool):
         self.dataset, self.read, self.seed, self.tagged = dataset, read, seed, tagged
         self.size = len(dataset)
+        # a user's __getbatch__ is checked batch by batch (the first tensor's length: about 1 us)
+        self.user_code = not (isinstance(read, functools.partial) and read.func is _select)
 
     def __len__(self) -> int:
         return self.size
@@ -145,11 +148,40 @@ class BatchReader(Dataset):
         if self.tagged:
             seed_batch(self.seed, self.size, int(indices[0]))
             indices = indices % self.size
-        return self.read(indices)
+        batch = self.read(indices)
+        if self.user_code:
+            self._check(batch, len(indices))
+        return batch
+
+    def _check(self, batch: Any, count: int) -> None:
+        """Refuse, naming the method, what is no batch of ``count`` samples (``None``, NumPy arrays, a first
+        tensor without ``count`` rows): errors a model would report far from their cause. A batch without
+        tensors (strings only, say) is the model's business."""
+        first = _first_array(batch)
+        if batch is None or isinstance(first, np.ndarray):
+            what = "None" if batch is None else "NumPy arrays"
+            raise TypeError(f"{self.reader()} returned {what}; it must return the collated batch, as tensors "
+                            "(torch.from_numpy for arrays), or a list, tuple or dict of them")
+        if first is not None and (first.ndim == 0 or len(first) != count):
+            rows = "a 0-d tensor" if first.ndim == 0 else f"{len(first)} rows"
+            raise ValueError(f"{self.reader()} returned {rows} for {count} indices; it must return one row per "
+                             "index, in their order")
 
     def reader(self) -> str:
         """What reads a batch, for error messages."""
         return describe(self.dataset)
+
+
+def _first_array(batch: Any, depth: int = 0):
+    """The first tensor or NumPy array in ``batch`` (lists, tuples and dicts walked in order), or ``None``."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch
+    if isinstance(batch, (list, tuple, dict)) and depth < 8:
+        for item in batch.values() if isinstance(batch, dict) else batch:
+            found = _first_array(item, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 #: The most a ``TensorDataset`` pass reads ahead at once (bytes): bounded, so a big dataset is not copied.

@@ -240,6 +240,40 @@ def test_a_getbatch_that_is_not_a_method_is_refused():
         make_loader(data, 4, shuffle=False, seed=0, num_workers=0, drop_last=False)
 
 
+class Returns(DictSamples):
+    """A ``__getbatch__`` that returns ``make(self, indices)``."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __getbatch__(self, indices):
+        return self.make(self, indices)
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda d, i: None, r"Returns.__getbatch__ returned None; it must return the collated batch, as tensors"),
+    (lambda d, i: [d.x[i].numpy(), d.y[i].numpy()], r"Returns.__getbatch__ returned NumPy arrays"),
+    (lambda d, i: [d.x[i][:-1], d.y[i]], r"Returns.__getbatch__ returned 3 rows for 4 indices; it must return one "
+                                         r"row per index"),
+    (lambda d, i: {"n": torch.tensor(len(i)), "x": d.x[i]}, r"Returns.__getbatch__ returned a 0-d tensor for 4"),
+], ids=["none", "numpy", "a-row-short", "0-d"])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_getbatch_that_returns_no_batch_of_its_indices_is_named(make, error, workers):
+    loader = make_loader(Returns(make), 4, shuffle=False, seed=0, num_workers=workers, drop_last=False)
+    with pytest.raises((TypeError, ValueError), match=error):
+        next(iter(loader))
+    loader.close()
+
+
+def test_a_getbatch_batch_may_hold_strings_before_its_tensors():
+    data = Returns(lambda d, i: {"names": [f"s{k}" for k in i.tolist()], "x": d.x[i]})
+    batches, _ = passes(data, True, drop_last=False)
+    assert batches[0]["names"] and len(batches[0]["x"]) == 8
+    only_strings = Returns(lambda d, i: [f"s{k}" for k in i.tolist()])  # the model's business
+    assert len(passes(only_strings, True, drop_last=False)[0]) == 2 * 7  # two epochs of 50 samples in 8s
+
+
 def test_workers_seed_each_batch_so_a_resumed_pass_reads_the_same_augmentations():
     data = fixtures.AugmentedBlobs(64)
     straight, _ = passes(data, True, epochs=((1, 0),), num_workers=2)
