@@ -108,6 +108,8 @@ class IterableShards(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
         self.restored = False  # load_state_dict() ran: the dataset continues by itself, skip nothing
+        self.pass_ended = False  # this process's pass reached the end of the dataset's iterator
+        self.skip_pass = False  # restored where the saved pass had ended: the resumed epoch has no batch left
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, 0 if self.restored else start
@@ -122,11 +124,17 @@ class IterableShards(IterableDataset):
     def state_dict(self):
         return self.dataset.state_dict()
 
-    def load_state_dict(self, state) -> None:
+    def load_state_dict(self, state, pass_ended: bool = False) -> None:
+        """Restore the dataset; ``pass_ended``: the checkpoint was written after its iterator ended (to make
+        a short last batch), so the dataset's state is already the next pass's and the resumed epoch ends."""
         self.dataset.load_state_dict(state)
-        self.restored = True
+        self.restored, self.skip_pass = True, pass_ended
 
     def __iter__(self):
+        if self.skip_pass:
+            self.skip_pass = False
+            return
+        self.pass_ended = False
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         group: list = []
@@ -139,6 +147,7 @@ class IterableShards(IterableDataset):
             if position >= self.start and ((position - self.start) // self.batch_size) % workers == worker:
                 yield mine
             position += 1
+        self.pass_ended = True
 
 
 def _worker_start(worker_id: int) -> None:

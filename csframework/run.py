@@ -339,6 +339,9 @@ class Run:
         (loadable with ``torch.load(weights_only=True)``). Under ``strategy=fsdp`` the model and optimizer
         are not in it (``sharded``): every rank writes its shards of them (``backends.fsdp``)."""
         sharded = self.backend.sharded
+        data = self._data_state()
+        # a short last batch made the dataset's iterator end: its state is already the next pass's
+        pass_ended = data is not None and self.train_loader.dataset.pass_ended
         return {
             "version": STATE_VERSION,
             **({"sharded": True} if sharded else {"model": self.model.state_dict(),
@@ -347,7 +350,8 @@ class Run:
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),
             "rng": rng_state(),
-            "data": self._data_state(),
+            "data": data,
+            **({"data_pass_ended": True} if pass_ended else {}),
         }
 
     def _data_state(self):
@@ -380,7 +384,7 @@ class Run:
         self.state.restore_position(position)
         set_rng_state(state["rng"])
         if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
-            self.train_loader.dataset.load_state_dict(state["data"])
+            self.train_loader.dataset.load_state_dict(state["data"], pass_ended=state.get("data_pass_ended", False))
 
 
 def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:

@@ -66,6 +66,38 @@ def test_a_stateful_iterable_dataset_is_restored_from_its_state_dict(conf, tmp_p
     assert resumed.model.seen == straight.model.seen[5:]
 
 
+class Epochs:
+    """The epoch of every training step."""
+
+    name = "epochs"
+
+    def __init__(self):
+        self.epochs = []
+
+    @csf.hookimpl
+    def on_train_batch_end(self, run):
+        self.epochs.append(run.epoch)
+
+
+def test_a_stateful_iterable_dataset_resumed_after_its_short_last_batch_goes_on_in_the_next_epoch(conf, tmp_path):
+    # 64 samples in batches of 24: 24, 24, 16; the checkpoint of step 3 is written after the iterator ended
+    common = ["model=seen", "data=numbered", "data.train._target_=numbered.StatefulNumbered", "data.batch_size=24",
+              "data.drop_last=false", "loop.max_steps=8", "loop.eval_every=null", "optimizer=sgd",
+              "checkpoint.every_steps=3", "checkpoint.keep_last=3"]
+    runs = {}
+    resume = f"checkpoint.resume={tmp_path}/straight/checkpoints/step-00000003"
+    for name, extra in [("straight", []), ("resumed", [resume])]:
+        epochs = Epochs()
+        run = csf.Run(csf.compose([*common, *extra], config_dir=str(conf)), output_dir=tmp_path / name,
+                      plugins=[epochs])
+        run.fit()
+        runs[name] = (run, epochs.epochs)
+    (straight, straight_epochs), (resumed, resumed_epochs) = runs["straight"], runs["resumed"]
+    assert straight_epochs == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert resumed_epochs == straight_epochs[3:], "the resumed run starts in the next epoch, not a new epoch 0"
+    assert resumed.model.seen == straight.model.seen[3:]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["data.prefetch_factor=2"], "data.prefetch_factor: needs loader workers"),
     (["data.persistent_workers=true"], "data.persistent_workers: needs loader workers"),
