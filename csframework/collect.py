@@ -40,7 +40,9 @@ class Collector:
         self.peak = 0  # the most held at once
 
     # -- per batch --------------------------------------------------------------------------------------
-    def add(self, outputs: dict) -> None:
+    def add(self, outputs: dict, samples: int | None = None) -> None:
+        """Keep the batch's rows of every key; ``samples``: the batch's sample count, which every key's rows
+        must match (``None``: unknown, not checked)."""
         missing = [k for k in self.keys if k not in outputs]
         if missing:
             raise ConfigError(f"loop.collect: the model's evaluation outputs have no {missing[0]!r} (it returns "
@@ -51,6 +53,10 @@ class Collector:
             if not isinstance(value, torch.Tensor) or value.ndim == 0:
                 raise ConfigError(f"loop.collect: output {key!r} is {_describe(value)}; only tensors with one "
                                   "row per sample can be collected (scalars are averaged into val/* metrics)")
+            if samples is not None and len(value) != samples:
+                raise ConfigError(f"loop.collect: output {key!r} has {len(value)} rows for a batch of {samples} "
+                                  "samples; only outputs with one row per sample can be collected: return it "
+                                  "per sample, or remove it from loop.collect")
             value = value.detach().to("cpu").contiguous()
             layout = (tuple(value.shape[1:]), value.dtype)
             if self.layout.setdefault(key, layout) != layout:

@@ -220,7 +220,8 @@ def _evaluate(run: Run) -> dict:
                 hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
                 outputs = backend.eval_batch(run, batch)
                 hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-                samples = samples_in(batch)
+                counted = samples_in(batch)
+                samples = counted or 1  # a batch without tensors: its outputs count once each
                 for key, value in outputs.items():
                     if isinstance(value, torch.Tensor) and value.ndim == 0:
                         if key in sums:  # in place, one op a batch as a hand loop's; add_ upcasts to float32
@@ -229,7 +230,7 @@ def _evaluate(run: Run) -> dict:
                             sums[key] = value.to(torch.float32, copy=True).mul_(samples)
                         counts[key] = counts.get(key, 0) + samples
                 if collector is not None:
-                    collector.add(outputs)
+                    collector.add(outputs, counted)
         if run.world_size > 1:  # every rank evaluated its shard: average over all of them
             sums, counts = _all_reduce(sums, counts)
         metrics = {f"val/{k}": float(v) / max(counts[k], 1) for k, v in sums.items()}
@@ -266,9 +267,9 @@ def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
             {k: int(packed[len(keys) + i].item()) for i, k in enumerate(keys)})
 
 
-def samples_in(batch) -> int:
+def samples_in(batch) -> int | None:
     """The samples in a batch: the length of its first tensor (of the first field of a list, tuple or dict);
-    1 for a batch without one, whose outputs then count once each."""
+    ``None`` when that is no tensor with a batch dimension."""
     while isinstance(batch, (list, tuple, dict)) and batch:
         batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    return len(batch) if isinstance(batch, torch.Tensor) and batch.ndim else 1
+    return len(batch) if isinstance(batch, torch.Tensor) and batch.ndim else None

@@ -106,6 +106,27 @@ def test_a_key_the_model_does_not_return_is_an_error_naming_it(tmp_path):
     assert not list(tmp_path.glob(".collect-*"))
 
 
+class PerBatch(nn.Module):
+    """A classifier that also returns one row per class for the whole batch (not one per sample)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = csf.models.Supervised(fixtures.mlp())
+
+    def forward(self, batch):
+        out = self.inner(batch)
+        out["class_counts"] = torch.bincount(out["preds"], minlength=4)
+        return out
+
+
+def test_an_output_without_one_row_per_sample_is_an_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"loop.collect: output 'class_counts' has 4 rows for a batch of 16 "
+                                          r"samples; only outputs with one row per sample can be collected"):
+        fit(tmp_path, "loop.collect=[preds,class_counts]", f"model._target_={__name__}.PerBatch", "~model.net",
+            "~model.loss")
+    assert not list(tmp_path.glob(".collect-*"))
+
+
 @pytest.mark.parametrize("overrides, problem", [
     (["loop.collect_max_memory_mb=0"], "loop.collect_max_memory_mb: 0.0 must be in (0, 1048576]"),
     (["loop.collect=[preds]", "data.val=null"], "loop.collect: it collects evaluation outputs, and this run has no data.val"),
