@@ -263,8 +263,8 @@ def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
     device = sums[keys[0]].device
     packed = torch.stack([sums[k] for k in keys] + [torch.tensor(float(counts[k]), device=device) for k in keys])
     dist.all_reduce(packed)
-    return ({k: packed[i] for i, k in enumerate(keys)},
-            {k: int(packed[len(keys) + i].item()) for i, k in enumerate(keys)})
+    counted = packed[len(keys):].tolist()  # one read of the device for every count
+    return {k: packed[i] for i, k in enumerate(keys)}, {k: int(n) for k, n in zip(keys, counted)}
 
 
 def samples_in(batch) -> int | None:
