@@ -157,7 +157,7 @@ class BatchReader(Dataset):
         """Refuse, naming the method, what is no batch of ``count`` samples (``None``, NumPy arrays, a first
         tensor without ``count`` rows): errors a model would report far from their cause. A batch without
         tensors (strings only, say) is the model's business."""
-        first = _first_array(batch)
+        first = first_array(batch)
         if batch is None or isinstance(first, np.ndarray):
             what = "None" if batch is None else "NumPy arrays"
             raise TypeError(f"{self.reader()} returned {what}; it must return the collated batch, as tensors "
@@ -172,13 +172,13 @@ class BatchReader(Dataset):
         return describe(self.dataset)
 
 
-def _first_array(batch: Any, depth: int = 0):
+def first_array(batch: Any, depth: int = 0):
     """The first tensor or NumPy array in ``batch`` (lists, tuples and dicts walked in order), or ``None``."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return batch
     if isinstance(batch, (list, tuple, dict)) and depth < 8:
         for item in batch.values() if isinstance(batch, dict) else batch:
-            found = _first_array(item, depth + 1)
+            found = first_array(item, depth + 1)
             if found is not None:
                 return found
     return None

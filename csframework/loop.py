@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .batched import first_array
 from .collect import Collector
 from .data import epoch_batches
 from .errors import ConfigError, NonFiniteLossError
@@ -268,8 +269,7 @@ def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
 
 
 def samples_in(batch) -> int | None:
-    """The samples in a batch: the length of its first tensor (of the first field of a list, tuple or dict);
-    ``None`` when that is no tensor with a batch dimension."""
-    while isinstance(batch, (list, tuple, dict)) and batch:
-        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    return len(batch) if isinstance(batch, torch.Tensor) and batch.ndim else None
+    """The samples in a batch: the length of its first tensor (fields of lists, tuples and dicts walked in
+    order, strings skipped); ``None`` when it has no tensor with a batch dimension."""
+    first = first_array(batch)
+    return len(first) if isinstance(first, torch.Tensor) and first.ndim else None

@@ -213,3 +213,12 @@ def test_val_metrics_are_means_over_samples_whatever_the_batch_sizes(tmp_path):
     # batches of 16 and 1 samples: the mean of 0..16 is 8 (the mean of the two batch means would be 11.75)
     assert val["val/loss"] == pytest.approx(8.0)
     assert val["val/short"] == 1.0, "an output only some batches return is averaged over those batches"
+
+
+def test_a_batch_counts_the_rows_of_its_first_tensor_whatever_comes_before_it():
+    from csframework.loop import samples_in
+
+    x = torch.zeros(5, 3)
+    assert samples_in([x, torch.zeros(5)]) == 5
+    assert samples_in({"names": ["a"] * 5, "x": x}) == 5  # strings first: the val means still weigh 5 samples
+    assert samples_in(["a", "b"]) is None and samples_in(torch.tensor(1.0)) is None
