@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
+from torch.utils.data._utils.pin_memory import pin_memory  # the DataLoader's own walk of a batch
 
 from .rng import seed_batch
 
@@ -189,17 +190,20 @@ READ_AHEAD_BYTES = 2**20
 
 
 class InProcessPass:
-    """One pass of a batched loader without workers or pinned memory, read here: the ``DataLoader``'s own
-    single-process iterator would add about 20 us per batch (a profiler record, the fetcher, a conversion
-    walk) to a read that takes as long, for nothing this path needs.
+    """One pass of a batched loader without workers, read here: the ``DataLoader``'s own single-process
+    iterator would add about 20 us per batch (a profiler record, the fetcher, a conversion walk) to a read
+    that takes as long, for nothing this path needs.
 
     A plain ``TensorDataset`` (or a ``Subset`` of one) is read a few batches at a time (up to
     ``READ_AHEAD_BYTES``; more stops paying on wide rows, whose chunks no longer stay in cache): one
     ``index_select`` per tensor for them all, each batch then a contiguous slice of it. The same values in
-    the same order; a per-batch cost that a step on a small model would notice is paid once per chunk."""
+    the same order; a per-batch cost that a step on a small model would notice is paid once per chunk.
+    ``pin``: batches come in pinned memory, as the ``DataLoader``'s ``pin_memory`` makes them (a chunk is
+    pinned once, its batches are slices of it), so that the copy to the GPU overlaps the GPU's work."""
 
-    def __init__(self, sampler: BatchIndices, reader: BatchReader):
+    def __init__(self, sampler: BatchIndices, reader: BatchReader, pin: bool = False):
         self._indices, self._read, self._length = iter(sampler), reader.__getitem__, len(sampler)
+        self._pin = pin
         self._ahead: list = []
         plain = isinstance(reader.read, functools.partial) and reader.read.func is _select
         tensors = reader.read.args[0] if plain else None
@@ -217,14 +221,16 @@ class InProcessPass:
 
     def __next__(self):
         if self._tensors is None:
-            return self._read(next(self._indices))
+            batch = self._read(next(self._indices))
+            return pin_memory(batch) if self._pin else batch
         if not self._ahead:
             # range first: zip then stops without taking one more batch of indices from the sampler
             indices = [i for _, i in zip(range(self._chunk), self._indices)]
             if not indices:
                 raise StopIteration
             sizes = [len(i) for i in indices]
-            columns = [t.split(sizes) for t in _select(self._tensors, torch.cat(indices), self._through)]
+            selected = _select(self._tensors, torch.cat(indices), self._through)
+            columns = [(t.pin_memory() if self._pin else t).split(sizes) for t in selected]
             self._ahead = [list(batch) for batch in zip(*columns)][::-1]
         return self._ahead.pop()
 

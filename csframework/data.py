@@ -306,8 +306,10 @@ class FrameworkLoader(DataLoader):
         self._passes: weakref.WeakSet = weakref.WeakSet()  # a pass nobody holds was shut down by torch
 
     def __iter__(self) -> Batches:
-        if isinstance(self.dataset, BatchReader) and self.num_workers == 0 and not self.pin_memory:
-            batches = Batches(InProcessPass(self.sampler, self.dataset), self)
+        if isinstance(self.dataset, BatchReader) and self.num_workers == 0:
+            # pinned as the DataLoader pins: where CUDA is (pin_memory asks for pinning that needs it)
+            pin = self.pin_memory and torch.cuda.is_available()
+            batches = Batches(InProcessPass(self.sampler, self.dataset, pin), self)
         else:
             batches = Batches(super().__iter__(), self)
         self._passes.add(batches)
