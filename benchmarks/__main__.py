@@ -2,9 +2,11 @@
 
 Each figure comes from one module of this package (run one alone with ``python -m benchmarks.<module>``);
 each is measured by interleaved rounds of fresh processes (``benchmarks.harness``). ``--readme`` writes the
-table into README.md between its ``benchmarks`` markers; ``--json`` saves every figure with its samples.
+tables into README.md between their markers (``benchmarks``; ``benchmarks-gpu`` for the GPU figures, measured
+only where CUDA is); ``--json`` saves every figure with its samples.
 
     python -m benchmarks                          # all figures, 5 rounds (about 15 minutes on 2 cores)
+    python -m benchmarks --only gpu --readme      # the GPU figures alone, on a machine with CUDA
     python -m benchmarks --only loop_overhead startup --rounds 3
     python -m benchmarks --readme                 # and rewrite the README's table
 """
@@ -22,46 +24,59 @@ from . import harness
 
 #: The modules measured, in the table's order.
 MODULES = ["loop_overhead", "data_fetch", "startup", "evaluation", "csx_emulator", "memory_growth", "checkpoint_io"]
-START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+#: Measured only where CUDA is, into the README's GPU table.
+GPU_MODULES = ["gpu"]
 
 
-def header(info: dict, rounds: int, seconds: float) -> str:
-    return (f"Measured {datetime.date.today().isoformat()} with `python -m benchmarks --rounds {rounds}` on "
-            f"{info['cpu']} ({info['cores']} cores), {info['os']}, Python {info['python']}, torch {info['torch']}, "
-            f"1 torch thread per process; {rounds} interleaved rounds of fresh processes per figure "
-            f"({seconds / 60:.0f} min in all). Each cell: median [min-max]; the ratio is the median of the "
-            "per-round ratios.")
+def header(info: dict, rounds: int, seconds: float, gpu: bool) -> str:
+    command = "python -m benchmarks" + (" --only gpu" if gpu else "")
+    where = (f"{info['gpu']} (CUDA {info['cuda']}) with {info['cpu']} ({info['cores']} cores)" if gpu
+             else f"{info['cpu']} ({info['cores']} cores)")
+    return (f"Measured {datetime.date.today().isoformat()} with `{command} --rounds {rounds}` on {where}, "
+            f"{info['os']}, Python {info['python']}, torch {info['torch']}, 1 torch thread per process; {rounds} "
+            f"interleaved rounds of fresh processes per figure ({seconds / 60:.0f} min in all). Each cell: median "
+            "[min-max]; the ratio is the median of the per-round ratios.")
 
 
-def write_readme(text: str) -> None:
+def write_readme(section: str, text: str) -> None:
+    """Replace README.md's ``<!-- section:start -->`` ... ``<!-- section:end -->`` with ``text``."""
+    start, end = f"<!-- {section}:start -->", f"<!-- {section}:end -->"
     path = harness.ROOT / "README.md"
     readme = path.read_text(encoding="utf-8")
-    if START not in readme or END not in readme:
-        raise SystemExit(f"README.md has no {START} ... {END} section to write the table into")
-    new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{text}\n{END}", readme, flags=re.S)
+    if start not in readme or end not in readme:
+        raise SystemExit(f"README.md has no {start} ... {end} section to write the table into")
+    new = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{text}\n{end}", readme, flags=re.S)
     path.write_text(new, encoding="utf-8")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved fresh-process rounds per figure")
-    parser.add_argument("--only", nargs="+", choices=MODULES, help="these modules only")
+    parser.add_argument("--only", nargs="+", choices=MODULES + GPU_MODULES, help="these modules only")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--json", help="save the figures and their samples to this file")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    figures: list[harness.Figure] = []
-    for name in args.only or MODULES:
-        print(f"measuring {name} ...", file=sys.stderr, flush=True)
-        figures += importlib.import_module(f"benchmarks.{name}").figures(args.rounds)
-    info = harness.machine()
-    text = header(info, args.rounds, time.perf_counter() - start) + "\n\n" + harness.table(figures)
-    print(text)
+    import torch
+
+    names = args.only or MODULES + (GPU_MODULES if torch.cuda.is_available() else [])
+    info, figures, tables = harness.machine(), [], {}
+    for section, modules in [("benchmarks", MODULES), ("benchmarks-gpu", GPU_MODULES)]:
+        start, measured = time.perf_counter(), []
+        for name in (n for n in names if n in modules):
+            print(f"measuring {name} ...", file=sys.stderr, flush=True)
+            measured += importlib.import_module(f"benchmarks.{name}").figures(args.rounds)
+        if measured:
+            seconds = time.perf_counter() - start
+            tables[section] = (header(info, args.rounds, seconds, gpu=section != "benchmarks") + "\n\n"
+                               + harness.table(measured))
+            figures += measured
+    print("\n\n".join(tables.values()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"machine": info, "rounds": args.rounds, "figures": [x.row() for x in figures]}, f, indent=1)
     if args.readme:
-        write_readme(text)
+        for section, text in tables.items():
+            write_readme(section, text)
     return 0 if all(f.met is not False for f in figures) else 1
 
 

@@ -134,5 +134,8 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "os": f"{platform.system()} {platform.release()}"}
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    return info

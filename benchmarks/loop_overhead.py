@@ -188,13 +188,17 @@ class UserHook:
         pass
 
 
-def framework_config(data: str, steps: int, batch_size: int) -> csf.RunConfig:
-    cfg = csf.compose(["optimizer=adamw", f"optimizer.lr={LR}", "optimizer.weight_decay=0.01",
-                       "optimizer.max_grad_norm=null", "optimizer.schedule.name=constant",
-                       "optimizer.schedule.warmup_steps=0", "optimizer.schedule.min_lr=0",
-                       f"loop.max_steps={steps}", "loop.eval_every=null", f"loop.log_every={LOG_EVERY}",
-                       f"data.batch_size={batch_size}", "data.num_workers=0", "data.shuffle=true",
-                       f"data.batched_fetch={str(data == 'premade').lower()}", f"seed={SEED}"])
+#: The optimizer of every hand-written loop, as overrides: AdamW, no clipping, a constant rate.
+PLAIN_TRAINING = ["optimizer=adamw", f"optimizer.lr={LR}", "optimizer.weight_decay=0.01",
+                  "optimizer.max_grad_norm=null", "optimizer.schedule.name=constant",
+                  "optimizer.schedule.warmup_steps=0", "optimizer.schedule.min_lr=0"]
+
+
+def framework_config(data: str, steps: int, batch_size: int, extra: tuple[str, ...] = ()) -> csf.RunConfig:
+    cfg = csf.compose([*PLAIN_TRAINING, f"loop.max_steps={steps}", "loop.eval_every=null",
+                       f"loop.log_every={LOG_EVERY}", f"data.batch_size={batch_size}", "data.num_workers=0",
+                       "data.shuffle=true", f"data.batched_fetch={str(data == 'premade').lower()}", f"seed={SEED}",
+                       *extra])
     cfg.model = {"_target_": "csframework.models.Supervised", "loss": "cross_entropy",
                  "net": {"_target_": f"{__name__}.mlp"}}
     cfg.data.train = {"_target_": f"{__name__}.dataset"}

@@ -1,9 +1,10 @@
-"""The memory, evaluation and checkpoint I/O benchmarks keep working: each module's ``figures()`` runs its
+"""The memory, evaluation, checkpoint I/O and GPU benchmarks keep working: each module's ``figures()`` runs its
 fresh-process contestants on a small workload and returns complete figures (their values are the report's,
 not asserted here)."""
 import pytest
 
-from benchmarks import checkpoint_io, evaluation, harness, memory_growth
+from benchmarks import __main__ as bench_main
+from benchmarks import checkpoint_io, evaluation, gpu, harness, memory_growth
 
 pytestmark = pytest.mark.slow
 
@@ -41,3 +42,26 @@ def test_checkpoint_io_figures(tmp_path):
         assert figure.limit == 1.5
     assert save.name.startswith("checkpoint save") and load.name.startswith("checkpoint load")
     assert list(tmp_path.iterdir()) == []  # every contestant removed its files
+
+
+def test_gpu_figures_checked_on_the_cpu(monkeypatch):
+    """``benchmarks.gpu`` with ``CSF_BENCH_DEVICE=cpu`` (its contestants inherit it): both sides train the same
+    run (``figures`` raises if their losses differ) and the figures are complete."""
+    monkeypatch.setenv("CSF_BENCH_DEVICE", "cpu")
+    monkeypatch.setattr(gpu, "DEVICE", "cpu")
+    [figure] = gpu.figures(1, steps=20, only="mlp2")
+    check(figure, "gpu", baseline=True)
+    assert figure.limit == 1.02 and "on CPU (CSF_BENCH_DEVICE=cpu)" in figure.name
+
+
+def test_readme_sections_are_written_apart(tmp_path, monkeypatch):
+    """The GPU table has a README section of its own: a CPU-only run rewrites the CPU table and leaves it."""
+    (tmp_path / "README.md").write_text("a\n<!-- benchmarks:start -->\nold cpu\n<!-- benchmarks:end -->\nb\n"
+                                        "<!-- benchmarks-gpu:start -->\nold gpu\n<!-- benchmarks-gpu:end -->\n")
+    monkeypatch.setattr(harness, "ROOT", tmp_path)
+    bench_main.write_readme("benchmarks", "new cpu")
+    assert (tmp_path / "README.md").read_text() == ("a\n<!-- benchmarks:start -->\nnew cpu\n<!-- benchmarks:end -->\n"
+                                                     "b\n<!-- benchmarks-gpu:start -->\nold gpu\n"
+                                                     "<!-- benchmarks-gpu:end -->\n")
+    with pytest.raises(SystemExit, match="benchmarks-tpu:start"):
+        bench_main.write_readme("benchmarks-tpu", "x")
