@@ -7,7 +7,7 @@ import datetime
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,13 @@ class Strategy(str, Enum):
     single = "single"
     ddp = "ddp"
     fsdp = "fsdp"
+
+
+class MatmulPrecision(str, Enum):
+    """``torch.set_float32_matmul_precision``'s levels."""
+    highest = "highest"
+    high = "high"
+    medium = "medium"
 
 
 @dataclass
@@ -53,6 +60,11 @@ class GpuConfig(CpuConfig):
     type: str = "GPU"
     device_index: int = 0
     """The CUDA device index for single-process runs (DDP uses LOCAL_RANK)."""
+    float32_matmul_precision: Optional[MatmulPrecision] = None
+    """float32 matrix products: ``highest`` (true float32), ``high`` (TensorFloat-32 on GPUs that have it,
+    Ampere and newer: a 10-bit mantissa, several times faster) or ``medium`` (bfloat16 inside); set with
+    ``torch.set_float32_matmul_precision`` when the run starts. ``null`` leaves the process's setting
+    (torch's default is ``highest``)."""
 
 
 def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate a Cerebras system)") -> str | None:
@@ -83,6 +95,8 @@ class EagerBackend(BackendBase):
             index = int(os.environ.get("LOCAL_RANK", 0)) if self.distributed else backend.device_index
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
+            if backend.float32_matmul_precision is not None:  # process-wide; a sweep's jobs restore it
+                torch.set_float32_matmul_precision(backend.float32_matmul_precision.value)
         else:
             self.device = torch.device("cpu")
         if backend.threads:

@@ -56,6 +56,16 @@ def test_float32_on_the_gpu_trains_as_on_the_cpu(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_float32_matmul_precision_is_set_for_the_run(tmp_path):
+    before = torch.get_float32_matmul_precision()
+    try:
+        run, record = fit(tmp_path, "device=gpu", "backend.float32_matmul_precision=high", "loop.max_steps=16")
+        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+        assert sum(record.losses[-4:]) < sum(record.losses[:4])
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_bfloat16_computes_in_bfloat16_over_float32_weights_and_learns(tmp_path):
     seen, record = [], Record()
     run = csf.Run(fixtures.compose("device=gpu", "precision=bfloat16", "loop.max_steps=40"),

@@ -42,6 +42,17 @@ def test_a_setting_of_another_backend_names_its_owner_and_an_unknown_one_the_set
         compose(["device=csx", "backend.num_csx=x"], backends=BACKENDS, config_files=CSX_CONF)
 
 
+def test_the_gpu_float32_matmul_precision_is_one_of_torchs_levels_and_gpu_only():
+    cfg = compose(["device=gpu", "backend.float32_matmul_precision=high"], backends=BACKENDS)
+    assert cfg.backend.float32_matmul_precision.value == "high"
+    assert compose(["device=gpu"], backends=BACKENDS).backend.float32_matmul_precision is None  # torch's own
+    with pytest.raises(ConfigError, match=r"backend.float32_matmul_precision: Invalid value 'tf32', expected one "
+                                          r"of \[highest, high, medium\]"):
+        compose(["device=gpu", "backend.float32_matmul_precision=tf32"], backends=BACKENDS)
+    with pytest.raises(ValidationError, match="backend.float32_matmul_precision: only GPU understands it"):
+        compose(["backend.float32_matmul_precision=high"], backends=BACKENDS)
+
+
 def test_a_new_backend_schema_is_all_composition_needs():
     @dataclass
     class Other:
