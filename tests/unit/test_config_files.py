@@ -94,7 +94,8 @@ def billion_laughs(levels: int = 9) -> str:
 HOSTILE_FILES = {
     "alias-bomb": (billion_laughs(), "alias"),
     "recursive-alias": ("a: &a [1, *a]\n", "alias"),
-    "deeply-nested": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested"),
+    "deeply-nested": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested"),  # beyond libyaml's own limit
+    "nested-past-the-limit": ("a: " + "[" * 150 + "]" * 150 + "\n", "nested"),  # within it
     "oversized": ("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1) + "batch_size: 4\n", "bytes"),
 }
 
