@@ -234,6 +234,10 @@ class InProcessPass:
             self._ahead = [list(batch) for batch in zip(*columns)][::-1]
         return self._ahead.pop()
 
+    def close(self) -> None:
+        """End the pass (as ``data.Batches.close`` does; there is no worker to stop): no batch is left."""
+        self._indices, self._ahead, self._tensors = iter(()), [], None
+
 
 def as_is(batch):
     """The collate of a loader without auto-batching over a ``BatchReader``: its batches are made already."""

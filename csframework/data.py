@@ -305,11 +305,12 @@ class FrameworkLoader(DataLoader):
         self.role, self.position, self.samples_per_batch = role, position, samples_per_batch
         self._passes: weakref.WeakSet = weakref.WeakSet()  # a pass nobody holds was shut down by torch
 
-    def __iter__(self) -> Batches:
+    def __iter__(self) -> Batches | InProcessPass:
         if isinstance(self.dataset, BatchReader) and self.num_workers == 0:
-            # pinned as the DataLoader pins: where CUDA is (pin_memory asks for pinning that needs it)
+            # pinned as the DataLoader pins: where CUDA is (pin_memory asks for pinning that needs it); no
+            # worker to wait for, so no Batches around it (a frame less for every batch)
             pin = self.pin_memory and torch.cuda.is_available()
-            batches = Batches(InProcessPass(self.sampler, self.dataset, pin), self)
+            batches = InProcessPass(self.sampler, self.dataset, pin)
         else:
             batches = Batches(super().__iter__(), self)
         self._passes.add(batches)

@@ -24,6 +24,7 @@ from .signals import Interrupted
 
 if TYPE_CHECKING:
     from .run import Run
+    from .state import RunState
 
 
 def fit(run: Run) -> str:
@@ -41,11 +42,11 @@ def fit(run: Run) -> str:
     return run.backend.dry_run or "completed"
 
 
-def _stage_done(run: Run) -> bool:
-    loop = run.stage_config.loop
+def _stage_done(state: RunState, loop) -> bool:
+    """Whether the stage (its ``loop`` settings) has taken its ``max_steps`` steps or ``max_epochs`` epochs."""
     if loop.max_steps is not None:
-        return run.stage_step >= loop.max_steps
-    return run.epoch >= loop.max_epochs
+        return state.stage_step >= loop.max_steps
+    return state.epoch >= loop.max_epochs
 
 
 def train_stage(run: Run) -> None:
@@ -56,11 +57,12 @@ def train_stage(run: Run) -> None:
     state.last_log = (time.perf_counter(), run.global_step)
     run.module.train()
     hooks.on_train_start(run=run)
-    while not _stage_done(run) and run.stop_reason is None:
-        epoch = run.epoch
+    # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
+    while not _stage_done(state, loop) and state.stop_reason is None:
+        epoch = state.epoch
         hooks.on_train_epoch_start(run=run, epoch=epoch)
-        for batch in epoch_batches(run.train_loader, epoch, run.batch_in_epoch):
-            batch_idx = run.batch_in_epoch
+        for batch in epoch_batches(run.train_loader, epoch, state.batch_in_epoch):
+            batch_idx = state.batch_in_epoch
             batch = backend.to_device(batch)
             hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
             last = state.start_batch(accum)
@@ -74,16 +76,17 @@ def train_stage(run: Run) -> None:
                 # (not an error under dynamic scaling)
                 if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
                     check_finite(run)
-                if run.global_step % log_every == 0:
+                if state.global_step % log_every == 0:
                     log_train_metrics(run)
-                if eval_every and run.stage_step % eval_every == 0 and run.val_loader is not None:
+                if eval_every and state.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
-            if last and (signum := _stop_requested(run)) is not None:  # SIGINT/SIGTERM: this step is the last
-                state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
+                # SIGINT/SIGTERM (under DDP: on any rank): this step is the last
+                if (signum := backend.any_rank_signal(state.stop_signal)) is not None:
+                    state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-            if run.stopping:
-                raise Interrupted(run.stop_signal, run.global_step)
-            if last and (_stage_done(run) or run.stop_reason is not None):
+            if state.stopping:
+                raise Interrupted(state.stop_signal, state.global_step)
+            if last and (_stage_done(state, loop) or state.stop_reason is not None):
                 break
         else:  # the epoch ran out of batches
             if run.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
@@ -114,21 +117,13 @@ def _drop_partial_step(run: Run, accum: int) -> None:
                                 "to use every batch")
 
 
-def _stop_requested(run: Run) -> int | None:
-    """The stop signal that reached this process; under DDP, the one that had reached any rank by the
-    previous step boundary (every rank then stops after this same step); ``None``: go on."""
-    return run.backend.any_rank_signal(run.stop_signal)
-
-
 def log_train_metrics(run: Run) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
     pending = run.state.pending
     if not pending.get("loss"):
         return
     keys = ["loss"] + [k for k in pending if k != "loss"]
-    device = pending["loss"][0].device
-    # every mean in one tensor, read at once: one synchronisation with the device
-    means = torch.stack([torch.stack(pending[k]).float().mean().to(device) for k in keys]).tolist()
+    means = window_means([pending[k] for k in keys])
     if not math.isfinite(means[0]):  # a loss in the window is not finite (or their sum overflowed)
         values = {k: torch.stack(v).float() for k, v in pending.items()}
         finite = check_finite(run, values["loss"])
@@ -146,6 +141,17 @@ def log_train_metrics(run: Run) -> None:
     run.state.last_log = (now, run.global_step)
     run.state.clear_pending()
     run.report(metrics)
+
+
+def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
+    """The float32 mean of each list of 0-d tensors, read from the device at once (one synchronisation).
+
+    When every list has a value of every step on one device (the usual case) they are stacked together,
+    one ``stack``, ``mean`` and read for them all; else each list is reduced on its own first."""
+    steps, device = len(windows[0]), windows[0][0].device
+    if all(len(w) == steps and w[0].device == device for w in windows):
+        return torch.stack([t for w in windows for t in w]).view(len(windows), steps).float().mean(1).tolist()
+    return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
 def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor | None:

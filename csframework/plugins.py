@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import pluggy
 
+try:  # pluggy's call loop: a manager still using it is neither traced nor monitored
+    from pluggy._callers import _multicall
+except ImportError:  # pragma: no cover - a pluggy without it: every call goes through pluggy
+    _multicall = None
+
 from . import hookspecs
 from .config.readonly import read_only_error
 from .errors import ConfigError, NonFiniteLossError, PluginError, PluginImportError
@@ -268,29 +273,36 @@ class Hooks:
     """Calls hooks by attribute (``hooks.on_fit_start(run=run)``); an exception raised inside an
     implementation becomes a ``PluginError`` naming the plugin and the hook.
 
-    The plugins are fixed when a run is built, so a hook nobody implements becomes a no-op here: the
-    per-step hooks then cost a function call, not a pluggy dispatch.
+    The plugins are fixed when a run is built, so each hook's caller is chosen once, here: a hook nobody
+    implements becomes a no-op (the per-step hooks then cost a function call, not a pluggy dispatch), and
+    a hook whose implementations are all plain functions (no wrappers) calls them itself, in pluggy's
+    order with pluggy's results, at about half the cost of pluggy's dispatch. Wrappers, and a plugin manager
+    whose calls are traced or monitored (``enable_tracing``, ``add_hookcall_monitoring``), go through
+    pluggy as they are.
     """
 
     def __init__(self, pm: pluggy.PluginManager):
         self.pm = pm
         for name in dir(pm.hook):
             if not name.startswith("_"):
-                setattr(self, name, self._caller(name, getattr(pm.hook, name)))
+                setattr(self, name, self._caller(pm, name, getattr(pm.hook, name)))
 
     @staticmethod
-    def _caller(hook_name: str, hook):
-        if not hook.get_hookimpls():
-            firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
-
+    def _caller(pm: pluggy.PluginManager, hook_name: str, hook):
+        impls = hook.get_hookimpls()
+        firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
+        if not impls:
             def nobody(**kwargs):
                 return None if firstresult else []  # what pluggy returns for a hook without implementations
 
             nobody.__name__ = hook_name
             return nobody
+        direct = _direct_calls(impls, firstresult)
 
         def call(**kwargs):
             try:
+                if direct is not None and getattr(pm, "_inner_hookexec", None) is _multicall:
+                    return direct(kwargs)
                 return hook(**kwargs)
             except (PluginError, NonFiniteLossError):  # the latter is the run's state, whoever found it
                 raise
@@ -327,6 +339,28 @@ class Hooks:
             raise
         except (Exception, SystemExit) as e:
             raise plugin_error(impl.plugin_name, hook_name, e) from e
+
+
+def _direct_calls(impls: list, firstresult: bool):
+    """A function calling ``impls`` (pluggy's ``get_hookimpls()``, which it calls last to first) as pluggy's
+    own call loop does for plain implementations: each with the keyword arguments it names, the results that
+    are not ``None`` collected (the first one returned, for a ``firstresult`` hook). ``None`` when an
+    implementation is a wrapper or takes optional arguments: pluggy must call those."""
+    if _multicall is None or any(i.hookwrapper or i.wrapper or i.kwargnames for i in impls):
+        return None
+    calls = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
+
+    def call_all(kwargs: dict):
+        results = []
+        for function, argnames in calls:
+            result = function(*[kwargs[name] for name in argnames])
+            if result is not None:
+                if firstresult:
+                    return result
+                results.append(result)
+        return None if firstresult else results
+
+    return call_all
 
 
 def plugin_error(plugin: str, hook: str, error: BaseException) -> PluginError:

@@ -12,6 +12,8 @@ import torch
 from .config import PrecisionConfig
 
 HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+#: float32's forward context: one reusable ``nullcontext`` (made once, not at every step)
+NO_AUTOCAST = contextlib.nullcontext()
 
 
 class Precision:
@@ -32,7 +34,7 @@ class Precision:
 
     def autocast(self):
         if self.dtype is None:
-            return contextlib.nullcontext()
+            return NO_AUTOCAST
         return torch.autocast(self.device_kind, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -37,7 +37,8 @@ def lr_factor(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
 
 
 class Schedule:
-    """Writes ``base_lr * lr_factor(step)`` into each param group before every optimizer step.
+    """Sets each param group's rate to ``base_lr * lr_factor(step)`` before every optimizer step (written
+    when the factor changes: a constant rate is written once).
 
     The interface of a torch ``LRScheduler`` that code uses (``step``, ``get_last_lr``, ``last_epoch``,
     ``base_lrs``, ``state_dict``, ``load_state_dict``) without its per-step bookkeeping, which costs
@@ -48,6 +49,7 @@ class Schedule:
         self.optimizer, self.cfg, self.total_steps = optimizer, cfg, total_steps
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         self.last_epoch = 0
+        self._factor = None  # the factor the param groups' rates were last set with
         self._apply()
 
     def step(self) -> None:
@@ -57,6 +59,9 @@ class Schedule:
 
     def _apply(self) -> None:
         factor = lr_factor(self.last_epoch, self.cfg, self.total_steps)
+        if factor == self._factor:  # a constant rate: the groups already have it
+            return
+        self._factor = factor
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * factor
 
@@ -73,6 +78,7 @@ class Schedule:
     def load_state_dict(self, state: dict) -> None:
         """Also reads a torch ``LambdaLR`` state (it has the same two keys)."""
         self.last_epoch, self.base_lrs = int(state["last_epoch"]), list(state["base_lrs"])
+        self._factor = None  # new base rates: write them whatever the factor
         self._apply()
 
 

@@ -74,6 +74,8 @@ def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate
     return f"{what}: gpu needs CUDA, which is not available on this machine; {fix}"
 
 
+#: The context of a micro-batch that needs no ``no_sync`` (one reusable ``nullcontext``)
+NO_SYNC = contextlib.nullcontext()
 #: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
 FINISH_WAIT_S = 30
 
@@ -182,9 +184,9 @@ class EagerBackend(BackendBase):
         module = run.module
         if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
             module.set_requires_gradient_sync(last)
-            sync = contextlib.nullcontext()
+            sync = NO_SYNC
         else:
-            sync = contextlib.nullcontext() if (last or not self.distributed) else module.no_sync()
+            sync = NO_SYNC if (last or not self.distributed) else module.no_sync()
         with sync:  # gradients are all-reduced in the backward of the step's last micro-batch only
             outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
         if last:

@@ -93,7 +93,8 @@ class LoggingPlugin:
         run.log = structlog.wrap_logger(
             None, processors=[context, structlog.processors.add_log_level,
                               structlog.processors.TimeStamper(fmt="iso", utc=True), emit],
-            wrapper_class=structlog.make_filtering_bound_logger(20))
+            wrapper_class=structlog.make_filtering_bound_logger(20),
+            cache_logger_on_first_use=True)  # else every event binds a new logger first (a third of its cost)
         run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
                      stages=[name for name, _ in run.stages])
 

@@ -372,3 +372,13 @@ def test_a_run_resumes_exactly_wherever_its_checkpoint_is_in_the_epoch(tmp_path,
     assert isinstance(resumed.train_loader.dataset, BatchReader) is (fetch == "fast")
     assert resumed_losses.train == straight_losses.train[step:]
     assert_same_params(params(straight), params(resumed))
+
+
+def test_a_closed_pass_gives_no_more_batches():
+    """A pass read in process (no workers) is closed as a pass with workers is (``FrameworkLoader.close``
+    at the end of a run): nothing read ahead is handed out after it."""
+    loader = make_loader(dataset(64), 4, batched_fetch=True, shuffle=True, seed=3, num_workers=0, drop_last=True)
+    batches = epoch_batches(loader, 0)
+    next(batches)  # reads a chunk ahead
+    loader.close()
+    assert list(batches) == []

@@ -405,3 +405,36 @@ def test_schedule_warms_up_then_decays_to_min_lr_at_the_last_step_and_resumes(na
         lambda_lr.step()
     again.load_state_dict(lambda_lr.state_dict())
     assert again.last_epoch == 5 and opt.param_groups[0]["lr"] == pytest.approx(expected[5])
+
+
+def test_a_constant_rate_is_written_once_and_loaded_base_rates_replace_it():
+    """The constant schedule leaves the rate alone between steps, but a state with other base rates (a
+    checkpoint of a run with another optimizer.lr) still sets them, even with the factor unchanged."""
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler
+
+    cfg = OptimizerConfig(lr=0.5, schedule=ScheduleConfig(name="constant", warmup_steps=0))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    schedule = build_scheduler(opt, cfg, total_steps=4)
+    schedule.step()
+    assert opt.param_groups[0]["lr"] == 0.5
+    schedule.load_state_dict({"last_epoch": 2, "base_lrs": [0.125]})
+    assert opt.param_groups[0]["lr"] == 0.125 and schedule.get_last_lr() == [0.125]
+    schedule.step()
+    assert opt.param_groups[0]["lr"] == 0.125
+
+
+def test_logged_means_are_float32_means_of_every_window():
+    """``loop.window_means``: the mean of each output since the last log, the same whether the outputs were
+    stacked together (a value at every step) or reduced one by one (an output some steps lack), whatever
+    their dtypes."""
+    from csframework.loop import window_means
+
+    g = torch.Generator().manual_seed(0)
+    loss = list(torch.rand(7, generator=g) * 3)
+    accuracy = list(torch.rand(7, generator=g).to(torch.bfloat16))
+    count = list(torch.randint(0, 9, (7,), generator=g))
+    expected = [float(torch.stack(w).float().mean()) for w in (loss, accuracy, count)]
+    assert window_means([loss, accuracy, count]) == expected
+    assert window_means([loss, accuracy[:3], count]) == [expected[0], float(torch.stack(accuracy[:3]).float().mean()),
+                                                          expected[2]]
