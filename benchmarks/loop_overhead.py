@@ -13,6 +13,10 @@ figure). The two sides compute the very same numbers: each prints its last logge
   ``data.batched_fetch=false``, the same per-sample ``DataLoader`` as the hand loop (``--data loader``'s).
 * ``dispatch [--user-hook]``: the cost of one ``on_train_batch_end`` call as the loop makes it, without and
   with a user plugin implementing it (a no-op): what such a plugin adds to each step.
+* ``--own-time`` (with ``hand`` or ``framework``): also the CPU time per step spent outside the model's
+  forward, ``backward``, ``optimizer.step`` and ``zero_grad`` (each side's calls to them timed alike): the
+  loop's own work, which on a 2-core VM varies far less between processes than the whole step does, so a
+  change of a few microseconds in it shows where the ratio of whole steps cannot.
 
     python -m benchmarks.loop_overhead               # every figure, 5 interleaved rounds
     python -m benchmarks.loop_overhead --profile     # a cProfile of one framework fit on the tiny MLP
@@ -188,6 +192,33 @@ class UserHook:
         pass
 
 
+class OwnTime:
+    """Times the calls both sides make alike (the model's forward, ``Tensor.backward``, ``AdamW.step``,
+    ``Optimizer.zero_grad``); ``seconds`` is their CPU time, so a run's time less it is the loop's own."""
+
+    def __init__(self):
+        self.ns = 0
+        clock = time.process_time_ns
+
+        def timed(function):
+            def call(*args, **kwargs):
+                start = clock()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    self.ns += clock() - start
+            return call
+
+        Supervised.forward = timed(Supervised.forward)
+        torch.Tensor.backward = timed(torch.Tensor.backward)
+        torch.optim.AdamW.step = timed(torch.optim.AdamW.step)
+        torch.optim.Optimizer.zero_grad = timed(torch.optim.Optimizer.zero_grad)
+
+    @property
+    def seconds(self) -> float:
+        return self.ns / 1e9
+
+
 #: The optimizer of every hand-written loop, as overrides: AdamW, no clipping, a constant rate.
 PLAIN_TRAINING = ["optimizer=adamw", f"optimizer.lr={LR}", "optimizer.weight_decay=0.01",
                   "optimizer.max_grad_norm=null", "optimizer.schedule.name=constant",
@@ -241,18 +272,25 @@ def contestant(args) -> dict:
     if args.contestant == "dispatch":
         with contextlib.redirect_stderr(io.StringIO()):
             return dispatch(args.user_hook)
+    own = OwnTime() if args.own_time else None
     with (tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir, contextlib.redirect_stderr(io.StringIO()),
           contextlib.redirect_stdout(io.StringIO())):
         if args.contestant == "lightning":
             lightning(WARMUP_STEPS, batch_size, workdir)
+            timed_from = own.seconds if own else 0.0
             seconds, loss = lightning(steps, batch_size, workdir)
         elif args.contestant == "hand":
             hand_written(args.data, WARMUP_STEPS, batch_size)
+            timed_from = own.seconds if own else 0.0
             seconds, loss = hand_written(args.data, steps, batch_size)
         else:
             framework(args.data, WARMUP_STEPS, batch_size, args.user_hook, workdir)
+            timed_from = own.seconds if own else 0.0
             seconds, loss = framework(args.data, steps, batch_size, args.user_hook, workdir)
-    return {"us_per_step": 1e6 * seconds / steps, "loss": loss}
+    result = {"us_per_step": 1e6 * seconds / steps, "loss": loss}
+    if own is not None:  # the timed steps less the calls both sides make (all of them inside those steps)
+        result["own_us_per_step"] = 1e6 * (seconds - (own.seconds - timed_from)) / steps
+    return result
 
 
 def command(*args: str) -> list[str]:
@@ -277,8 +315,9 @@ def lightning_version(python: str) -> str:
 
 
 def figures(rounds: int, only: str | None = None, steps: int = 0) -> list[harness.Figure]:
-    """Per-step CPU time, csframework against the hand-written loops, and a user hook's cost (``only``:
-    one figure, ``<model>-<data>`` or ``user-hook``; ``steps``: timed steps, 0 for each model's default)."""
+    """Per-step CPU time, csframework against the hand-written loops, the loop's own time per step (tiny MLP)
+    and a user hook's cost (``only``: one figure, ``<model>-<data>``, ``own-time`` or ``user-hook``;
+    ``steps``: timed steps, 0 for each model's default)."""
     out = []
     lightning = lightning_python()
     cases = [("mlp2", "loader", "784-256-256-10 MLP, same per-sample DataLoader", "hand loop, same DataLoader",
@@ -310,6 +349,17 @@ def figures(rounds: int, only: str | None = None, steps: int = 0) -> list[harnes
                                       baseline=baseline, baseline_samples=[r["us_per_step"] for r in res["hand"]],
                                       command="CSF_BENCH_LIGHTNING_PYTHON=<python with lightning> "
                                               f"python -m benchmarks.loop_overhead --only {model}-{data}"))
+    if only in (None, "own-time"):
+        args = ("--model", "tiny", "--data", "premade", "--steps", str(steps), "--own-time")
+        res = harness.interleaved({"hand": command("--contestant", "hand", *args),
+                                   "framework": command("--contestant", "framework", *args)}, rounds)
+        check_same_numbers("own time", res)
+        out.append(harness.Figure(name="the loop's own CPU time per step (outside forward, backward, optimizer step, "
+                                       "zero_grad): tiny 16-32-4 MLP, tensor dataset", unit="us/step",
+                                  samples=[r["own_us_per_step"] for r in res["framework"]],
+                                  baseline="hand loop, pre-made batches",
+                                  baseline_samples=[r["own_us_per_step"] for r in res["hand"]], kind="difference",
+                                  command="python -m benchmarks.loop_overhead --only own-time"))
     if only not in (None, "user-hook"):
         return out
     res = harness.interleaved({"plain": command("--contestant", "dispatch", "--model", "tiny"),
@@ -353,7 +403,9 @@ def main(argv=None) -> None:
     parser.add_argument("--data", choices=["loader", "premade"], default="premade")
     parser.add_argument("--steps", type=int, default=0, help="timed steps (0: the model's default)")
     parser.add_argument("--user-hook", action="store_true")
-    parser.add_argument("--only", help="one figure: <model>-<data> or user-hook")
+    parser.add_argument("--own-time", action="store_true",
+                        help="also the time per step outside forward, backward and the optimizer's calls")
+    parser.add_argument("--only", help="one figure: <model>-<data>, own-time or user-hook")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one framework fit (tiny MLP)")
     args = parser.parse_args(argv)
     if args.contestant:

@@ -12,10 +12,20 @@ def test_loop_overhead_figures_compare_the_same_training():
     [tiny] = loop_overhead.figures(1, only="tiny-premade", steps=60)
     [same_loader] = loop_overhead.figures(1, only="mlp2-loader", steps=30)
     [hook] = loop_overhead.figures(1, only="user-hook", steps=60)
-    for figure in (tiny, same_loader, hook):
-        assert len(figure.samples) == len(figure.baseline_samples) == 1 and figure.met in (True, False)
+    [own] = loop_overhead.figures(1, only="own-time", steps=60)
+    for figure in (tiny, same_loader, hook, own):
+        assert len(figure.samples) == len(figure.baseline_samples) == 1 and figure.met in (True, False, None)
         assert figure.name in harness.table([figure])
     assert tiny.limit == 1.05 and same_loader.limit == 1.01 and hook.kind == "difference" and hook.limit == 5
+    assert own.kind == "difference" and own.met is None and own.samples[0] > 0 and own.baseline_samples[0] > 0
+
+
+@pytest.mark.parametrize("side", ["hand", "framework"])
+def test_the_loops_own_time_is_part_of_its_step(side):
+    """``--own-time``: the step less the model's forward, backward and optimizer calls, timed alike."""
+    result = harness.run_once(loop_overhead.command("--contestant", side, "--model", "tiny", "--steps", "40",
+                                                    "--own-time"), timeout=300)
+    assert 0 < result["own_us_per_step"] < result["us_per_step"] / 2  # the tiny model's calls are most of a step
 
 
 def test_data_fetch_figure():
