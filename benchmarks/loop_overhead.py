@@ -273,6 +273,10 @@ def contestant(args) -> dict:
         with contextlib.redirect_stderr(io.StringIO()):
             return dispatch(args.user_hook)
     own = OwnTime() if args.own_time else None
+    if args.no_curves:  # drawn after the steps, at a cost that grows with the run (benchmarks.instructions)
+        from csframework.builtin import metrics
+
+        metrics.write_curves = lambda *args, **kwargs: None
     with (tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir, contextlib.redirect_stderr(io.StringIO()),
           contextlib.redirect_stdout(io.StringIO())):
         if args.contestant == "lightning":
@@ -405,6 +409,8 @@ def main(argv=None) -> None:
     parser.add_argument("--user-hook", action="store_true")
     parser.add_argument("--own-time", action="store_true",
                         help="also the time per step outside forward, backward and the optimizer's calls")
+    parser.add_argument("--no-curves", action="store_true",
+                        help="the framework's run draws no loss curves at its end (for whole-process counts)")
     parser.add_argument("--only", help="one figure: <model>-<data>, own-time or user-hook")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one framework fit (tiny MLP)")
     args = parser.parse_args(argv)
