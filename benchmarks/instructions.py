@@ -3,17 +3,24 @@ against the hand-written loop over pre-made batches, on the tiny MLP (``benchmar
 contestants, unchanged).
 
 Why a count and not a time: on a shared 2-core VM one configuration timed twice can differ by 10%, so the
-CPU-time figures cannot resolve a change of a few per cent in the loop's own work. The number of
-instructions a step executes does not depend on the machine's load: run twice, it agrees to a few
-instructions in a million. It is not time (a cache miss costs more than an add), so it answers "how much
-more work does the framework do per step", and the timed figures answer "how much longer does it take".
+CPU-time figures cannot resolve a change of a few per cent in the loop's own work; the number of
+instructions a step executes does not depend on what else the machine runs. It is not time (a cache miss
+costs more than an add): it answers "how much more work does the framework do per step", the timed figures
+"how much longer does it take".
 
 Each side runs twice under callgrind, for ``STEPS[0]`` and ``STEPS[1]`` timed steps after the contestant's
 own warm-up: the same epochs (two of 256 batches), a log every 25 steps, the same set-up and the checkpoint
-at the end; the framework's run draws no loss curves (``--no-curves``: their cost grows with the points
-drawn, so it would not cancel, and matplotlib's font rendering would dwarf the loop). The difference of the two totals over the difference of the steps is a step's count; set-up and
-tear-down cancel. Needs ``valgrind`` on the PATH; four processes, at most two at a time (callgrind runs a
-program some 50 times slower), about 10 minutes on 2 cores.
+at the end. The difference of the two totals over the difference of the steps is a step's count; set-up
+and tear-down cancel, provided nothing else grows with the run. Two things would, and are left out:
+
+* the loss curves drawn at the end (``--no-curves``): matplotlib's font rendering grows with the points;
+* the garbage collector's full passes over the set-up's objects (``--freeze-gc``: collected and frozen
+  after the warm-up): one pass costs millions of instructions and falls inside one run's steps and not
+  the other's. Without this, two runs of this module read 1.066x and 1.034x.
+
+Hashing is seeded (``PYTHONHASHSEED=0``), so dictionaries grow alike in every run. Needs ``valgrind`` on the
+PATH; four processes, at most two at a time (callgrind runs a program some 50 times slower), about 10
+minutes on 2 cores.
 
     python -m benchmarks.instructions                 # the figure
     python -m benchmarks.instructions --functions 20  # and the functions whose counts differ most
@@ -40,10 +47,10 @@ SIDES = {"hand": "hand-written loop, pre-made batches", "framework": "csframewor
 
 def callgrind_command(out_file: Path, side: str, steps: int) -> list[str]:
     """``loop_overhead``'s contestant ``side`` on the tiny MLP over pre-made batches, without the end-of-run
-    curves, under callgrind."""
+    curves and with the set-up's objects frozen, under callgrind."""
     return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
             *loop_overhead.command("--contestant", side, "--model", "tiny", "--data", "premade",
-                                   "--steps", str(steps), "--no-curves")]
+                                   "--steps", str(steps), "--no-curves", "--freeze-gc")]
 
 
 def total(out_file: Path) -> int:
@@ -86,7 +93,7 @@ def measure(workdir: Path, steps: tuple[int, int] = STEPS) -> dict[tuple[str, in
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not on the PATH: install it (apt install valgrind) to count instructions")
     files = {(side, n): workdir / f"callgrind.{side}.{n}" for side in SIDES for n in steps}
-    env = harness.contestant_env()
+    env = harness.contestant_env() | {"PYTHONHASHSEED": "0"}  # the same hashing, so the same dict layouts
 
     def run(key):
         command = callgrind_command(files[key], *key)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import io
 import json
 import os
@@ -263,6 +264,16 @@ def dispatch(user_hook: bool, calls: int = 200_000) -> dict:
         return {"us_per_call": 1e6 * (time.process_time() - start) / calls, "loss": 0.0}
 
 
+def warmed_up(own: OwnTime | None, freeze_gc: bool) -> float:
+    """The warm-up is done: ``own``'s seconds so far. ``freeze_gc``: collect, then ``gc.freeze()`` what is left,
+    so the collector's full passes no longer scan the set-up's objects (for whole-process counts: such a pass
+    costs millions of instructions and lands inside one run's steps and not another's)."""
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+    return own.seconds if own else 0.0
+
+
 def contestant(args) -> dict:
     """One measurement in this fresh process: a short untimed warm-up, then the timed steps."""
     torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
@@ -281,15 +292,15 @@ def contestant(args) -> dict:
           contextlib.redirect_stdout(io.StringIO())):
         if args.contestant == "lightning":
             lightning(WARMUP_STEPS, batch_size, workdir)
-            timed_from = own.seconds if own else 0.0
+            timed_from = warmed_up(own, args.freeze_gc)
             seconds, loss = lightning(steps, batch_size, workdir)
         elif args.contestant == "hand":
             hand_written(args.data, WARMUP_STEPS, batch_size)
-            timed_from = own.seconds if own else 0.0
+            timed_from = warmed_up(own, args.freeze_gc)
             seconds, loss = hand_written(args.data, steps, batch_size)
         else:
             framework(args.data, WARMUP_STEPS, batch_size, args.user_hook, workdir)
-            timed_from = own.seconds if own else 0.0
+            timed_from = warmed_up(own, args.freeze_gc)
             seconds, loss = framework(args.data, steps, batch_size, args.user_hook, workdir)
     result = {"us_per_step": 1e6 * seconds / steps, "loss": loss}
     if own is not None:  # the timed steps less the calls both sides make (all of them inside those steps)
@@ -411,6 +422,8 @@ def main(argv=None) -> None:
                         help="also the time per step outside forward, backward and the optimizer's calls")
     parser.add_argument("--no-curves", action="store_true",
                         help="the framework's run draws no loss curves at its end (for whole-process counts)")
+    parser.add_argument("--freeze-gc", action="store_true",
+                        help="gc.freeze() after the warm-up (for whole-process counts: benchmarks.instructions)")
     parser.add_argument("--only", help="one figure: <model>-<data>, own-time or user-hook")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one framework fit (tiny MLP)")
     args = parser.parse_args(argv)

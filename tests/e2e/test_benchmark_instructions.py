@@ -57,4 +57,4 @@ def test_the_contestants_are_loop_overheads_under_callgrind(tmp_path):
     command = instructions.callgrind_command(tmp_path / "out", "framework", 300)
     assert command[:3] == ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp_path / 'out'}"]
     assert command[3:] == loop_overhead.command("--contestant", "framework", "--model", "tiny", "--data", "premade",
-                                                "--steps", "300", "--no-curves")
+                                                "--steps", "300", "--no-curves", "--freeze-gc")
