@@ -52,7 +52,10 @@ def _stage_done(state: RunState, loop) -> bool:
 def train_stage(run: Run) -> None:
     """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
-    accum, log_every, eval_every = loop.grad_accum_steps, loop.log_every, loop.eval_every
+    accum, log_every, eval_every, max_steps = loop.grad_accum_steps, loop.log_every, loop.eval_every, loop.max_steps
+    # per step, hooks nobody implements are not called, and a single process asks no other rank for signals
+    batch_start = hooks.on_train_batch_start if "on_train_batch_start" in hooks.implemented else None
+    alone = backend.world_size == 1
     state.clear_pending()
     state.last_log = (time.perf_counter(), run.global_step)
     run.module.train()
@@ -64,7 +67,8 @@ def train_stage(run: Run) -> None:
         for batch in epoch_batches(run.train_loader, epoch, state.batch_in_epoch):
             batch_idx = state.batch_in_epoch
             batch = backend.to_device(batch)
-            hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+            if batch_start is not None:
+                batch_start(run=run, batch=batch, batch_idx=batch_idx)
             last = state.start_batch(accum)
             outputs = backend.train_batch(run, batch, last)
             state.end_batch(last)
@@ -81,12 +85,14 @@ def train_stage(run: Run) -> None:
                 if eval_every and state.stage_step % eval_every == 0 and run.val_loader is not None:
                     evaluate(run)
                 # SIGINT/SIGTERM (under DDP: on any rank): this step is the last
-                if (signum := backend.any_rank_signal(state.stop_signal)) is not None:
+                signum = state.stop_signal if alone else backend.any_rank_signal(state.stop_signal)
+                if signum is not None:
                     state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             if state.stopping:
                 raise Interrupted(state.stop_signal, state.global_step)
-            if last and (_stage_done(state, loop) or state.stop_reason is not None):
+            # (inside an epoch, only max_steps can end the stage: _stage_done without the epoch count)
+            if last and ((max_steps is not None and state.stage_step >= max_steps) or state.stop_reason is not None):
                 break
         else:  # the epoch ran out of batches
             if run.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
@@ -218,15 +224,19 @@ def _evaluate(run: Run) -> dict:
     sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
     counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
+    batch_start = hooks.on_eval_batch_start if "on_eval_batch_start" in hooks.implemented else None
+    batch_end = hooks.on_eval_batch_end if "on_eval_batch_end" in hooks.implemented else None
     try:
         with torch.inference_mode() if loop.inference_mode else torch.no_grad():
             for batch_idx, batch in enumerate(run.val_loader):
                 if limit is not None and batch_idx >= limit:
                     break
                 batch = backend.to_device(batch)
-                hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+                if batch_start is not None:
+                    batch_start(run=run, batch=batch, batch_idx=batch_idx)
                 outputs = backend.eval_batch(run, batch)
-                hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+                if batch_end is not None:
+                    batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
                 counted = samples_in(batch)
                 samples = counted or 1  # a batch without tensors: its outputs count once each
                 for key, value in outputs.items():
@@ -277,5 +287,8 @@ def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
 def samples_in(batch) -> int | None:
     """The samples in a batch: the length of its first tensor (fields of lists, tuples and dicts walked in
     order, strings skipped); ``None`` when it has no tensor with a batch dimension."""
-    first = first_array(batch)
+    if type(batch) in (list, tuple) and batch and isinstance(batch[0], torch.Tensor):  # (x, y, ...): no walk
+        first = batch[0]
+    else:
+        first = first_array(batch)
     return len(first) if isinstance(first, torch.Tensor) and first.ndim else None

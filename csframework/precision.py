@@ -31,6 +31,8 @@ class Precision:
                                                growth_interval=cfg.growth_interval)
         elif scaling not in (None, "none"):
             self.fixed_scale = float(scaling)
+        #: float32 without loss scaling: every primitive below does only the plain thing
+        self.plain = self.dtype is None and self.scaler is None and self.fixed_scale is None
 
     def autocast(self):
         if self.dtype is None:

@@ -50,12 +50,17 @@ class Schedule:
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         self.last_epoch = 0
         self._factor = None  # the factor the param groups' rates were last set with
+        # from this step on the factor no longer changes: the rates set then stay (no per-step work)
+        name = getattr(cfg.schedule.name, "value", cfg.schedule.name)
+        warmup = cfg.schedule.warmup_steps
+        self._settled = warmup if name == "constant" or cfg.lr == 0 else max(warmup + 1, total_steps - 1)
         self._apply()
 
     def step(self) -> None:
         """Called once after each optimizer step: set the rate of the next one."""
         self.last_epoch += 1
-        self._apply()
+        if self.last_epoch <= self._settled:
+            self._apply()
 
     def _apply(self) -> None:
         factor = lr_factor(self.last_epoch, self.cfg, self.total_steps)

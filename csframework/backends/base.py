@@ -55,7 +55,8 @@ class Backend(Protocol):
         """The current dynamic loss scale, or ``None`` without dynamic loss scaling."""
 
     def any_rank_signal(self, signum: int | None) -> int | None:
-        """The stop signal any rank had received by the previous step boundary (``signum`` when alone)."""
+        """The stop signal any rank had received by the previous step boundary (``signum`` when alone: the
+        loop does not ask a backend whose ``world_size`` is 1)."""
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""

@@ -2,7 +2,6 @@
 the built-in ``eager`` plugin supplies it for the device types CPU and GPU."""
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 from dataclasses import dataclass, field
@@ -74,8 +73,6 @@ def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate
     return f"{what}: gpu needs CUDA, which is not available on this machine; {fix}"
 
 
-#: The context of a micro-batch that needs no ``no_sync`` (one reusable ``nullcontext``)
-NO_SYNC = contextlib.nullcontext()
 #: How long ``finish`` waits for the pending stop-agreement all-reduce at the end of a stage or fit.
 FINISH_WAIT_S = 30
 
@@ -184,18 +181,21 @@ class EagerBackend(BackendBase):
         module = run.module
         if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
             module.set_requires_gradient_sync(last)
-            sync = NO_SYNC
-        else:
-            sync = NO_SYNC if (last or not self.distributed) else module.no_sync()
-        with sync:  # gradients are all-reduced in the backward of the step's last micro-batch only
+        if last or not self.distributed or self.sharded:
             outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
+        else:
+            with module.no_sync():  # DDP all-reduces the gradients in the step's last micro-batch only
+                outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
         if last:
             step.apply_gradients(run, self.precision, self.max_grad_norm)
         return step.detached(outputs)
 
     def eval_batch(self, run, batch) -> dict:
-        with self.precision.autocast():
+        if self.precision.plain:  # float32: no autocast context to enter
             outputs = step.model_outputs(run.module(batch))
+        else:
+            with self.precision.autocast():
+                outputs = step.model_outputs(run.module(batch))
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 

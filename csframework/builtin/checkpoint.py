@@ -595,6 +595,7 @@ class CheckpointPlugin:
     def __init__(self):
         self.saved_step = None
         self.seen_step = None
+        self.every: int | None = None  # the stage's checkpoint.every_steps
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
 
@@ -731,16 +732,17 @@ class CheckpointPlugin:
     @hookimpl
     def on_train_start(self, run):
         self.seen_step = run.global_step  # a step ends when the global step moves past this
+        self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         _remove_stale(self._root(run))
 
     @hookimpl(trylast=True)
     def on_train_batch_end(self, run):
-        every = run.stage_config.checkpoint.every_steps
-        step = run.global_step
+        state = run.state
+        step = state.global_step
         if step == self.seen_step:  # not the last batch of a step
             return
         self.seen_step = step
-        if run.stopping or (every and step % every == 0):
+        if state.stopping or (self.every and step % self.every == 0):
             self.save(run)
 
     @hookimpl

@@ -407,6 +407,25 @@ def test_schedule_warms_up_then_decays_to_min_lr_at_the_last_step_and_resumes(na
     assert again.last_epoch == 5 and opt.param_groups[0]["lr"] == pytest.approx(expected[5])
 
 
+@pytest.mark.parametrize("name", ["constant", "linear", "cosine"])
+def test_the_rate_stops_being_written_only_once_it_no_longer_changes(name):
+    """``Schedule.step`` skips its work once the factor is settled: at every step, over short and long
+    schedules, with and without warm-up and a zero rate, the rate is still ``lr * lr_factor(step)``."""
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler, lr_factor
+
+    for warmup in (0, 1, 3):
+        for total in (1, 2, 3, 4, 9):
+            for lr in (0.0, 1e-3):
+                cfg = OptimizerConfig(lr=lr, schedule=ScheduleConfig(name=name, warmup_steps=warmup, min_lr=1e-4))
+                opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+                schedule = build_scheduler(opt, cfg, total_steps=total)
+                for step in range(total + 3):
+                    assert opt.param_groups[0]["lr"] == pytest.approx(lr * lr_factor(step, cfg, total)), (
+                        warmup, total, lr, step)
+                    schedule.step()
+
+
 def test_a_constant_rate_is_written_once_and_loaded_base_rates_replace_it():
     """The constant schedule leaves the rate alone between steps, but a state with other base rates (a
     checkpoint of a run with another optimizer.lr) still sets them, even with the factor unchanged."""
