@@ -352,7 +352,7 @@ def _direct_calls(impls: list, firstresult: bool):
     implementation is a wrapper or takes optional arguments: pluggy must call those."""
     if _multicall is None or any(i.hookwrapper or i.wrapper or i.kwargnames for i in impls):
         return None
-    # each implementation's arguments picked from the keywords by one C call (not a comprehension a call)
+    # each implementation's arguments picked from the keywords by one C call (a comprehension is a call of its own)
     calls = [(impl.function, *_picker(tuple(impl.argnames))) for impl in reversed(impls)]
 
     def call_all(kwargs: dict):
