@@ -33,7 +33,9 @@ def header(info: dict, rounds: int, seconds: float, gpu: bool) -> str:
     where = (f"{info['gpu']} (CUDA {info['cuda']}) with {info['cpu']} ({info['cores']} cores)" if gpu
              else f"{info['cpu']} ({info['cores']} cores)")
     return (f"Measured {datetime.date.today().isoformat()} with `{command} --rounds {rounds}` on {where}, "
-            f"{info['os']}, Python {info['python']}, torch {info['torch']}, 1 torch thread per process; {rounds} "
+            f"{info['os']}, Python {info['python']}, torch {info['torch']}, "
+            f"{'with ' + ', '.join(info['beside_core']) if info['beside_core'] else 'no Hydra plugin or rich'} "
+            f"installed, 1 torch thread per process; {rounds} "
             f"interleaved rounds of fresh processes per figure ({seconds / 60:.0f} min in all). Each cell: median "
             "[min-max]; the ratio is the median of the per-round ratios.")
 

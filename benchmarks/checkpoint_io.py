@@ -13,7 +13,8 @@ best time of each:
 
 Files go to ``--dir`` (default: a temporary directory). Before each timed operation the previous file is
 removed and ``os.sync()`` flushes every dirty page, so no operation pays for another's write-back; loads
-read from a warm page cache (the CPU cost of the format, not of the disk).
+read from a warm page cache (the CPU cost of the format, not of the disk) into fresh memory, as a resumed
+run's new process does (glibc's mmap threshold is fixed for both contestants; see ``measure``).
 
     python -m benchmarks.checkpoint_io                      # 3 rounds, 100M parameters
     python -m benchmarks.checkpoint_io --params 10_000_000 --repeats 5
@@ -99,7 +100,12 @@ def contestant(which: str, params: int, repeats: int, directory: str | None) -> 
 def measure(rounds: int, params: int = PARAMS, repeats: int = 3, directory: str | None = None) -> dict:
     extra = ["--params", str(params), "--repeats", str(repeats)] + (["--dir", directory] if directory else [])
     contestants = {name: harness.python(MODULE, "--contestant", name, *extra) for name in ("torch", "csframework")}
-    return harness.interleaved(contestants, rounds, harness.contestant_env())
+    # A load's time is mostly page faults on the fresh memory of its 400 MB of tensors (about 100k), as in
+    # a resumed run's new process. With glibc's adaptive thresholds a process may instead keep the memory of
+    # a load it freed and reuse it for the next: 0.04 s instead of 0.19, on one side and not the other,
+    # depending on each process's allocation history. A fixed threshold maps every tensor fresh on both.
+    env = harness.contestant_env() | {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    return harness.interleaved(contestants, rounds, env)
 
 
 def figures(rounds: int, params: int = PARAMS, repeats: int = 3, results: dict | None = None) -> list[harness.Figure]:

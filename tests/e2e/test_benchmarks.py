@@ -39,3 +39,32 @@ def test_startup_contestants_report_their_first_step(side):
     ``python -m csframework``, the stamp of the hand-written script) and the times are in order."""
     result = harness.run_once(harness.python("benchmarks.startup", "--contestant", f"{side}-mlp"), timeout=300)
     assert 0 < result["first_step_cpu_s"] and 0 < result["first_step_s"] <= result["run_s"]
+
+
+def test_contestants_load_the_project_from_cached_bytecode(monkeypatch):
+    """``harness.interleaved`` compiles the project first: a fresh contestant loads csframework's modules as a
+    user's Python does from its second run on, even where ``PYTHONDONTWRITEBYTECODE`` keeps it from writing
+    them itself (it would otherwise compile every module in every process)."""
+    import importlib.util
+
+    cached = importlib.util.cache_from_source(str(harness.ROOT / "csframework" / "run.py"))
+    monkeypatch.setattr(harness, "run_once", lambda command, env=None: {"ok": 1})
+    if harness.Path(cached).exists():
+        harness.Path(cached).unlink()
+    assert harness.interleaved({"a": ["true"]}, 1) == {"a": [{"ok": 1}]}
+    assert harness.Path(cached).exists()
+
+
+def test_the_table_header_names_what_changes_start_up():
+    """The packages beside csframework's own install that change its start-up (Hydra's plugins, rich) are
+    named in the table's header."""
+    from importlib.metadata import distributions
+
+    from benchmarks.__main__ import header
+
+    installed = {d.metadata["Name"].lower() for d in distributions()}
+    info = harness.machine()
+    assert set(info["beside_core"]) <= installed and "hydra-core" not in info["beside_core"]
+    assert ("rich" in info["beside_core"]) == ("rich" in installed)
+    text = header(info, 1, 60.0, gpu=False)
+    assert all(name in text for name in info["beside_core"]) or "no Hydra plugin or rich installed" in text
