@@ -37,7 +37,7 @@ def header(info: dict, rounds: int, seconds: float, gpu: bool) -> str:
             f"{'with ' + ', '.join(info['beside_core']) if info['beside_core'] else 'no Hydra plugin or rich'} "
             f"installed, 1 torch thread per process; {rounds} "
             f"interleaved rounds of fresh processes per figure ({seconds / 60:.0f} min in all). Each cell: median "
-            "[min-max]; the ratio is the median of the per-round ratios.")
+            "[min-max]; the ratio is the median of the per-round ratios [their min-max].")
 
 
 def write_readme(section: str, text: str) -> None:

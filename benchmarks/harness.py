@@ -90,13 +90,18 @@ class Figure:
     kind: str = "ratio"  #: ``ratio`` (samples / baseline), ``difference`` (samples - baseline) or ``value``
 
     @property
+    def per_round(self) -> list[float]:
+        """Each round's ratio (or difference) of csframework to its baseline; empty for a ``value``."""
+        if self.kind == "ratio":
+            return [s / b for s, b in zip(self.samples, self.baseline_samples)]
+        if self.kind == "difference":
+            return [s - b for s, b in zip(self.samples, self.baseline_samples)]
+        return []
+
+    @property
     def measured(self) -> float:
         """The median of the per-round ratios (or differences), or the median value."""
-        if self.kind == "ratio":
-            return statistics.median(s / b for s, b in zip(self.samples, self.baseline_samples))
-        if self.kind == "difference":
-            return statistics.median(s - b for s, b in zip(self.samples, self.baseline_samples))
-        return statistics.median(self.samples)
+        return statistics.median(self.per_round or self.samples)
 
     @property
     def met(self) -> bool | None:
@@ -107,7 +112,8 @@ class Figure:
             return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
         return {"figure": self.name, "unit": self.unit, "csframework": spread(self.samples),
                 "baseline": self.baseline, "baseline_values": spread(self.baseline_samples),
-                "kind": self.kind, "measured": self.measured, "target": self.target, "met": self.met,
+                "kind": self.kind, "measured": self.measured, "per_round": self.per_round, "target": self.target,
+                "met": self.met,
                 "rounds": len(self.samples), "command": self.command}
 
 
@@ -117,7 +123,8 @@ def fmt(value: float) -> str:
 
 
 def table(figures: list[Figure]) -> str:
-    """The Markdown table of ``figures``: median [min-max] of each side, the ratio and the target."""
+    """The Markdown table of ``figures``: median [min-max] of each side, the ratio (the median of the
+    per-round ratios, and their min-max: how far one round's figure strays) and the target."""
     lines = ["| figure | csframework | baseline | ratio / difference | target | met |",
              "|---|---|---|---|---|---|"]
     for f in figures:
@@ -129,6 +136,9 @@ def table(figures: list[Figure]) -> str:
             theirs = "-"
         measured = {"ratio": f"{f.measured:.3f}x", "difference": f"{f.measured:+.3g} {f.unit}",
                     "value": "-"}[f.kind]
+        if len(f.per_round) > 1:
+            low, high = min(f.per_round), max(f.per_round)
+            measured += f" [{low:.3f}-{high:.3f}]" if f.kind == "ratio" else f" [{low:+.3g} to {high:+.3g}]"
         met = {True: "yes", False: "**no**", None: "-"}[f.met]
         lines.append(f"| {f.name} | {ours} | {theirs} | {measured} | {f.target or '-'} | {met} |")
     return "\n".join(lines)

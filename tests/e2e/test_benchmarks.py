@@ -68,3 +68,17 @@ def test_the_table_header_names_what_changes_start_up():
     assert ("rich" in info["beside_core"]) == ("rich" in installed)
     text = header(info, 1, 60.0, gpu=False)
     assert all(name in text for name in info["beside_core"]) or "no Hydra plugin or rich installed" in text
+
+
+def test_the_table_shows_how_far_a_round_strays():
+    """The ratio column: the median of the per-round ratios, then their min-max (a figure whose rounds
+    straddle the target is read as such); a difference likewise; an absolute value has neither."""
+    ratio = harness.Figure(name="r", unit="us/step", samples=[110.0, 95.0, 104.0], baseline="hand",
+                           baseline_samples=[100.0, 100.0, 100.0], target="<= 1.05x", limit=1.05)
+    difference = harness.Figure(name="d", unit="s", samples=[2.3, 2.1], baseline="hand", baseline_samples=[2.0, 2.0],
+                                kind="difference", target="<= +0.2 s", limit=0.2)
+    value = harness.Figure(name="v", unit="MB", samples=[0.8, 0.9], kind="value", target="< 5 MB", limit=5)
+    rows = harness.table([ratio, difference, value]).splitlines()[2:]
+    assert "| 1.040x [0.950-1.100] | <= 1.05x | yes |" in rows[0]
+    assert "| +0.2 s [+0.1 to +0.3] |" in rows[1] and rows[2].endswith("| - | < 5 MB | yes |")
+    assert ratio.row()["per_round"] == pytest.approx([1.1, 0.95, 1.04]) and value.row()["per_round"] == []
