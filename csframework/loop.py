@@ -54,7 +54,7 @@ def train_stage(run: Run) -> None:
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
     accum, log_every, eval_every, max_steps = loop.grad_accum_steps, loop.log_every, loop.eval_every, loop.max_steps
     # per step, hooks nobody implements are not called, and a single process asks no other rank for signals
-    batch_start = hooks.on_train_batch_start if "on_train_batch_start" in hooks.implemented else None
+    batch_start = hooks.if_implemented("on_train_batch_start")
     alone = backend.world_size == 1
     state.clear_pending()
     state.last_log = (time.perf_counter(), run.global_step)
@@ -224,8 +224,8 @@ def _evaluate(run: Run) -> dict:
     sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
     counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
-    batch_start = hooks.on_eval_batch_start if "on_eval_batch_start" in hooks.implemented else None
-    batch_end = hooks.on_eval_batch_end if "on_eval_batch_end" in hooks.implemented else None
+    batch_start = hooks.if_implemented("on_eval_batch_start")
+    batch_end = hooks.if_implemented("on_eval_batch_end")
     try:
         with torch.inference_mode() if loop.inference_mode else torch.no_grad():
             for batch_idx, batch in enumerate(run.val_loader):

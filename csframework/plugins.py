@@ -291,6 +291,11 @@ class Hooks:
         for name in names:
             setattr(self, name, self._caller(pm, name, getattr(pm.hook, name)))
 
+    def if_implemented(self, name: str):
+        """The caller of hook ``name``, or ``None`` when no plugin implements it (for code that runs every
+        step or batch, and skips such a hook)."""
+        return getattr(self, name) if name in self.implemented else None
+
     @staticmethod
     def _caller(pm: pluggy.PluginManager, hook_name: str, hook):
         impls = hook.get_hookimpls()

@@ -87,7 +87,10 @@ def micro_batch(run: Run, ops: PrecisionOps, module: torch.nn.Module, batch: Any
         hooks.on_before_backward(run=run, loss=loss)
     if accum > 1:
         loss = loss / accum
-    loss.backward() if plain else ops.backward(loss)
+    if plain:
+        loss.backward()
+    else:
+        ops.backward(loss)
     if "on_after_backward" in hooks.implemented:
         hooks.on_after_backward(run=run)
     return outputs
