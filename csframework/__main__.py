@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import api
 from .config import (RunConfig, check_config_files, compose_dict, describe_error, explicit_groups,
                      resolve_run_dir, to_run_config, user_config_dirs)
-from .errors import ConfigError, CsfError, ValidationError, one_line
+from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
 
 EXIT_INTERRUPTED = 130
@@ -50,7 +50,7 @@ def error_lines(error: CsfError) -> list[str]:
 
 
 def report_error(error: CsfError) -> None:
-    sys.stderr.write("".join(line + "\n" for line in error_lines(error)))
+    sys.stderr.write("".join(printable(line) + "\n" for line in error_lines(error)))
     sys.stderr.flush()
 
 
@@ -151,11 +151,10 @@ class HydraRecord:
         hydra_cfg = HydraConfig.get()
         if run.rank != 0 or hydra_cfg.output_subdir is not None:  # the user asked Hydra to write it: done
             return
-        record = run.output_dir / ".hydra"
-        record.mkdir(parents=True, exist_ok=True)
+        record = run.files.sub(".hydra")  # a real directory of the run's, each file replaced atomically
         for name, node in (("config.yaml", self.cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
                            ("overrides.yaml", hydra_cfg.overrides.task)):
-            (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+            record.write(name, OmegaConf.to_yaml(node), durable=False)
 
 
 def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:

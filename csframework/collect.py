@@ -10,13 +10,12 @@ and returned memory-mapped. ``cleanup`` removes every file once the hooks have r
 """
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
+from .files import SafeDir
 
 MB = 2**20
 
@@ -31,7 +30,8 @@ class Collector:
         self.group = run.backend.host_group  # gloo beside NCCL: gathers stay on the host
         # the samples to keep (the rest is padding); an iterable dataset is not padded: keep every row
         self.size = len(run.val_loader.dataset) if hasattr(run.val_loader.dataset, "__len__") else None
-        self.dir = Path(run.output_dir) / f".collect-rank{self.rank}-{os.getpid()}"
+        self.run_dir: SafeDir = run.files
+        self.spill_dir: SafeDir | None = None  # made on the first spill: private, unpredictably named
         self.parts: dict[str, list[torch.Tensor]] = {k: [] for k in self.keys}
         self.rows = dict.fromkeys(self.keys, 0)
         self.layout: dict[str, tuple[tuple, torch.dtype]] = {}  # key -> (shape of a row, dtype)
@@ -74,8 +74,10 @@ class Collector:
         self.peak = max(self.peak, self.held)
 
     def _spill(self) -> None:
-        """Append every key's rows held in memory to its spill file."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Append every key's rows held in memory to its spill file (in a directory of this collector's
+        own, mode 0700 with a random name: nothing planted in the run directory is written through)."""
+        if self.spill_dir is None:
+            self.spill_dir = self.run_dir.private_dir(f"collect-rank{self.rank}")
         for key, parts in self.parts.items():
             with open(self._path(key), "ab") as f:
                 for part in parts:
@@ -84,7 +86,8 @@ class Collector:
         self.spilled, self.held = True, 0
 
     def _path(self, key: str, what: str = "rows") -> Path:
-        return self.dir / f"{what}-{self.keys.index(key)}.bin"
+        assert self.spill_dir is not None
+        return self.spill_dir / f"{what}-{self.keys.index(key)}.bin"
 
     def _local(self, key: str) -> torch.Tensor:
         """This rank's rows of ``key``: in memory, or memory-mapped from its spill file."""
@@ -130,7 +133,6 @@ class Collector:
         row_bytes = max(1, local[:1].nbytes)
         if self.rank == 0:
             if self.spilled:
-                self.dir.mkdir(parents=True, exist_ok=True)
                 result = _mapped(self._path(key, "result"), (total, *shape), dtype, shared=True)
             else:
                 result = torch.empty((total, *shape), dtype=dtype)
@@ -147,22 +149,19 @@ class Collector:
                     result[at:end] = torch.stack(pieces, 1).flatten(0, 1)[:end - at]
         return result if self.rank == 0 else None
 
-    def save(self, outputs: dict[str, torch.Tensor], path: Path) -> None:
-        """Write ``outputs`` as a safetensors file at ``path`` (atomically: complete or absent)."""
-        from safetensors.torch import save_file
+    def save(self, outputs: dict[str, torch.Tensor], name: str) -> Path:
+        """Write ``outputs`` as safetensors file ``name`` in the run directory's ``eval_outputs/`` (a real
+        directory; the file written atomically: complete or absent); returns its path."""
+        from safetensors.torch import save
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            save_file({k: v.contiguous() for k, v in outputs.items()}, str(tmp))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        return self.run_dir.sub("eval_outputs").write(name, save({k: v.contiguous() for k, v in outputs.items()}))
 
     def cleanup(self) -> None:
         """Remove the spill files (the memory-mapped tensors stay readable until dropped)."""
         self.parts = {k: [] for k in self.keys}
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.spill_dir is not None:
+            self.run_dir.remove(self.spill_dir.parts[-1])
+            self.spill_dir = None
 
 
 def _mapped(path: Path, shape: tuple, dtype: torch.dtype, shared: bool) -> torch.Tensor:

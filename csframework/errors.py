@@ -13,6 +13,17 @@ def one_line(error: BaseException | str) -> str:
     return " ".join(part.strip() for part in _HYDRA_NOISE.sub("", str(error)).splitlines() if part.strip())
 
 
+#: Characters that would move the cursor, end a line or recolour a terminal: C0 and C1 controls, DEL and
+#: the Unicode bidirectional overrides (which reorder what is shown).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe for one console line: control characters from plugins, data or files are shown as
+    escapes (``\\n``, ``\\x1b``), so they cannot forge a line, hide one or restyle the terminal."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 class CsfError(Exception):
     """Base class: an error whose message is meant for the user as it is."""
 
@@ -92,3 +103,21 @@ class RunDirInUse(ConfigError):
 
 class DataTimeoutError(CsfError):
     """A data-loader worker gave no batch within ``data.timeout_s``; the message names the worker."""
+
+
+class UnsafePathError(CsfError):
+    """A path in a run or sweep directory is not what csframework writes there (a link, a FIFO, a file
+    where a directory belongs, a hard link): refused, never followed. Names the path and the fix."""
+
+    exit_code = 2
+
+
+class DataError(CsfError, ValueError):
+    """A dataset, its ``__getbatch__`` or a ``collate_fn`` gave something that is no batch: the message
+    names the key (``data.train``/``data.val``) and the function. A ``ValueError`` as well, as the checks
+    it replaces raised."""
+
+
+class WrongProcessError(CsfError):
+    """A method of a run was called in a process other than the run's own (a data-loader worker, a child a
+    plugin forked), where it could not take effect; ``run.request_stop`` from a ``Dataset``, say."""

@@ -257,8 +257,7 @@ def _evaluate(run: Run) -> dict:
                          rows=len(next(iter(run.eval_outputs.values()), ())),
                          peak_mb=round(collector.peak / 2**20, 3))
             if loop.collect_save and run.rank == 0:
-                collector.save(run.eval_outputs,
-                               run.output_dir / "eval_outputs" / f"step_{run.global_step}.safetensors")
+                collector.save(run.eval_outputs, f"step_{run.global_step}.safetensors")
         hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
         hooks.on_eval_end(run=run, metrics=metrics)
     finally:

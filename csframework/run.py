@@ -6,6 +6,7 @@ import contextlib
 import copy
 import datetime
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -24,6 +25,7 @@ from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
 from .plugins import Hooks, backend_specs, build_manager, check_sections
+from .files import SafeDir
 from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
@@ -130,6 +132,12 @@ class Run:
     metrics = property(lambda self: self.state.metrics, doc="The latest value of every reported metric.")
     stop_reason = property(lambda self: self.state.stop_reason, doc="Why request_stop ended training, or None.")
 
+    @property
+    def files(self) -> SafeDir:
+        """The run directory through csframework's safe file layer (``csframework.files.SafeDir``): what a
+        plugin writes there should go through it too (no planted link followed, every write atomic)."""
+        return SafeDir(self.output_dir)
+
     def request_stop(self, reason: str) -> None:
         """Stop training after the current step as at a normal end: the final evaluation and checkpoint
         run, later stages are skipped, ``summary.json`` says ``status: completed`` and ``stop_reason``.
@@ -221,10 +229,13 @@ class Run:
     # -- running ----------------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does."""
+        owner = os.getpid()
+
         def body():
             self.mode, self.status = "fit", "running"
             self.hooks.on_fit_start(run=self)
             self.status = loop.fit(self)
+            _leave_if_forked(owner)
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
@@ -265,9 +276,11 @@ class Run:
         return run_dir_lock(self.output_dir) if self.rank == 0 else contextlib.nullcontext()
 
     def _guarded(self, body):
+        owner = os.getpid()
         try:
             return body()
         except BaseException as e:
+            _leave_if_forked(owner, e)
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             # every plugin cleans up, whichever fails doing so; the original error is the one raised
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
@@ -385,6 +398,19 @@ class Run:
         set_rng_state(state["rng"])
         if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
             self.train_loader.dataset.load_state_dict(state["data"], pass_ended=state.get("data_pass_ended", False))
+
+
+def _leave_if_forked(owner: int, error: BaseException | None = None) -> None:
+    """End this process if it is not ``owner`` but a child a plugin forked that came back into the run
+    instead of exiting: it must not run the framework's completion or failure paths (``summary.json``,
+    checkpoints, ``on_exception``), which are its parent's."""
+    if os.getpid() == owner:
+        return
+    code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
 import json
 import os
 import socket
 from pathlib import Path
 
-from .errors import ConfigError, RunDirInUse
+from .errors import RunDirInUse, printable
+from .files import SafeDir
 
 LOCK_NAME = ".csframework.lock"
 _HOLDER_BYTES = 4096  # what the holder record may take; more is not ours and is not read
@@ -48,7 +48,8 @@ def _holder(fd: int) -> str:
     """Who holds the lock, from the record the holder wrote (it may not have written it yet)."""
     try:
         record = json.loads(os.pread(fd, _HOLDER_BYTES, 0).decode("utf-8"))
-        return f"pid {int(record['pid'])} on host {str(record['host'])[:255]}, started {str(record['started'])[:64]}"
+        return printable(f"pid {int(record['pid'])} on host {str(record['host'])[:255]}, "
+                         f"started {str(record['started'])[:64]}")
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "a process that has not written its pid, host and start time yet"
 
@@ -56,16 +57,12 @@ def _holder(fd: int) -> str:
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path):
     """Hold the run directory's lock while the block runs; raise ``RunDirInUse`` if another process (or
-    another run in this process) holds it. Creates the directory and its lock file if needed."""
+    another run in this process) holds it. Creates the directory and its lock file if needed; a lock file
+    that is a link, a FIFO, a directory or has another name (a hard link) is refused (``UnsafePathError``):
+    it is never followed, blocked on or truncated."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK_NAME
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        hint = "it is a link; remove it" if e.errno == errno.ELOOP else "check the directory's permissions"
-        raise ConfigError(f"run directory {run_dir}: cannot open its lock file {path} "
-                          f"({e.strerror or e}); {hint}") from e
+    fd = SafeDir(run_dir).lock_file(LOCK_NAME)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -30,7 +30,7 @@ import json
 import math
 import os
 import re
-import shutil
+import secrets
 import stat
 import struct
 import threading
@@ -42,9 +42,11 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from ..errors import CheckpointWriteError, ConfigError, DamagedCheckpoint, PluginError, UnreadableCheckpoints
-from ..files import fsync_dir, write_json_atomic
+from ..errors import (CheckpointWriteError, ConfigError, DamagedCheckpoint, PluginError, UnreadableCheckpoints,
+                      UnsafePathError)
+from ..files import SafeDir
 from ..hookspecs import hookimpl
+from ..jsonout import dumps
 
 INDEX = "index.json"
 FORMAT = 2
@@ -54,8 +56,8 @@ SHARD_NAME = re.compile(rf"{SHARDED}/(\.metadata|__\d+_\d+\.distcp)")
 _CHUNK = 1 << 24
 #: The names the framework gives checkpoint directories: ``step-`` and the global step, 8 digits or more.
 NAME = re.compile(r"step-(?:\d{8}|[1-9]\d{8,})")
-#: Temporary names the framework writes under, each ending in the writer's pid.
-_TEMPORARY = re.compile(r"(?:\.tmp-step-\d+|\.old-step-\d+|index\.json\.tmp)-(\d+)")
+#: Temporary names the framework writes under: unpredictable (``SafeDir.private_dir``, ``SafeDir.atomic``).
+_TEMPORARY = re.compile(r"\.(?:tmp|old)-step-\d+\.[0-9a-f]{16}|\.index\.json\.[0-9a-f]{16}\.tmp")
 #: Bounds on what is read from disk: beyond them a file is damaged, not a reason to exhaust memory.
 MAX_INDEX_BYTES = 1 << 20
 MAX_META_BYTES = 64 << 20
@@ -183,9 +185,10 @@ class _CrcFile:
         os.fsync(self.f.fileno())
 
 
-def _write_file(path: Path, write, checksum: bool = True) -> dict:
-    """Create ``path``, let ``write(file)`` fill it, flush and fsync; returns its size and CRC-32."""
-    with open(path, "wb") as f:
+def _write_file(where: SafeDir, name: str, write, checksum: bool = True) -> dict:
+    """Create ``name`` in ``where``, let ``write(file)`` fill it, flush and fsync; returns its size and
+    CRC-32."""
+    with where.atomic(name, durable=False) as f:
         out = _CrcFile(f, checksum)
         try:
             write(out)
@@ -267,51 +270,55 @@ def file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def _commit(tmp: Path, final: Path) -> None:
+def _commit(root: SafeDir, tmp: str, final: str) -> None:
     """Rename the complete temporary directory into place (replacing a checkpoint of the same step)."""
-    if os.path.lexists(final):
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        _remove_path(old)
+    if root.kind(final) is not None:
+        old = f".old-{final}.{secrets.token_hex(8)}"
+        root.rename(final, old)
+        root.rename(tmp, final)
+        root.remove(old)
     else:
-        os.replace(tmp, final)
-    fsync_dir(final.parent)
+        root.rename(tmp, final)
 
 
-def shards_dir(root: Path, name: str) -> Path:
-    """The temporary directory of checkpoint ``name`` (rank 0's pid) and, in it, where every rank writes
-    its shards under ``strategy=fsdp`` before rank 0 completes and commits it (``write_checkpoint``)."""
-    return root / f".tmp-{name}-{os.getpid()}" / SHARDED
+def temporary_dir(root: Path, name: str) -> SafeDir:
+    """A new temporary directory for checkpoint ``name`` in ``root`` (unpredictable name, created
+    exclusively, writable by this user only); under ``strategy=fsdp`` every rank writes its shards into
+    its ``sharded/`` before rank 0 completes and commits it (``write_checkpoint``)."""
+    return SafeDir(root).private_dir(f"tmp-{name}", mode=0o755)
 
 
 def write_checkpoint(root: Path, name: str, state: dict, meta: dict, config_yaml: str,
-                     sharded: bool = False) -> Path:
-    """Write one checkpoint atomically into ``root/name``; returns its path. ``sharded``: the ranks have
-    written their shards into ``shards_dir(root, name)``; they are listed and checksummed with the rest.
+                     sharded: SafeDir | None = None) -> Path:
+    """Write one checkpoint atomically into ``root/name``; returns its path. ``sharded``: the temporary
+    directory (``temporary_dir``) the ranks have written their shards into; they are listed and
+    checksummed with the rest.
 
     Raises ``CheckpointWriteError`` (naming the path) when the disk refuses; the temporary directory is
-    removed and the existing checkpoints are untouched.
+    removed and the existing checkpoints are untouched. ``UnsafePathError`` when ``root`` is a link.
     """
     final = root / name
-    tmp = root / f".tmp-{name}-{os.getpid()}"
+    checkpoints = SafeDir(root)
+    tmp = sharded
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        if not sharded:
-            _remove_path(tmp)
-            tmp.mkdir()
-        files = {"state.pt": _write_file(tmp / "state.pt", lambda f: _save_state(state, f), checksum=False),
-                 "config.yaml": _write_file(tmp / "config.yaml", lambda f: f.write(config_yaml.encode()))}
+        if tmp is None:
+            tmp = temporary_dir(root, name)
+        files = {"state.pt": _write_file(tmp, "state.pt", lambda f: _save_state(state, f), checksum=False),
+                 "config.yaml": _write_file(tmp, "config.yaml", lambda f: f.write(config_yaml.encode()))}
         files["state.pt"]["records"] = _zip_records(tmp / "state.pt")
-        if sharded:
-            for shard in sorted((tmp / SHARDED).iterdir()):
-                files[f"{SHARDED}/{shard.name}"] = {"bytes": shard.stat().st_size, "crc32": file_crc32(shard)}
-            fsync_dir(tmp / SHARDED)
-        write_json_atomic(tmp / "meta.json", dict(meta, format=FORMAT, files=files))
-        fsync_dir(tmp)
-        _commit(tmp, final)
+        if sharded is not None:
+            shards = tmp.sub(SHARDED, create=False)
+            for shard in sorted(shards.names()):
+                files[f"{SHARDED}/{shard}"] = {"bytes": os.stat(shards / shard, follow_symlinks=False).st_size,
+                                               "crc32": file_crc32(shards / shard)}
+            shards.fsync()
+        # Python's JSON, not strict: plugin state may hold NaN or infinities (``best = inf``), read back as
+        # floats; it is checked to hold nothing else (plugin_checkpoint_state) and read only by csframework
+        tmp.write("meta.json", json.dumps(dict(meta, format=FORMAT, files=files), indent=2))
+        _commit(checkpoints, tmp.parts[-1], name)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            checkpoints.remove(tmp.parts[-1])
         raise CheckpointWriteError(f"checkpoint: could not write {final} ({e.strerror or e}); the previous "
                                    "checkpoints are intact") from e
     return final
@@ -428,7 +435,7 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
 
         try:
             read_metadata(path / SHARDED / ".metadata")
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever reading it raises, the checkpoint is damaged
             raise DamagedCheckpoint(f"checkpoint {path}: refused to load {SHARDED}/.metadata ({e})") from e
     return state, meta
 
@@ -531,21 +538,11 @@ def resume_source(target: Path) -> tuple[Path, bool]:
     return target, True
 
 
-def _remove_path(path: Path) -> None:
-    """Delete ``path``: a directory tree, or a file or link (a link is removed, never followed)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except OSError:
-            pass
-
-
 def _remove_checkpoint(root: Path, name: str) -> None:
-    """Delete one of the framework's checkpoint directories in ``root``; any other name is left alone."""
+    """Delete one of the framework's checkpoint directories in ``root``; any other name is left alone
+    (``SafeDir.remove``: the tree is walked by descriptor, no link in it followed)."""
     if name in scan_checkpoints(root):
-        _remove_path(root / name)
+        SafeDir(root).remove(name)
 
 
 # -- compatibility --------------------------------------------------------------------------------------
@@ -598,9 +595,20 @@ class CheckpointPlugin:
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
+        self.shards: SafeDir | None = None  # strategy=fsdp: the temporary directory the ranks write into
+        self.monitor_checked = False  # keep_best.monitor compared with what the first evaluation reported
 
-    def _root(self, run) -> Path:
-        return run.output_dir / "checkpoints"
+    @staticmethod
+    def _root(run) -> Path:
+        """The run's ``checkpoints/``: a real directory of the run directory, or absent. Anything else (a
+        link to another run's checkpoints, a file) is refused naming it: resuming or pruning through it
+        would read or delete what this run does not own."""
+        kind = run.files.kind("checkpoints")
+        if kind not in (None, "dir"):
+            raise UnsafePathError(f"{run.files / 'checkpoints'}: it is a {'symbolic link' if kind == 'link' else kind}"
+                                  ", not the run's own checkpoints directory; remove it (csframework never "
+                                  "creates one)")
+        return run.files / "checkpoints"
 
     @hookimpl(tryfirst=True)
     def on_fit_start(self, run):
@@ -614,6 +622,18 @@ class CheckpointPlugin:
     def on_log_metrics(self, metrics, step):
         for name in metrics:
             self.reported[name] = step
+
+    @hookimpl
+    def on_eval_end(self, run, metrics):
+        """At the first evaluation, a ``keep_best.monitor`` no metric is named (a typo) is said once."""
+        monitor = run.stage_config.checkpoint.keep_best.monitor
+        if monitor and not self.monitor_checked:
+            self.monitor_checked = True
+            if monitor not in metrics and monitor not in run.metrics:
+                run.log.warning("keep_best_monitor_not_reported", monitor=monitor,
+                                reported=sorted({*metrics, *run.metrics}),
+                                fix="set checkpoint.keep_best.monitor to one of the reported metrics; "
+                                    "until then no best checkpoint is kept")
 
     def _best(self, run, root: Path, name: str) -> dict | None:
         """The best checkpoint after saving ``name``: it, if ``keep_best.monitor`` was reported at this
@@ -660,6 +680,7 @@ class CheckpointPlugin:
             if not names and resume != "auto":
                 raise ConfigError(f"checkpoint.resume: no complete checkpoint in {source}")
             candidates = [source / name for name in reversed(names)]
+        damaged = []
         for path in candidates:
             try:
                 state, meta = read_checkpoint(path)
@@ -668,12 +689,14 @@ class CheckpointPlugin:
                     raise ConfigError(f"checkpoint.resume: {e}") from e
                 run.log.warning("checkpoint_damaged", path=str(path), error=str(e),
                                 action="falling back to the previous checkpoint")
+                damaged.append(path.name)
                 continue
             self._load(run, path, state, meta)
             return True
-        if candidates:
-            run.log.warning("no_good_checkpoint", directory=str(candidates[0].parent),
-                            action="starting from scratch")
+        if damaged:  # starting over would, at the first save, prune checkpoints someone may still need
+            raise ConfigError(f"checkpoint.resume={resume}: found {len(damaged)} checkpoint(s) in {source} but "
+                              f"could read none ({', '.join(damaged)}; events.jsonl says why); start afresh "
+                              "with checkpoint.resume=never, or in a new run directory (hydra.run.dir=...)")
         return False
 
     def _checkpoints(self, run, root: Path, rewrite: bool) -> list[str]:
@@ -684,7 +707,7 @@ class CheckpointPlugin:
                             action="using the checkpoint directories found there instead", checkpoints=names)
             if rewrite and run.rank == 0:
                 try:
-                    write_json_atomic(root / INDEX, {"checkpoints": names})
+                    SafeDir(root).write(INDEX, dumps({"checkpoints": names}))
                 except OSError as e:  # the next save reports it (CheckpointWriteError); resuming needs none
                     run.log.warning("checkpoint_index_not_rewritten", path=str(root / INDEX),
                                     error=e.strerror or str(e))
@@ -733,7 +756,8 @@ class CheckpointPlugin:
     def on_train_start(self, run):
         self.seen_step = run.global_step  # a step ends when the global step moves past this
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
-        _remove_stale(self._root(run))
+        if run.rank == 0:  # the run directory's lock is held: no other writer is alive
+            _remove_stale(self._root(run))
 
     @hookimpl(trylast=True)
     def on_train_batch_end(self, run):
@@ -763,6 +787,7 @@ class CheckpointPlugin:
         run.flush_metrics()
         run.check_finite()
         root = self._root(run)
+        run.files.sub("checkpoints")
         name = f"step-{run.global_step:08d}"
         if sharded:  # every rank writes its shards (DCP) into rank 0's temporary directory, then rank 0
             self._write_shards(run, root, name)  # completes the checkpoint and says whether it committed
@@ -788,9 +813,8 @@ class CheckpointPlugin:
         where = None
         if run.rank == 0:
             try:
-                _remove_path(shards_dir(root, name).parent)
-                shards_dir(root, name).mkdir(parents=True)
-                where = str(shards_dir(root, name))
+                self.shards = temporary_dir(root, name)
+                where = str(self.shards.sub(SHARDED).path)
             except OSError:
                 pass
         where = run.backend.broadcast(where)  # also a barrier: the directory exists from here on
@@ -806,7 +830,9 @@ class CheckpointPlugin:
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
         if self.config_yaml is None:  # a plugin instance serves one run, whose config does not change
             self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
-        path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml, sharded=sharded)
+        path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml,
+                                sharded=self.shards if sharded else None)
+        self.shards = None
         kept = [n for n in self._checkpoints(run, root, rewrite=False) if n != name] + [name]
         retained = kept[-run.stage_config.checkpoint.keep_last:]
         best = self._best(run, root, name)
@@ -815,7 +841,7 @@ class CheckpointPlugin:
             index["checkpoints"] = retained = sorted(set(retained) | {best["name"]}, key=_step)
             index["best"] = best
         try:
-            write_json_atomic(root / INDEX, index)
+            SafeDir(root).write(INDEX, dumps(index))
         except OSError as e:
             raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
                                        f"{path} is complete and the previous checkpoints are intact") from e
@@ -870,27 +896,10 @@ def json_problem(value, where: str, _path: tuple = ()) -> str | None:
     return f"{where} is of type {type(value).__name__} ({value!r:.40})"
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
 def _remove_stale(root: Path) -> None:
-    """Temporary files left by a writer that died (never part of a checkpoint): only the names the
-    framework writes under, and only when the pid they carry is this process's or no live process's.
-    The run directory's lock already keeps other writers out; the pid check is a second guard."""
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
-        match = _TEMPORARY.fullmatch(entry.name)
-        if match and (int(match.group(1)) == os.getpid() or not _pid_alive(int(match.group(1)))):
-            _remove_path(Path(entry.path))
+    """Temporary directories and files left by a writer that died (never part of a checkpoint): only the
+    names the framework writes under. Called while this run holds the run directory's lock."""
+    checkpoints = SafeDir(root)
+    for name in checkpoints.names():
+        if _TEMPORARY.fullmatch(name):
+            checkpoints.remove(name)

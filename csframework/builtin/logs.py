@@ -10,13 +10,14 @@ configured globally, so importing csframework never touches the user's logging.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
 import structlog
 
+from ..errors import printable
 from ..hookspecs import hookimpl
+from ..jsonout import dumps
 
 #: One console format for csframework and everything else under the CLI (also in the job-logging config).
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -30,7 +31,8 @@ def console_line(event: dict) -> str:
     """An event as one console line: its name padded to 30 columns, then ``key=value`` sorted by key, a
     string quoted only when it has blanks, quotes or ``=``. This is the line structlog's
     ``ConsoleRenderer(colors=False)`` prints, written out because that renderer costs more than the rest of
-    a log step together (it is built for colours and tracebacks, which these lines never have)."""
+    a log step together (it is built for colours and tracebacks, which these lines never have). Control
+    characters (from a metric's name, a plugin's message, a file) are escaped: no forged or hidden lines."""
     fields = []
     for key in sorted(event):
         if key in _NOT_ON_CONSOLE or key == "event":
@@ -38,7 +40,7 @@ def console_line(event: dict) -> str:
         value = event[key]
         text = repr(value) if not isinstance(value, str) or not _QUOTED.isdisjoint(value) else value
         fields.append(f"{key}={text}")
-    return f"{str(event.get('event', '')):<30} {' '.join(fields)}".rstrip()
+    return printable(f"{str(event.get('event', '')):<30} {' '.join(fields)}".rstrip())
 
 
 class LoggingPlugin:
@@ -62,9 +64,8 @@ class LoggingPlugin:
     def on_fit_start(self, run):
         logger, handler = self._console()
         tty = (self.stream or sys.stderr).isatty()
-        if run.rank == 0:
-            run.output_dir.mkdir(parents=True, exist_ok=True)
-            self.file = open(run.output_dir / "events.jsonl", "a", encoding="utf-8")
+        if run.rank == 0:  # a regular file of the run directory, never a planted link or FIFO
+            self.file = run.files.append("events.jsonl")
         file = self.file
 
         def context(_, __, event: dict) -> dict:
@@ -77,7 +78,7 @@ class LoggingPlugin:
         def emit(_, __, event: dict):
             on_console = event.pop("console", True)  # False: events.jsonl only (what a progress bar shows)
             if file is not None and not file.closed:  # after the run, run.log still reaches the console
-                file.write(json.dumps(event, default=str) + "\n")
+                file.write(dumps(event, where=f"event {event.get('event')!r}") + "\n")  # strict JSON
                 file.flush()
             if run.rank == 0 and on_console:
                 level = logging.getLevelName(event["level"].upper())

@@ -5,13 +5,14 @@ line) and the loss curves (``curves.png`` or ``curves.svg``)."""
 from __future__ import annotations
 
 import csv
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from ..files import write_json_atomic
 from ..hookspecs import hookimpl
+from ..jsonout import dumps
 from .plot import write_curves
 
 
@@ -71,10 +72,8 @@ class MetricsPlugin:
         run.log.info("model", **self.model)
         if run.rank != 0:
             return
-        run.output_dir.mkdir(parents=True, exist_ok=True)
-        path = run.output_dir / "metrics.csv"
-        new = not path.exists() or path.stat().st_size == 0
-        self.file = open(path, "a", newline="", encoding="utf-8")
+        self.file = run.files.append("metrics.csv")  # a regular file of the run directory, never a link
+        new = os.fstat(self.file.fileno()).st_size == 0
         self.writer = csv.writer(self.file)
         if new:
             self.writer.writerow(["step", "stage", "name", "value"])
@@ -103,10 +102,9 @@ class MetricsPlugin:
         summary.update(self._figures(run))
         if error is not None:
             summary["error"] = f"{type(error).__name__}: {error}"
-        run.output_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run.output_dir / "summary.json", summary)
+        run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
-            write_curves(run.output_dir, title=f"{run.run_id} ({summary['status']})")
+            write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
 
     def _figures(self, run) -> dict:
         """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import math
-import os
 from pathlib import Path
+
+from ..files import SafeDir
+
+def escape(text: str) -> str:
+    """``text`` safe inside an SVG element: a run id or stage name cannot add markup."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 WIDTH, HEIGHT, PAD = 640, 360, 48
@@ -16,20 +23,26 @@ WIDTH, HEIGHT, PAD = 640, 360, 48
 MAX_POINTS = 1000  # per curve: a long run's CSV is thinned as it is read, so memory stays bounded
 
 
-def read_series(metrics_csv: Path, names=("train/loss", "val/loss")) -> dict[str, list[tuple[int, float]]]:
+def read_series(metrics_csv: Path | SafeDir, names=("train/loss", "val/loss")) -> dict[str, list[tuple[int, float]]]:
+    """The curves named ``names`` from a ``metrics.csv`` (a path, or a run directory's ``SafeDir``, read
+    through no link); rows that are not ``step,stage,name,value`` with numbers are skipped."""
     series: dict[str, list[tuple[int, float]]] = {}
     stride: dict[str, list[int]] = {}  # name -> [keep every n-th row, rows seen]
-    with open(metrics_csv, newline="", encoding="utf-8") as f:
+    raw = metrics_csv.reader("metrics.csv") if isinstance(metrics_csv, SafeDir) else open(metrics_csv, "rb")
+    with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
         for row in csv.DictReader(f):
-            if row["name"] in names:
-                value = float(row["value"])
+            if row.get("name") in names:
+                try:
+                    step, value = int(row["step"]), float(row["value"])
+                except (TypeError, ValueError):
+                    continue
                 if math.isfinite(value):
                     every = stride.setdefault(row["name"], [1, 0])
                     every[1] += 1
                     if (every[1] - 1) % every[0]:
                         continue
                     points = series.setdefault(row["name"], [])
-                    points.append((int(row["step"]), value))
+                    points.append((step, value))
                     if len(points) >= 2 * MAX_POINTS:  # keep every other point from now on
                         points[:] = points[::2]
                         every[0] *= 2
@@ -74,9 +87,9 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def png_curves(series: dict[str, list[tuple[int, float]]], path: Path, title: str = "") -> None:
+def png_curves(series: dict[str, list[tuple[int, float]]], out, title: str = "") -> None:
     """``series`` drawn with matplotlib's object API (no pyplot: the user's backend and figures are left
-    alone) into ``path``, written under a temporary name and renamed."""
+    alone) into ``out`` (a binary file)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -92,23 +105,20 @@ def png_curves(series: dict[str, list[tuple[int, float]]], path: Path, title: st
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    fig.savefig(out, format="png")
 
 
-def write_curves(run_dir: Path, title: str = "") -> Path | None:
-    """``curves.png`` (matplotlib installed) or ``curves.svg`` in ``run_dir``; ``None`` without metrics."""
-    metrics_csv = run_dir / "metrics.csv"
-    if not metrics_csv.exists():
+def write_curves(run_dir: SafeDir, title: str = "") -> Path | None:
+    """``curves.png`` (matplotlib installed) or ``curves.svg`` in ``run_dir`` (atomically, through no
+    link); ``None`` without metrics."""
+    try:
+        series = read_series(run_dir)
+    except FileNotFoundError:
         return None
-    series = read_series(metrics_csv)
     if not any(series.values()):
         return None
     if have_matplotlib():
-        path = run_dir / "curves.png"
-        png_curves(series, path, title)
-        return path
-    path = run_dir / "curves.svg"
-    path.write_text(svg_curves(series, title), encoding="utf-8")
-    return path
+        with run_dir.atomic("curves.png", durable=False) as f:
+            png_curves(series, f, title)
+        return run_dir / "curves.png"
+    return run_dir.write("curves.svg", svg_curves(series, escape(title)), durable=False)

@@ -87,15 +87,19 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_and_runs_nothing(tmp_path, 
     with pytest.raises(DamagedCheckpoint, match="refused to load"):
         read_checkpoint(crafted)
     assert not marker.exists()
-    # through a run: an explicit path is refused naming it; auto skips it and starts from scratch
+    # through a run: an explicit path is refused naming it; auto refuses to start over what it found
+    # but could not read (exit 2 naming it: starting from step 0 would prune it at the first saves)
     with pytest.raises(csf.CsfError, match=re.escape(f"checkpoint.resume: checkpoint {crafted}: refused to load")):
         fit(tmp_path / "run", "loop.max_steps=2", f"checkpoint.resume={crafted}")
     assert not marker.exists()
     run_dir = tmp_path / "auto"
     _crafted(run_dir / "checkpoints" / "step-00000003", marker, as_zip)
-    run, summary = fit(run_dir, "loop.max_steps=2", "checkpoint.resume=auto")
-    assert summary["status"] == "completed" and not marker.exists()
+    with pytest.raises(csf.CsfError, match=r"checkpoint.resume=auto: found 1 checkpoint\(s\) .* could read none "
+                                           r"\(step-00000003;.*checkpoint.resume=never") as refused:
+        fit(run_dir, "loop.max_steps=2", "checkpoint.resume=auto")
+    assert refused.value.exit_code == 2 and not marker.exists()
     assert any(e["event"] == "checkpoint_damaged" for e in events(run_dir))
+    assert (run_dir / "checkpoints" / "step-00000003" / "state.pt").exists()  # left as it was found
 
 
 # -- damaged checkpoints ------------------------------------------------------------------------------------
@@ -310,11 +314,12 @@ def test_a_failed_checkpoint_write_is_reported_and_leaves_the_previous_intact(tm
         def __exit__(self, *exc):
             self.f.close()
 
-    real_open = open
+    real_fdopen = os.fdopen
 
-    def full_open(path, mode="r", *args, **kwargs):
-        f = real_open(path, mode, *args, **kwargs)
-        return FullFile(f) if str(path).endswith("state.pt") and "w" in mode else f
+    def full_fdopen(fd, mode="r", *args, **kwargs):  # files.SafeDir.atomic opens its temporary file so
+        f = real_fdopen(fd, mode, *args, **kwargs)
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        return FullFile(f) if ".state.pt." in name and "w" in mode else f
 
     class FillDiskAtStep6:
         name = "filler"
@@ -322,7 +327,7 @@ def test_a_failed_checkpoint_write_is_reported_and_leaves_the_previous_intact(tm
         @csf.hookimpl
         def on_checkpoint_save(self, run):
             if run.global_step == 6:
-                monkeypatch.setattr(ckpt, "open", full_open, raising=False)
+                monkeypatch.setattr(os, "fdopen", full_fdopen)
 
     watcher = Recorder()
     with pytest.raises(csf.PluginError) as info:

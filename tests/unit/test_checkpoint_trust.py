@@ -202,17 +202,19 @@ def test_pruning_leaves_everything_but_the_frameworks_own_checkpoints(place):
     assert_resumed_from_own(place)
 
 
-def test_stale_cleanup_removes_only_dead_writers_temporary_files_and_never_follows_links(place):
-    dead = 2**22 + 12345  # above the default pid_max: no such process
-    live = os.getppid()  # a live process other than this one
-    (place.root / f".tmp-step-00000009-{dead}").mkdir()
-    (place.root / f".tmp-step-00000009-{live}").mkdir()
-    (place.root / f"index.json.tmp-{dead}").write_text("{")
-    (place.root / f".old-step-00000004-{dead}").symlink_to(place.sibling / "checkpoints", target_is_directory=True)
+def test_stale_cleanup_removes_only_the_frameworks_temporary_names_and_never_follows_links(place):
+    # the run holds the run directory's lock, so no other writer is alive: every temporary name of the
+    # framework's (unpredictable: 16 hex digits) is a dead writer's; nothing else is touched
+    (place.root / ".tmp-step-00000009.0123456789abcdef").mkdir()
+    (place.root / ".tmp-step-00000009.0123456789abcdef" / "state.pt").write_text("half")
+    (place.root / ".index.json.fedcba9876543210.tmp").write_text("{")
+    (place.root / ".old-step-00000004.00112233aabbccdd").symlink_to(place.sibling / "checkpoints",
+                                                                     target_is_directory=True)
+    (place.root / ".tmp-step-00000009.not-hex").mkdir()  # not a name the framework writes under
     place.resume()
     place.assert_outside_untouched()
     left = sorted(p.name for p in place.root.iterdir())
-    assert left == [f".tmp-step-00000009-{live}", "index.json", "step-00000006"]
+    assert left == [".tmp-step-00000009.not-hex", "index.json", "step-00000006"]
 
 
 # -- damaged files inside a checkpoint ----------------------------------------------------------------------
@@ -309,7 +311,7 @@ def test_a_file_where_checkpoints_should_be_is_an_error_with_resume_auto(place):
     with pytest.raises(csf.CsfError) as info:
         place.resume()
     assert info.value.exit_code == 2
-    assert f"checkpoint.resume=auto: cannot list the checkpoints in {place.root}" in str(info.value)
+    assert f"{place.root}: it is a file, not the run's own checkpoints directory; remove it" in str(info.value)
     assert place.root.read_text() == "not a directory"
     place.assert_outside_untouched()
 

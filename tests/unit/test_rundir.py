@@ -88,7 +88,7 @@ def test_a_lock_file_that_is_a_link_is_refused_naming_it(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / LOCK_NAME).symlink_to(elsewhere)
-    with pytest.raises(csf.ConfigError, match=re.escape(f"cannot open its lock file {run_dir / LOCK_NAME}")) as info:
+    with pytest.raises(csf.CsfError, match=re.escape(f"{run_dir / LOCK_NAME}: cannot open it (it is a symbolic link")) as info:
         csf.Run(fixtures.compose("loop.max_steps=2"), output_dir=run_dir).fit()
     assert info.value.exit_code == 2 and elsewhere.read_text() == "keep me"
     assert not (run_dir / "events.jsonl").exists()

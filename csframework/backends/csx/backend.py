@@ -16,7 +16,7 @@ import torch
 
 from ... import step
 from ...data import epoch_batches, move_to
-from ...files import write_json_atomic
+from ...jsonout import dumps
 from ..base import BackendBase
 from . import optim as csx_optim
 from .compiler import CompileCache, Compiled, StaticStep, device_for_host
@@ -137,13 +137,10 @@ class CsxBackend(BackendBase):
         self.compiled = compiled
         run = self.run
         name = "compile_report.json" if run.stage == "main" else f"compile_report.{run.stage}.json"
-        path = run.output_dir / name
         report = dict(compiled.report, mode="compile_only" if self.compile_only else "train",
                       retrace_every_iteration=self.retrace)
         try:
-            run.output_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, report, durable=False)
-            self.report_path = path
+            self.report_path = run.files.write(name, dumps(report, indent=2, where=name), durable=False)
         except OSError as e:
             run.log.warning("compile_report_not_written", error=str(e))
         info = compiled.report.get("graph_compiler", {})

@@ -1,0 +1,61 @@
+"""Strict JSON for everything csframework writes (``summary.json``, ``events.jsonl``, ``sweep.json``,
+checkpoint metadata): any standard JSON parser reads it.
+
+- A float that is not finite is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (the
+  names Python's ``float()`` and JavaScript's ``Number()`` read back), never as a bare token.
+- NumPy and torch scalars are written as numbers, paths as strings, enums as their values, tuples as lists.
+- Any other value is an error naming where it is (``metrics.acc: a Foo cannot be written as JSON``), never
+  its ``repr``.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+import numbers
+import os
+from typing import Any
+
+NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _float(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else NON_FINITE[value]
+
+
+def jsonable(value: Any, where: str = "value") -> Any:
+    """``value`` as plain JSON data (see the module's rules); ``TypeError`` naming ``where`` otherwise."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int) and not isinstance(value, enum.Enum):
+        return int(value)
+    if isinstance(value, float):
+        return _float(float(value))
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise TypeError(f"{where}: a key of type {type(key).__name__} cannot be written as JSON")
+            out[key if isinstance(key, str) else str(key)] = jsonable(item, f"{where}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value, where)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):  # a NumPy scalar or a 0-d tensor
+        return jsonable(value.item(), where)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return _float(float(value))
+    raise TypeError(f"{where}: a {type(value).__name__} cannot be written as JSON; give a number, string, "
+                    "list or mapping")
+
+
+def dumps(value: Any, indent: int | None = None, where: str = "value") -> str:
+    """``value`` as strict JSON text (``jsonable``)."""
+    return json.dumps(jsonable(value, where), indent=indent, allow_nan=False, ensure_ascii=False)
