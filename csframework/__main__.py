@@ -35,6 +35,7 @@ from .config import (RunConfig, check_config_files, compose_dict, describe_error
                      resolve_run_dir, to_run_config, user_config_dirs)
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
+from .rundir import check_run_dir
 
 EXIT_INTERRUPTED = 130
 
@@ -217,6 +218,7 @@ def main() -> None:
             composed = compose_run(args, found)
         if composed is None:
             run_dir = precompose(sys.argv[1:], found)
+        check_run_dir(Path(composed[1].hydra.run.dir) if composed is not None else run_dir)
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise

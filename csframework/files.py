@@ -33,7 +33,10 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _why(e: OSError) -> str:
+def _why(e: OSError, path: Path | None = None) -> str:
+    if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST) and path is not None:
+        with contextlib.suppress(OSError):  # O_NOFOLLOW | O_DIRECTORY says ENOTDIR for a link too: look
+            e = OSError(errno.ELOOP if os.path.islink(path) else errno.ENOTDIR, "")
     if e.errno == errno.ELOOP:
         return "it is a symbolic link, which csframework never creates; remove it"
     if e.errno == errno.ENOTDIR:
@@ -95,7 +98,7 @@ class SafeDir:
         except FileNotFoundError:
             raise
         except OSError as e:
-            raise UnsafePathError(f"{where}: cannot use it as a directory ({_why(e)})") from e
+            raise UnsafePathError(f"{where}: cannot use it as a directory ({_why(e, where)})") from e
         for part in self.parts:
             where = where / part
             try:
@@ -112,7 +115,7 @@ class SafeDir:
                 raise
             except OSError as e:
                 os.close(fd)
-                raise UnsafePathError(f"{where}: cannot use it as a directory ({_why(e)})") from e
+                raise UnsafePathError(f"{where}: cannot use it as a directory ({_why(e, where)})") from e
             os.close(fd)
             fd = child
         return fd

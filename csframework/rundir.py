@@ -15,9 +15,10 @@ import fcntl
 import json
 import os
 import socket
+import stat
 from pathlib import Path
 
-from .errors import RunDirInUse, printable
+from .errors import RunDirInUse, UnsafePathError, printable
 from .files import SafeDir
 
 LOCK_NAME = ".csframework.lock"
@@ -79,3 +80,20 @@ def run_dir_lock(run_dir: Path):
     finally:
         _held.discard(fd)
         os.close(fd)  # releases the lock; the file stays (removing it would race with a process opening it)
+
+
+def check_run_dir(run_dir: Path | None) -> None:
+    """Refuse (``UnsafePathError``, exit 2) a run directory that exists but is not a real directory: a
+    file, or a link (which may lead into another run's directory), before anything is written."""
+    if run_dir is None:
+        return
+    try:
+        mode = os.lstat(run_dir).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise UnsafePathError(f"run directory {run_dir}: it is a symbolic link (to {os.readlink(run_dir)}); give "
+                              "the directory itself (hydra.run.dir=...) or remove the link")
+    if not stat.S_ISDIR(mode):
+        raise UnsafePathError(f"run directory {run_dir}: it exists and is not a directory; remove it or give "
+                              "another directory (hydra.run.dir=...)")

@@ -62,6 +62,8 @@ _TEMPORARY = re.compile(r"\.(?:tmp|old)-step-\d+\.[0-9a-f]{16}|\.index\.json\.[0
 MAX_INDEX_BYTES = 1 << 20
 MAX_META_BYTES = 64 << 20
 MAX_CONFIG_BYTES = 16 << 20
+#: What the plugins' state may take in meta.json (the rest of ``MAX_META_BYTES`` is the files table).
+MAX_PLUGIN_STATE_BYTES = MAX_META_BYTES - (1 << 20)
 MAX_DEPTH = 64
 
 
@@ -610,8 +612,29 @@ class CheckpointPlugin:
                                   "creates one)")
         return run.files / "checkpoints"
 
+    def _config_yaml(self, run) -> str:
+        """The run's config as a checkpoint's ``config.yaml`` (made once: a plugin instance serves one run,
+        whose config does not change); ``ConfigError`` when resume could not read it back."""
+        if self.config_yaml is None:
+            text = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
+            size = len(text.encode("utf-8"))
+            if size > MAX_CONFIG_BYTES:
+                sections = {f.name: len(repr(getattr(run.config, f.name))) for f in dataclasses.fields(run.config)}
+                largest = max(sections, key=sections.get)
+                raise ConfigError(f"{largest}: the run's config is {size} bytes as YAML, more than the "
+                                  f"{MAX_CONFIG_BYTES} bytes (16 MiB) a checkpoint's config.yaml may hold, so no "
+                                  f"checkpoint of this run could be resumed; its largest section is {largest!r} "
+                                  f"(about {sections[largest]} bytes): keep large data in files and put their "
+                                  "paths in the config")
+            self.config_yaml = text
+        return self.config_yaml
+
     @hookimpl(tryfirst=True)
     def on_fit_start(self, run):
+        # what a checkpoint could not be read back with is refused before training (the YAML takes
+        # tens of ms to make: only for a config whose repr is near the limit, else at the first save)
+        if run.rank == 0 and run.mode == "fit" and len(repr(run.config)) > MAX_CONFIG_BYTES // 16:
+            self._config_yaml(run)
         if not self.restore(run) and run.mode == "validate" and run.global_step == 0:  # not after a fit
             run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
                             fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
@@ -828,9 +851,7 @@ class CheckpointPlugin:
         plugin_state = plugin_checkpoint_state(run)
         meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
-        if self.config_yaml is None:  # a plugin instance serves one run, whose config does not change
-            self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(run.config)))
-        path = write_checkpoint(root, name, run.state_dict(), meta, self.config_yaml,
+        path = write_checkpoint(root, name, run.state_dict(), meta, self._config_yaml(run),
                                 sharded=self.shards if sharded else None)
         self.shards = None
         kept = [n for n in self._checkpoints(run, root, rewrite=False) if n != name] + [name]
@@ -867,6 +888,12 @@ def plugin_checkpoint_state(run) -> dict:
                 f"{problem}: put only JSON values (dicts with string keys, lists, strings, numbers, booleans, "
                 f"None) into the state; no checkpoint of step {run.global_step} was written, the previous "
                 "checkpoints are intact"))
+        size = len(json.dumps(state))
+        if size > MAX_PLUGIN_STATE_BYTES:  # else meta.json would be too large for resume to read back
+            raise PluginError(plugin, "on_checkpoint_save", ValueError(
+                f"the plugins' checkpoint state is {size} bytes as JSON, more than the {MAX_PLUGIN_STATE_BYTES} "
+                f"bytes a checkpoint's meta.json keeps for it; keep large data in files of its own; no "
+                f"checkpoint of step {run.global_step} was written, the previous checkpoints are intact"))
     return state
 
 

@@ -55,7 +55,8 @@ class TensorBoardLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         cfg = run.config.tensorboard
-        log_dir = Path(cfg.log_dir) if cfg.log_dir else run.output_dir / "tensorboard"
+        # in the run directory, a real directory of its own (csframework's safe layer: a planted link is refused)
+        log_dir = Path(cfg.log_dir) if cfg.log_dir else run.files.sub("tensorboard").path
         resumed = run.global_step > 0  # the checkpoint plugin has restored the run already
         # purge_step: TensorBoard discards what an earlier process logged after the resumed checkpoint
         self.writer = SummaryWriter(str(log_dir), flush_secs=cfg.flush_secs,
