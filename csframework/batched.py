@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 from torch.utils.data._utils.pin_memory import pin_memory  # the DataLoader's own walk of a batch
 
+from .errors import DataError
 from .rng import seed_batch
 
 
@@ -74,7 +75,10 @@ def _subset_rows(subset: Subset) -> torch.Tensor | None:
         rows = torch.as_tensor(indices)
     except (TypeError, ValueError, RuntimeError):
         return None
-    size = len(subset.dataset)
+    try:
+        size = len(subset.dataset)
+    except (TypeError, ValueError, OverflowError):  # no usable length: sample by sample, where it fails as usual
+        return None
     # uint8 and bool index tensors are masks to torch's indexing, not indices: the per-sample path's way
     if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype in (torch.bool,
                                                                                                   torch.uint8):
@@ -133,12 +137,14 @@ class BatchReader(Dataset):
     """``dataset`` as a loader without auto-batching reads it: item ``indices`` (one batch from
     ``BatchIndices``) is the whole batch, read by ``read`` (from ``batch_reader``). With ``tagged`` (loader
     workers) indices come as ``epoch * len + index`` and each batch is read after seeding every generator
-    as ``data.WorkerSeeded`` does, so a ``__getbatch__`` with random augmentations resumes exactly."""
+    as ``data.WorkerSeeded`` does, so a ``__getbatch__`` with random augmentations resumes exactly.
+    ``role`` names the dataset's key in errors (``data.train``)."""
 
-    def __init__(self, dataset: Dataset, read: Callable[[torch.Tensor], Any], seed: int, tagged: bool):
-        self.dataset, self.read, self.seed, self.tagged = dataset, read, seed, tagged
+    def __init__(self, dataset: Dataset, read: Callable[[torch.Tensor], Any], seed: int, tagged: bool,
+                 role: str = "data"):
+        self.dataset, self.read, self.seed, self.tagged, self.role = dataset, read, seed, tagged, role
         self.size = len(dataset)
-        # a user's __getbatch__ is checked batch by batch (the first tensor's length: about 1 us)
+        # a user's __getbatch__ is checked batch by batch (the length of each tensor: about 1 us)
         self.user_code = not (isinstance(read, functools.partial) and read.func is _select)
 
     def __len__(self) -> int:
@@ -155,18 +161,22 @@ class BatchReader(Dataset):
         return batch
 
     def _check(self, batch: Any, count: int) -> None:
-        """Refuse, naming the method, what is no batch of ``count`` samples (``None``, NumPy arrays, a first
-        tensor without ``count`` rows): errors a model would report far from their cause. A batch without
+        """Refuse (``DataError``, naming the key and the method) what is no batch of ``count`` samples:
+        ``None``, NumPy arrays, a tensor without ``count`` rows. A model would report these far from their
+        cause, or (rows of one tensor missing, another's complete) train on misaligned rows. A batch without
         tensors (strings only, say) is the model's business."""
-        first = first_array(batch)
-        if batch is None or isinstance(first, np.ndarray):
-            what = "None" if batch is None else "NumPy arrays"
-            raise TypeError(f"{self.reader()} returned {what}; it must return the collated batch, as tensors "
-                            "(torch.from_numpy for arrays), or a list, tuple or dict of them")
-        if first is not None and (first.ndim == 0 or len(first) != count):
-            rows = "a 0-d tensor" if first.ndim == 0 else f"{len(first)} rows"
-            raise ValueError(f"{self.reader()} returned {rows} for {count} indices; it must return one row per "
-                             "index, in their order")
+        if batch is None:
+            raise DataError(f"{self.role}: {self.reader()} returned None; it must return the collated batch, as "
+                            "tensors, or a list, tuple or dict of them")
+        for path, array in arrays(batch):
+            if isinstance(array, np.ndarray):
+                raise DataError(f"{self.role}: {self.reader()} returned NumPy arrays ({path}); it must return the "
+                                "collated batch, as tensors (torch.from_numpy for arrays), or a list, tuple or "
+                                "dict of them")
+            if array.ndim == 0 or len(array) != count:
+                rows = "a 0-d tensor" if array.ndim == 0 else f"{len(array)} rows"
+                raise DataError(f"{self.role}: {self.reader()} returned {rows} for {count} indices; it must "
+                                f"return one row per index, in their order ({path})")
 
     def reader(self) -> str:
         """What reads a batch, for error messages."""
@@ -183,6 +193,16 @@ def first_array(batch: Any, depth: int = 0):
             if found is not None:
                 return found
     return None
+
+
+def arrays(batch: Any, path: str = "batch", depth: int = 0):
+    """Every tensor or NumPy array in ``batch`` (lists, tuples and dicts walked in order, 8 levels deep),
+    with where it is (``batch[1]``, ``batch['x']``)."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        yield path, batch
+    elif isinstance(batch, (list, tuple, dict)) and depth < 8:
+        for key, item in batch.items() if isinstance(batch, dict) else enumerate(batch):
+            yield from arrays(item, f"{path}[{key!r}]", depth + 1)
 
 
 #: The most a ``TensorDataset`` pass reads ahead at once (bytes): bounded, so a big dataset is not copied.

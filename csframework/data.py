@@ -5,7 +5,9 @@ read a batch at a time (``csframework.batched``), in the very batches of the per
 from __future__ import annotations
 
 import functools
+import operator
 import os
+import reprlib
 import signal
 import sys
 import weakref
@@ -15,8 +17,36 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .batched import BatchIndices, BatchReader, InProcessPass, as_is, batch_reader
-from .errors import DataTimeoutError
+from .errors import ConfigError, CsfError, DataError, DataTimeoutError
 from .rng import seed_batch, seed_everything
+
+
+#: The most samples a map-style dataset may have: the sampler holds each epoch's order in memory as int64
+#: indices (8 TiB at this bound), and loader workers receive ``epoch * len + index``, an int64 too.
+MAX_DATASET_LEN = 2**40
+
+
+def dataset_size(dataset: Dataset, role: str) -> int:
+    """``len(dataset)`` of a map-style dataset; a ``ConfigError`` naming ``role`` (``data.train``) and the
+    value unless ``__len__`` gives an int from 0 to ``MAX_DATASET_LEN``."""
+    name = type(dataset).__name__
+    length = getattr(type(dataset), "__len__", None)
+    if length is None:
+        raise ConfigError(f"{role}: {name} has no __len__, so it is no map-style dataset, nor is it an "
+                          "IterableDataset; give it __len__ and __getitem__, or derive it from IterableDataset")
+    value = length(dataset)  # what len() would check, checked here to name the dataset and the value
+    try:
+        size = operator.index(value)
+    except TypeError:
+        size = None
+    if size is not None and size > MAX_DATASET_LEN:
+        raise ConfigError(f"{role}: {name}.__len__ returned {reprlib.repr(value)}, more than the {MAX_DATASET_LEN} "
+                          "samples (2**40) a sampler can index (it holds an epoch's order in memory); make a "
+                          "dataset that large an IterableDataset")
+    if size is None or size < 0:
+        raise ConfigError(f"{role}: {name}.__len__ returned {reprlib.repr(value)}, which is no number of samples; "
+                          "it must return an int from 0 up")
+    return size
 
 
 class ResumableSampler(Sampler[int]):
@@ -185,6 +215,43 @@ def build_collate(spec: Any, key: str = "data.collate_fn"):
     return made
 
 
+class CheckedCollate:
+    """A user's ``collate_fn`` whose every result is checked: ``None`` is no batch (the model would fail on
+    it far from the cause), refused naming the function and ``role`` (``data.train``)."""
+
+    def __init__(self, collate, role: str):
+        self.collate, self.role = collate, role
+
+    def __call__(self, samples):
+        batch = self.collate(samples)
+        if batch is None:
+            raise DataError(f"{self.role}: data.collate_fn ({callable_name(self.collate)}) returned None for "
+                            f"{len(samples)} samples; it must return the batch (tensors, or a list, tuple or dict "
+                            "of them)")
+        return batch
+
+
+def callable_name(fn) -> str:
+    """``module.function`` of a function, a ``functools.partial`` of one, or a callable object's class."""
+    fn = fn.func if isinstance(fn, functools.partial) else fn
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
+def from_worker(error: CsfError) -> CsfError:
+    """``error`` as raised in a loader worker, with its own message: torch raises a worker's error again in
+    this process as ``type(error)("Caught ... Original Traceback ...")``, whose last line is
+    ``module.Class: message``. An error raised here, or of a class made of more than a message, is returned
+    as it is."""
+    kind, text = type(error), str(error)
+    message_only = all("__init__" not in vars(c) for c in kind.__mro__ if issubclass(c, CsfError))
+    if not (message_only and text.startswith("Caught ") and "Original Traceback" in text):
+        return error
+    last = text.rstrip().splitlines()[-1]
+    prefix = f"{kind.__module__}.{kind.__qualname__}: "
+    return kind(last[len(prefix):] if last.startswith(prefix) else last)
+
+
 def _die_with_parent() -> None:
     """Linux: have the kernel SIGKILL this worker when the process that forked it ends, however it ends.
     torch's workers look for their parent only between batches, so one stuck in ``__getitem__`` would
@@ -230,6 +297,8 @@ class Batches:
     def __next__(self):
         try:
             return next(self._iterator)
+        except CsfError as e:  # ours, from a worker: torch raised it again with the worker's traceback as message
+            raise from_worker(e) from e
         except RuntimeError as e:
             if not str(e).startswith("DataLoader timed out"):
                 raise
@@ -343,9 +412,9 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
     not apply); ``role`` names the loader in errors (``data.train``); ``pad``: see ``ResumableSampler``.
     ``batched_fetch``: read each batch of a map-style dataset that allows it in one operation
     (``csframework.batched``; never with a ``collate_fn``), the same batches as sample by sample."""
-    from .errors import ConfigError
-
     tagged = num_workers > 0
+    if collate_fn is not None:
+        collate_fn = CheckedCollate(collate_fn, role)
     common = dict(num_workers=num_workers, pin_memory=pin_memory, worker_init_fn=_worker_start,
                   prefetch_factor=prefetch_factor, persistent_workers=persistent_workers and tagged,
                   generator=torch.Generator().manual_seed(seed), role=role, samples_per_batch=batch_size,
@@ -357,14 +426,11 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
         shards = IterableShards(dataset, batch_size, seed, rank, world_size)
         return FrameworkLoader(shards, batch_size=batch_size, drop_last=drop_last, collate_fn=collate_fn,
                                position=shards, **common)
-    try:
-        size = len(dataset)
-    except TypeError as e:
-        raise TypeError(f"{type(dataset).__name__} is not a map-style dataset with __len__") from e
+    size = dataset_size(dataset, role)
     sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=tagged, pad=pad)
     read = batch_reader(dataset) if batched_fetch and collate_fn is None else None
     if read is not None:  # no auto-batching: the sampler yields whole batches, the dataset reads them
-        return FrameworkLoader(BatchReader(dataset, read, seed, tagged), batch_size=None, collate_fn=as_is,
+        return FrameworkLoader(BatchReader(dataset, read, seed, tagged, role), batch_size=None, collate_fn=as_is,
                                sampler=BatchIndices(sampler, batch_size, drop_last, as_lists=tagged),
                                position=sampler, **common)
     if tagged:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import keyword
 import operator
 import os
+import re
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
@@ -27,8 +29,9 @@ from .hookspecs import PROJECT, hookimpl
 if TYPE_CHECKING:
     from .backends.base import BackendSpec
 
-__all__ = ["ENTRY_POINT_GROUP", "AUTOLOAD_ENV", "COMPOSITION_HOOKS", "Hooks", "build_manager", "backend_specs",
-           "config_sections", "check_sections", "plugin_choices", "hookimpl", "plugin_name"]
+__all__ = ["ENTRY_POINT_GROUP", "AUTOLOAD_ENV", "COMPOSITION_HOOKS", "SECTION_NAME", "RESERVED_SECTIONS", "Hooks",
+           "build_manager", "backend_specs", "config_sections", "check_sections", "plugin_choices", "hookimpl",
+           "plugin_name"]
 
 ENTRY_POINT_GROUP = "csframework.plugins"
 #: ``0``/``none``: load no entry-point plugin; ``a,b``: only those; unset, ``1`` or ``all``: every one
@@ -37,6 +40,11 @@ AUTOLOAD_ENV = "CSFRAMEWORK_PLUGINS_AUTOLOAD"
 #: The hooks asked before composition; a class plugin is instantiated then only if it implements one.
 COMPOSITION_HOOKS = ("csframework_register_configs", "csframework_config_sections", "csframework_device_types",
                      "csframework_backend")
+#: A plugin's config section is a top-level key: set from the command line (Hydra's grammar takes ASCII
+#: letters, digits and ``_``) and read as an attribute of ``run.config``. Names with a leading underscore
+#: are Hydra's and OmegaConf's (``_target_``, ``_self_`` ...); ``hydra`` and ``defaults`` are Hydra's keys.
+SECTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+RESERVED_SECTIONS = frozenset({"hydra", "defaults"})
 
 
 def plugin_name(plugin: Any) -> str:
@@ -179,8 +187,9 @@ def _declared(impl) -> dict:
 
 def config_sections(pm: pluggy.PluginManager) -> dict[str, type]:
     """The plugins' config sections (``csframework_config_sections``), ``{section: dataclass}``. A section
-    that is a built-in key, or that two plugins declare, or that is not a dataclass is a ``ConfigError``
-    naming the plugin(s) and the key."""
+    whose name is no valid section name (``SECTION_NAME``, ``RESERVED_SECTIONS``), that is a built-in key,
+    or that two plugins declare, or that is not a dataclass whose defaults its types can hold, is a
+    ``ConfigError`` naming the plugin(s) and the section."""
     from .config import RunConfig
 
     builtin = {f.name for f in dataclasses.fields(RunConfig)}
@@ -189,17 +198,69 @@ def config_sections(pm: pluggy.PluginManager) -> dict[str, type]:
     for impl in pm.hook.csframework_config_sections.get_hookimpls():  # in registration order
         plugin = impl.plugin_name
         for section, schema in _declared(impl).items():
-            if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
-                raise ConfigError(f"{section}: plugin '{plugin}' declares it as {schema!r}; a config section "
-                                  "must be a dataclass type")
             if section in builtin:
                 raise ConfigError(f"{section}: plugin '{plugin}' declares config section '{section}', which is "
                                   "a built-in key; the plugin must name its section differently")
+            bad_name = _name_problem(section, RunConfig)
+            if bad_name:
+                raise ConfigError(f"plugin '{plugin}' declares config section {section!r}, which {bad_name}; "
+                                  "the plugin must name its section differently")
+            if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+                raise ConfigError(f"{section}: plugin '{plugin}' declares it as {schema!r}; a config section "
+                                  "must be a dataclass type")
+            bad_schema = _schema_problem(schema)
+            if bad_schema:
+                raise ConfigError(f"{section}: plugin '{plugin}' declares config section '{section}' as "
+                                  f"{schema.__qualname__}, {bad_schema}")
             if section in owners:
                 raise ConfigError(f"{section}: plugins '{owners[section]}' and '{plugin}' both declare config "
                                   f"section '{section}'; turn one off with plugins.disable=[{plugin}]")
             sections[section], owners[section] = schema, plugin
     return sections
+
+
+def _name_problem(section: Any, root: type) -> str | None:
+    """Why ``section`` cannot name a plugin's config section of ``root`` (the run config), or ``None``."""
+    if not isinstance(section, str):
+        return f"is a {type(section).__name__}, not a string"
+    if not SECTION_NAME.fullmatch(section):
+        return ("is no valid section name (an ASCII letter, then letters, digits or underscores: a top-level "
+                "key the command line can set; a leading underscore is Hydra's, as in _target_)")
+    if keyword.iskeyword(section):
+        return "is a Python keyword (run.config.<section> could not be written)"
+    if section in RESERVED_SECTIONS:
+        return "is one of Hydra's own top-level keys"
+    if hasattr(root, section):
+        return "is an attribute of the run config"
+    return None
+
+
+_valid_schemas: set[type] = set()  # checked once per process: composition asks for the sections repeatedly
+
+
+def _schema_problem(schema: type) -> str | None:
+    """Why ``schema`` cannot be a config section, or ``None``: a frozen or slots dataclass (the run's
+    read-only subclass of it cannot be made, or not frozen), a default its declared type cannot hold."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if schema in _valid_schemas:
+        return None
+    if schema.__dataclass_params__.frozen or "__slots__" in vars(schema):  # type: ignore[attr-defined]
+        return ("a frozen or slots dataclass; declare a plain @dataclass (csframework makes every section "
+                "read-only while a run runs)")
+    try:
+        OmegaConf.structured(schema)
+    except OmegaConfBaseException as e:
+        owner = getattr(e, "object_type", None)
+        where = f"field '{e.full_key}'" + (f" of {owner.__qualname__}" if isinstance(owner, type) and owner is not
+                                            schema else "")
+        what = str(getattr(e, "msg", e)).strip().splitlines()[0]
+        return f"whose {where} has a default its declared type cannot hold ({what}); fix the default or the type"
+    except Exception as e:  # noqa: BLE001 - e.g. a default_factory that raises
+        return f"whose defaults cannot be built ({type(e).__name__}: {e}); fix the dataclass"
+    _valid_schemas.add(schema)
+    return None
 
 
 def check_sections(pm: pluggy.PluginManager, config) -> None:

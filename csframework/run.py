@@ -23,7 +23,7 @@ from .config import RunConfig, stage_config
 from .backends.distributed import peer_lost
 from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
-from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, one_line
+from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, WrongProcessError, one_line
 from .plugins import Hooks, backend_specs, build_manager, check_sections
 from .files import SafeDir
 from .rundir import run_dir_lock
@@ -105,6 +105,7 @@ class Run:
         self.log = _quiet_logger()
         self.status = "created"
         self.state = RunState()
+        self._pid = os.getpid()  # the run's process: request_stop anywhere else could not reach the run
         self.eval_outputs: dict[str, torch.Tensor] = {}  # loop.collect's outputs, during on_eval_end
         self.mode = "fit"  # what the run is doing: "fit" or "validate"
         self.summary_extra: dict[str, Any] = {}
@@ -141,7 +142,14 @@ class Run:
     def request_stop(self, reason: str) -> None:
         """Stop training after the current step as at a normal end: the final evaluation and checkpoint
         run, later stages are skipped, ``summary.json`` says ``status: completed`` and ``stop_reason``.
-        Under DDP, call it on every rank (evaluation metrics are the same on every rank)."""
+        Under DDP, call it on every rank (evaluation metrics are the same on every rank). Only in the run's
+        own process (in hooks): anywhere else (a ``Dataset`` in a loader worker, a forked child) it raises
+        ``WrongProcessError``, as the run would never see it."""
+        if os.getpid() != self._pid:
+            raise WrongProcessError(
+                f"run.request_stop({reason!r}) was called in process {os.getpid()}, not in the run's process "
+                f"{self._pid} (a data-loader worker or another child process), where the run would never see "
+                "it; call it from a hook, which runs in the run's process (e.g. on_train_batch_end)")
         if self.state.stop_reason is None:
             self.state.stop_reason = str(reason)
             self.log.info("stop_requested", reason=self.state.stop_reason)
