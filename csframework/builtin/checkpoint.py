@@ -540,6 +540,11 @@ def resume_source(target: Path) -> tuple[Path, bool]:
     return target, True
 
 
+def _write_index(root: Path, index: dict) -> None:
+    """Replace ``root/index.json`` atomically (written last, after the checkpoint it lists is complete)."""
+    SafeDir(root).write(INDEX, dumps(index))
+
+
 def _remove_checkpoint(root: Path, name: str) -> None:
     """Delete one of the framework's checkpoint directories in ``root``; any other name is left alone
     (``SafeDir.remove``: the tree is walked by descriptor, no link in it followed)."""
@@ -730,7 +735,7 @@ class CheckpointPlugin:
                             action="using the checkpoint directories found there instead", checkpoints=names)
             if rewrite and run.rank == 0:
                 try:
-                    SafeDir(root).write(INDEX, dumps({"checkpoints": names}))
+                    _write_index(root, {"checkpoints": names})
                 except OSError as e:  # the next save reports it (CheckpointWriteError); resuming needs none
                     run.log.warning("checkpoint_index_not_rewritten", path=str(root / INDEX),
                                     error=e.strerror or str(e))
@@ -862,7 +867,7 @@ class CheckpointPlugin:
             index["checkpoints"] = retained = sorted(set(retained) | {best["name"]}, key=_step)
             index["best"] = best
         try:
-            SafeDir(root).write(INDEX, dumps(index))
+            _write_index(root, index)
         except OSError as e:
             raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
                                        f"{path} is complete and the previous checkpoints are intact") from e

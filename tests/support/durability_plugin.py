@@ -72,11 +72,11 @@ class Killer:
         killer = self
 
         original_write_file, original_commit = ckpt._write_file, ckpt._commit
-        original_json = ckpt.write_json_atomic
+        original_index = ckpt._write_index
 
-        def write_file(path, write, **kwargs):
-            if path.name != "state.pt" or ("state_write", run.global_step) != killer.target:
-                return original_write_file(path, write, **kwargs)
+        def write_file(where, name, write, **kwargs):
+            if name != "state.pt" or ("state_write", run.global_step) != killer.target:
+                return original_write_file(where, name, write, **kwargs)
 
             def half(f):  # write half of the state, make it durable, then die
                 import io
@@ -89,18 +89,17 @@ class Killer:
                 os.fsync(f.f.fileno())
                 killer.hit("state_write", run.global_step)
 
-            return original_write_file(path, half, **kwargs)
+            return original_write_file(where, name, half, **kwargs)
 
-        def commit(tmp, final):
+        def commit(root, tmp, final):
             killer.hit("before_commit", run.global_step)
-            return original_commit(tmp, final)
+            return original_commit(root, tmp, final)
 
-        def write_json(path, data):
-            if str(path).endswith(ckpt.INDEX):
-                killer.hit("before_index", run.global_step)
-            return original_json(path, data)
+        def write_index(root, index):
+            killer.hit("before_index", run.global_step)
+            return original_index(root, index)
 
-        ckpt._write_file, ckpt._commit, ckpt.write_json_atomic = write_file, commit, write_json
+        ckpt._write_file, ckpt._commit, ckpt._write_index = write_file, commit, write_index
 
     @csf.hookimpl
     def on_train_batch_start(self, run):
