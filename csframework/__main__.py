@@ -86,12 +86,14 @@ def precompose(argv: list[str], found) -> Path | None:
             for job, swept in sweep_samples(args.overrides):
                 try:
                     to_run_config(compose_dict(job, args.config_dir, name, sections=found.sections),
-                                  explicit_groups(job), backends=found.schemas, sections=found.sections)
+                                  explicit_groups(job), backends=found.schemas, sections=found.sections,
+                                  named=found.named)
                 except ConfigError as e:
                     raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
         return None
     cfg = compose_dict(args.overrides, args.config_dir, name, sections=found.sections)
-    to_run_config(cfg, explicit_groups(args.overrides), backends=found.schemas, sections=found.sections)
+    to_run_config(cfg, explicit_groups(args.overrides), backends=found.schemas, sections=found.sections,
+                  named=found.named)
     return Path(resolve_run_dir(cfg)).absolute()
 
 
@@ -307,7 +309,8 @@ def compose_run(args, found):
             cfg.hydra.run.dir = run_dir
             cfg.hydra.runtime.output_dir = run_dir
         with env_override(cfg.hydra.job.env_set):  # as inside the job: `${oc.env:...}` sees hydra.job.env_set
-            config = to_run_config(cfg, explicit_groups(overrides), backends=found.schemas, sections=found.sections)
+            config = to_run_config(cfg, explicit_groups(overrides), backends=found.schemas, sections=found.sections,
+                                   named=found.named)
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         GlobalHydra.instance().clear()
         raise ConfigError(describe_error(e)) from e

@@ -13,7 +13,8 @@ from omegaconf import DictConfig
 from . import config
 from .backends.base import BackendSpec
 from .builtin import builtin_plugins
-from .plugins import COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, plugin_choices
+from .plugins import (COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, named_backend_specs,
+                      plugin_choices)
 
 
 @dataclass
@@ -26,15 +27,23 @@ class Composition:
     """The plugins' own config sections (``csframework_config_sections``)."""
     disabled: list[str] = field(default_factory=list)
     """The disabled plugins (their sections are gone)."""
+    named_backends: dict[str, BackendSpec] = field(default_factory=dict)
+    """The backends chosen by name (``backend=<name>``), by name."""
 
     @property
     def schemas(self) -> dict[str, type]:
         return {t: spec.schema for t, spec in self.backends.items()}
 
     @property
+    def named(self) -> dict[str, tuple[str, type]]:
+        """Each named backend's device type and schema, by name (what ``config.to_run_config`` takes)."""
+        return {name: (spec.device_type, spec.schema) for name, spec in self.named_backends.items()}
+
+    @property
     def config_files(self) -> list[str]:
         """The backends' config directories."""
-        return list(dict.fromkeys(spec.config_path for spec in self.backends.values() if spec.config_path))
+        specs = [*self.backends.values(), *self.named_backends.values()]
+        return list(dict.fromkeys(spec.config_path for spec in specs if spec.config_path))
 
 
 def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable: Iterable[str] = ()) -> Composition:
@@ -43,7 +52,7 @@ def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable
     the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore."""
     pm = build_manager(builtin_plugins(), enable, plugins, disable, asking=COMPOSITION_HOOKS)
     hooks = Hooks(pm)
-    found = Composition(backend_specs(hooks), config_sections(pm), list(disable))
+    found = Composition(backend_specs(hooks), config_sections(pm), list(disable), named_backend_specs(hooks))
     config.register_schemas(found.sections)
     config.register_config_files(found.config_files)
     hooks.csframework_register_configs(config_store=ConfigStore.instance())
@@ -66,7 +75,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     """
     found = command_line_composition(overrides, plugins)
     return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
-                          sections=found.sections, disabled=found.disabled)
+                          sections=found.sections, disabled=found.disabled, named=found.named)
 
 
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterable[Any] = ()) -> config.RunConfig:
@@ -74,4 +83,4 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterab
     whose own ``plugins.enable`` / ``plugins.disable`` say which plugins count)."""
     chosen = cfg.get("plugins") or {}
     found = composition(plugins, list(chosen.get("enable") or ()), list(chosen.get("disable") or ()))
-    return config.to_run_config(cfg, selected, backends=found.schemas, sections=found.sections)
+    return config.to_run_config(cfg, selected, backends=found.schemas, sections=found.sections, named=found.named)

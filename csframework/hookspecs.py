@@ -111,6 +111,15 @@ def csframework_backend(device_type: str) -> BackendSpec | None:
 
 
 @hookspec
+def csframework_named_backends() -> list[BackendSpec]:
+    """Backends chosen by name rather than by device type: each ``BackendSpec`` has ``name`` (``backend=<name>``
+    selects it, e.g. ``backend=cerebras``) and runs an existing device type (``device_type``, e.g. ``CSX``)
+    beside that type's own backend, which ``device=<type>`` keeps choosing. Its ``backend/<name>.yaml`` sets
+    ``name: <name>`` and its schema has a ``name`` field; its ``type`` field is the backend's own. Asked
+    before composition, like ``csframework_backend``; two plugins naming the same backend is an error."""
+
+
+@hookspec
 def csframework_configure(config: RunConfig) -> None:
     """Called after composition, before validation. May adjust the config in place: the last chance, since
     the run's config is read-only from validation on. ``Run(config)`` works on its own copy of a

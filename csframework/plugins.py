@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from .backends.base import BackendSpec
 
 __all__ = ["ENTRY_POINT_GROUP", "AUTOLOAD_ENV", "COMPOSITION_HOOKS", "SECTION_NAME", "RESERVED_SECTIONS", "Hooks",
-           "build_manager", "backend_specs", "config_sections", "check_sections", "plugin_choices", "hookimpl",
-           "plugin_name"]
+           "build_manager", "backend_specs", "named_backend_specs", "config_sections", "check_sections",
+           "plugin_choices", "hookimpl", "plugin_name"]
 
 ENTRY_POINT_GROUP = "csframework.plugins"
 #: ``0``/``none``: load no entry-point plugin; ``a,b``: only those; unset, ``1`` or ``all``: every one
@@ -39,7 +39,7 @@ ENTRY_POINT_GROUP = "csframework.plugins"
 AUTOLOAD_ENV = "CSFRAMEWORK_PLUGINS_AUTOLOAD"
 #: The hooks asked before composition; a class plugin is instantiated then only if it implements one.
 COMPOSITION_HOOKS = ("csframework_register_configs", "csframework_config_sections", "csframework_device_types",
-                     "csframework_backend")
+                     "csframework_backend", "csframework_named_backends")
 #: A plugin's config section is a top-level key: set from the command line (Hydra's grammar takes ASCII
 #: letters, digits and ``_``) and read as an attribute of ``run.config``. Names with a leading underscore
 #: are Hydra's and OmegaConf's (``_target_``, ``_self_`` ...); ``hydra`` and ``defaults`` are Hydra's keys.
@@ -280,6 +280,21 @@ def backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:
     types = dict.fromkeys(t for found in hooks.csframework_device_types() for t in found or ())
     specs = {t: hooks.csframework_backend(device_type=t) for t in sorted(types)}
     return {t: spec for t, spec in specs.items() if spec is not None}
+
+
+def named_backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:
+    """The named backends the plugins supply (``csframework_named_backends``), by name."""
+    specs: dict[str, BackendSpec] = {}
+    for plugin, found in hooks.each("csframework_named_backends"):
+        for spec in found or ():
+            if not spec.name:
+                raise PluginError(plugin, "csframework_named_backends", ValueError(
+                    f"its BackendSpec for {spec.device_type} has no name; set BackendSpec(name=...)"))
+            if spec.name in specs:
+                raise ConfigError(f"backend={spec.name}: two plugins supply a backend of that name; turn one "
+                                  f"off with plugins.disable=[{plugin}]")
+            specs[spec.name] = spec
+    return specs
 
 
 class Manager(pluggy.PluginManager):

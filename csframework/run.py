@@ -24,8 +24,8 @@ from .backends.distributed import peer_lost
 from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, WrongProcessError, one_line
-from .plugins import Hooks, backend_specs, build_manager, check_sections
 from .files import SafeDir
+from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs
 from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
@@ -90,6 +90,7 @@ class Run:
         check_sections(manager, config)
         self.hooks = Hooks(manager)
         self.backends = backend_specs(self.hooks)
+        self.named_backends = named_backend_specs(self.hooks)
         self.hooks.csframework_configure(config=config)
         self.stages = self._stage_configs()
         problems = validation_problems(self.hooks, config)
@@ -173,7 +174,8 @@ class Run:
         self.release()  # the previous stage's loader workers and collectives
         self.state.enter_stage(index)
         cfg = self.stage_config
-        spec = self.backends.get(cfg.device.type)
+        name = getattr(cfg.backend, "name", None)  # a backend chosen by name (backend=cerebras), else the type's
+        spec = self.named_backends.get(name) if name is not None else self.backends.get(cfg.device.type)
         if spec is None:
             raise ConfigError(f"device: no plugin supplies a backend for {cfg.device.type} "
                               f"(device types: {', '.join(self.backends) or 'none'}); check plugins.disable")

@@ -31,3 +31,18 @@ def cli_env():
 def cli_env_module():
     """``cli_env`` for module-scoped fixtures (runs shared by a module's tests)."""
     return _cli_env()
+
+
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.requires_torch((2, 6), "FSDP2")``: a test of a feature an older torch lacks (the core
+    supports torch 2.4, the Cerebras stack's) skips there, naming the version it needs."""
+    import torch
+
+    from csframework.compat import TORCH
+
+    for item in items:
+        marker = item.get_closest_marker("requires_torch")
+        if marker is not None and TORCH < tuple(marker.args[0]):
+            version = ".".join(map(str, marker.args[0]))
+            what = marker.args[1] if len(marker.args) > 1 else "this test"
+            item.add_marker(pytest.mark.skip(reason=f"{what} needs torch>={version}; this is torch {torch.__version__}"))

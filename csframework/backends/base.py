@@ -129,3 +129,7 @@ class BackendSpec:
     """A directory (``pkg://package`` or ``file://dir``) holding ``device/<type>.yaml`` and
     ``backend/<type>.yaml``; they are put into Hydra's ConfigStore before composition, so ``device=<type>``
     and ``backend=<type>`` compose."""
+    name: str | None = None
+    """Set for a backend chosen by name (``csframework_named_backends``): ``backend=<name>`` selects it, its
+    ``backend/<name>.yaml`` (under ``config_path``) sets ``name: <name>``, and ``schema`` has a ``name`` field.
+    ``None`` for the backend of a device type (``csframework_backend``)."""

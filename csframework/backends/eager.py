@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import step
+from ..compat import needs_torch
 from ..config import for_each_stage, stage_configs
 from ..config.ranges import MAX_PARALLEL, MAX_TIMEOUT_S, check_range
 from ..config.readonly import ReadOnly
@@ -257,6 +258,11 @@ def _fsdp_rules(cfg) -> list[str]:
     if b.strategy != Strategy.fsdp:
         return ([f"backend.fsdp_wrap: it applies to backend.strategy=fsdp only (strategy is {b.strategy.value}); "
                  "remove it or set backend.strategy=fsdp"] if b.fsdp_wrap else [])
+    from .fsdp import FSDP2_TORCH
+
+    too_old = needs_torch("backend.strategy=fsdp (FSDP2 fully_shard)", FSDP2_TORCH)
+    if too_old:
+        return [f"{too_old} (backend.strategy=ddp)"]
     if cfg.precision.name == "float16" or cfg.precision.loss_scaling not in (None, "none"):
         return ["precision: backend.strategy=fsdp computes in FSDP's mixed precision, without loss scaling; "
                 "use precision=bfloat16 or float32 (loss_scaling null)"]

@@ -22,13 +22,18 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+
+#: FSDP2 (``fully_shard``, ``torch.distributed.tensor``) is public from torch 2.6 on; on an older torch
+#: (the Cerebras stack pins 2.4) ``strategy=fsdp`` is refused before launch (``backends.eager``), while the
+#: checkpoint code here (DCP metadata reading) still imports.
+FSDP2_TORCH = (2, 6)
 
 def shard(model: torch.nn.Module, wrap: list[str], param_dtype: torch.dtype | None) -> torch.nn.Module:
     """Shard ``model`` in place: each sub-module whose class name is in ``wrap`` as its own unit (its
     parameters gathered only while it runs), then the rest at the root. ``param_dtype``: compute in that
     dtype with float32 master weights and gradient reduction (FSDP's ``MixedPrecisionPolicy``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for module in list(model.modules())[1:]:
         if type(module).__name__ in wrap:
@@ -39,7 +44,8 @@ def shard(model: torch.nn.Module, wrap: list[str], param_dtype: torch.dtype | No
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a sharded tensor (the tensor itself otherwise)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    to_local = getattr(tensor, "to_local", None)  # a DTensor
+    return to_local() if to_local is not None else tensor
 
 
 def save(model: torch.nn.Module, optimizer, directory: Path) -> None:

@@ -48,8 +48,9 @@ def on_train_start(run) -> None:
 def device_choice(cfg: RunConfig) -> list[str]:
     """DESIGN 4.2: ``device`` and ``backend`` are mutually exclusive ways to choose the device."""
     if {"device", "backend"} <= set(cfg.selected):
+        backend = getattr(cfg.backend, "name", None) or cfg.backend.type.lower()
         return [f"device, backend: both choose the device (device={cfg.device.type.lower()}, "
-                f"backend={cfg.backend.type.lower()}); they are mutually exclusive: choose it with "
+                f"backend={backend}); they are mutually exclusive: choose it with "
                 "device=<type> and tune it with backend.<field>=<value>, or use backend=<type> alone"]
     return []
 
@@ -64,7 +65,8 @@ def run_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
 
 def device_rules(cfg: RunConfig, skip_device_pair: bool = False) -> list[str]:
     kind, backend = cfg.device.type, cfg.backend.type
-    if backend != kind and not skip_device_pair:
+    # a named backend's ``type`` is its own setting (composition matched its device type already)
+    if backend != kind and not skip_device_pair and getattr(cfg.backend, "name", None) is None:
         return [f"device, backend.type: the backend is {backend} but the device is {kind}; "
                 f"set only one of them (device={kind.lower()} picks its own backend)"]
     return []

@@ -291,7 +291,8 @@ def _describe_known(error: BaseException) -> str | None:
 
 
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type],
-                  sections: Mapping[str, type] | None = None) -> RunConfig:
+                  sections: Mapping[str, type] | None = None,
+                  named: Mapping[str, tuple[str, type]] | None = None) -> RunConfig:
     """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved), with the
     plugins' config ``sections`` as typed top-level fields.
 
@@ -299,14 +300,17 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
     schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
     only another device type's backend has is refused naming that type. When only the ``backend`` group was
     chosen, the device type follows it (``backend=csx`` alone means a CSX run); choosing both groups is left
-    for the validation plugin to refuse.
+    for the validation plugin to refuse. ``named`` maps each named backend (``backend=<name>``, whose node
+    has ``name: <name>``) to its device type and schema: ``backend=cerebras`` alone means a CSX run.
     """
+    named = named or {}
     try:
         # a copy of the node without ``hydra`` (copying Hydra's own config would cost more than the rest)
         cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
         OmegaConf.set_struct(cfg, False)
         if "backend" in selected and "device" not in selected:
-            cfg.device.type = cfg.backend.type
+            chosen = named.get(cfg.backend.get("name"))
+            cfg.device.type = chosen[0] if chosen is not None else cfg.backend.type
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
         typed = OmegaConf.merge(_cached_schema(sections), OmegaConf.to_container(cfg, resolve=False))
         _device_types_upper(typed)
@@ -315,7 +319,7 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
         disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
         problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
         raise ConfigError(problem or describe_error(e)) from e
-    run.backend = _typed_backend(run.backend, run.device.type, backends)
+    run.backend = _typed_backend(run.backend, run.device.type, backends, named)
     run.selected = tuple(selected)
     return run
 
@@ -328,23 +332,40 @@ def _device_types_upper(cfg: DictConfig) -> None:
             node.type = node.type.upper()
 
 
-def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type]):
-    """``values`` (the ``backend`` node) as an instance of its type's schema."""
+def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type],
+                   named: Mapping[str, tuple[str, type]]):
+    """``values`` (the ``backend`` node) as an instance of its schema: its named backend's (``name``), else
+    its type's."""
     known = ", ".join(f"device={t.lower()}" for t in backends)
     problems = []
     if device_type not in backends:
         problems.append(f"device.type: '{device_type}' is not a device type; use {known}")
-    kind = values.get("type", device_type)
-    schema = backends.get(kind)
+    name = values.get("name")
+    if name is not None:
+        if name not in named:
+            problems.append(f"backend.name: '{name}' is not an installed backend"
+                            + (f"; installed: {', '.join(named)}" if named else "")
+                            + " (install its plugin package, or choose the backend with device=<type>)")
+            raise ValidationError(problems)
+        backend_type, schema = named[name]
+        if backend_type != device_type:
+            problems.append(f"backend.name: the {name} backend runs device type {backend_type}, and this run's "
+                            f"device is {device_type}; choose it with backend={name} alone")
+        kind = name
+    else:
+        kind = values.get("type", device_type)
+        schema = backends.get(kind)
     if schema is None:
         problems.append(f"backend.type: '{kind}' is not a device type; use {', '.join(backends)}")
         raise ValidationError(problems)
     own = {f.name for f in fields(schema)}
+    schemas = {**backends, **{n: s for n, (_, s) in named.items()}}
     for key in sorted(set(values) - own):
-        owners = [t for t, other in backends.items() if key in {f.name for f in fields(other)}]
+        owners = [t for t, other in schemas.items() if key in {f.name for f in fields(other)}]
         if owners:
+            choose = f"backend={owners[0]}" if owners[0] in named else f"device={owners[0].lower()}"
             problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
-                            f"{kind}; remove it or use device={owners[0].lower()}")
+                            f"{kind}; remove it or use {choose}")
         else:
             problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
                             f"{', '.join(sorted(own - {'type'}))})")
@@ -391,7 +412,8 @@ def resolve_run_dir(cfg: DictConfig) -> str:
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
             backends: Mapping[str, type], config_files: Iterable[str] = (),
-            sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> RunConfig:
+            sections: Mapping[str, type] | None = None, disabled: Iterable[str] = (),
+            named: Mapping[str, tuple[str, type]] | None = None) -> RunConfig:
     """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
 
     ``config_dir`` adds a user config directory to the search path (like ``--config-dir``), before
@@ -407,7 +429,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
         if problem:
             raise ConfigError(problem)
     cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections)
-    return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections)
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections, named=named)
 
 
 def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,

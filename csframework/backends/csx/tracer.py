@@ -542,7 +542,9 @@ class StepTracer:
     # -- tracing ----------------------------------------------------------------------------------------
     def trace(self, args: tuple, kwargs: dict, state: State) -> Traced:
         """Run the step once on fake tensors and return its graph (Python side effects happen now)."""
-        from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from ...compat import get_proxy_mode, make_fx_options
 
         global _ACTIVE
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -579,8 +581,7 @@ class StepTracer:
         previous, _ACTIVE = _ACTIVE, ctx
         start = time.perf_counter()
         try:
-            gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
-                         _disable_torch_fn_metadata_mode=True)(*inputs)
+            gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True, **make_fx_options())(*inputs)
             _refuse_dynamic_shapes(gm)
         except (TracingError, CompileError):
             raise
