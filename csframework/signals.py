@@ -36,6 +36,20 @@ def exit_status(signum: int | None) -> int:
     return EXIT_STATUS.get(signum, 128 + signum) if signum else 130
 
 
+_caught: list[int] = []  # the stop signals ``stop_on_signals`` caught in this process, newest last
+
+
+def caught_stop_signal() -> int | None:
+    """The last SIGINT/SIGTERM ``stop_on_signals`` caught in this process since ``forget_stop_signals``
+    (None if none): one that came after the loop's last step (during the final checkpoint) ends ``fit``
+    as ``completed``, and a caller running several fits (a sweep job) must still stop."""
+    return _caught[-1] if _caught else None
+
+
+def forget_stop_signals() -> None:
+    _caught.clear()
+
+
 class Interrupted(KeyboardInterrupt):
     """The run stopped on a signal after finishing a step (a ``KeyboardInterrupt``, so code that treats
     Ctrl-C as an interruption treats this one the same way). ``exit_code`` is the CLI's exit status."""
@@ -57,6 +71,7 @@ def stop_on_signals(state: RunState):
         return
 
     def handler(signum, frame):
+        _caught.append(signum)
         if state.request_stop(signum):
             with contextlib.suppress(OSError):  # os.write: safe where the buffered streams are not
                 os.write(2, f"\ncsframework: {signal_name(signum)}: finishing the current step, saving a "

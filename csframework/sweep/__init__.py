@@ -14,31 +14,83 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
+from ..errors import CsfError, UnsafePathError, printable
+from ..files import SafeDir
 from ..signals import exit_status, signal_name
 from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, describe, exit_status_of, handling_stop_signals,
-                  mark_interrupted, run_sweep_job)
-from .table import TABLE_CSV, read_rows, record_row, row_overrides, write_table
+                  mark_interrupted, reset_stop, run_sweep_job)
+from .table import (LOCK, TABLE_CSV, TABLE_JSON, load_rows, locked, read_rows, rebuild_rows, record_row,
+                    row_overrides, write_table)
 
 __all__ = ["SweepCallback", "finish", "forward_signals", "run_sweep_job", "record_row",
            "read_rows", "write_table"]
 
 _SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
 _OBJECTIVE = "val/loss"
+#: What Hydra writes in the sweep directory itself (with ``OmegaConf.save``: following links, truncating).
+MULTIRUN_YAML, OPTUNA_RESULTS = "multirun.yaml", "optimization_results.yaml"
+#: Files csframework or Hydra write in the sweep directory: a directory in their place is refused.
+_FILES = (MULTIRUN_YAML, OPTUNA_RESULTS, TABLE_JSON, TABLE_CSV, "sweep.png", LOCK, INTERRUPTED, REFUSED)
 
 
 class SweepCallback(Callback):
-    """The multirun's parent: a fresh start (no mark of an earlier run's interruption or refused jobs)."""
+    """The multirun's parent: a fresh start (no mark of an earlier run's interruption or refused jobs) in a
+    sweep directory checked first; what is wrong there is one line and exit 2, before any job starts."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         global _SWEEP_DIR, _OBJECTIVE
         _SWEEP_DIR = Path(config.hydra.sweep.dir)
         _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
-        _SWEEP_DIR.mkdir(parents=True, exist_ok=True)
-        for mark in (INTERRUPTED, REFUSED):
-            (_SWEEP_DIR / mark).unlink(missing_ok=True)
-        for stale in (_SWEEP_DIR / JOBS).glob("*"):  # left by a job killed outright in an earlier run
-            stale.unlink(missing_ok=True)
+        reset_stop()
+        try:
+            prepare(_SWEEP_DIR, OmegaConf.to_yaml(config))
+        except (UnsafePathError, OSError) as e:
+            if config.get("debug", False):
+                raise
+            sys.stderr.write(f"csframework: {printable(' '.join(str(e).split()))}\n")
+            sys.exit(2)
+
+
+def prepare(sweep_dir: Path, multirun_yaml: str) -> None:
+    """Make the sweep directory ready: ``multirun.yaml`` written as a fresh file (Hydra's ``OmegaConf.save``
+    then rewrites that file, not what a planted link or hard link names), no link or hard link where Hydra
+    writes ``optimization_results.yaml``, the marks of an earlier multirun and the stale entries of
+    ``.jobs`` removed, the lock usable, and a damaged table rebuilt from the job directories."""
+    sweep = SafeDir(sweep_dir).sub()  # made if absent; a link or a file there is refused
+    for name in _FILES:
+        if sweep.kind(name) == "dir":
+            raise UnsafePathError(f"{sweep / name}: it is a directory, where the sweep writes a file; remove it "
+                                  "or choose another hydra.sweep.dir")
+    jobs = sweep.sub(JOBS)  # a link or a file there is refused
+    with locked(sweep_dir):  # a link, hard link or FIFO as the lock is refused
+        pass
+    try:
+        sweep.write(MULTIRUN_YAML, multirun_yaml)
+    except OSError as e:
+        raise UnsafePathError(f"{sweep / MULTIRUN_YAML}: cannot write it ({e.strerror or e})") from e
+    if sweep.kind(OPTUNA_RESULTS) in ("link", "other") or (
+            sweep.kind(OPTUNA_RESULTS) == "file" and _names(sweep, OPTUNA_RESULTS) > 1):
+        sweep.remove(OPTUNA_RESULTS)  # the entry only: what a link or other name points at stays as it is
+    for mark in (INTERRUPTED, REFUSED):
+        sweep.remove(mark)
+    for stale in jobs.names():  # left by a job killed outright in an earlier run (files named by a pid)
+        if stale.isdigit() and jobs.kind(stale) in ("file", "link"):
+            jobs.remove(stale)
+    with locked(sweep_dir):
+        rows, problem = load_rows(sweep_dir)
+        if problem is not None or sweep.kind(TABLE_CSV) not in (None, "file"):
+            if problem is not None:
+                rows = rebuild_rows(sweep_dir)
+                sys.stderr.write(f"csframework: {printable(str(sweep / TABLE_JSON))}: {printable(problem)}; the "
+                                 f"table is rebuilt from the job directories ({len(rows)} rows)\n")
+            write_table(sweep_dir, rows)
+
+
+def _names(sweep: SafeDir, name: str) -> int:
+    with sweep.opened(create=False) as fd:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_nlink
 
 
 def _job_pids(sweep_dir: Path) -> list[int]:
@@ -46,19 +98,22 @@ def _job_pids(sweep_dir: Path) -> list[int]:
     process was started under this multirun (a stale entry's pid may belong to another process now)."""
     mine = f"{PARENT_ENV}={os.getpid()}".encode()
     pids = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in (sweep_dir / JOBS).iterdir():
-            if entry.name.isdigit() and entry.name != str(os.getpid()):
-                try:
-                    environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
-                except FileNotFoundError:
-                    if Path("/proc/self").exists():
-                        continue  # no such process any more
-                    environ = [mine]  # no /proc here: trust the entry
-                except OSError:
-                    continue
-                if mine in environ:
-                    pids.append(int(entry.name))
+    try:
+        entries = SafeDir(sweep_dir, JOBS).names()
+    except (OSError, CsfError):  # no longer a real directory: nothing to forward to
+        return []
+    for name in entries:
+        if name.isdigit() and name != str(os.getpid()):
+            try:
+                environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                if Path("/proc/self").exists():
+                    continue  # no such process any more
+                environ = [mine]  # no /proc here: trust the entry
+            except OSError:
+                continue
+            if mine in environ:
+                pids.append(int(name))
     return pids
 
 
@@ -114,24 +169,31 @@ def finish() -> int:
     _stop_idle_workers()
     if _SWEEP_DIR is None:
         return 0
-    with contextlib.suppress(OSError):  # empty now: every job has ended
-        (_SWEEP_DIR / JOBS).rmdir()
+    with contextlib.suppress(OSError, CsfError), SafeDir(_SWEEP_DIR).opened(create=False) as fd:
+        os.rmdir(JOBS, dir_fd=fd)  # empty now (every job has ended); a link or a file there is not removed
     rows = read_rows(_SWEEP_DIR)
     status = exit_status_of(_SWEEP_DIR, rows)
     if rows and status < 128:  # interrupted: leave promptly; the table is there, a rerun draws the plot
         write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
     failed = [r for r in rows if r.get("status") == "failed"]
+    stopped = [r for r in rows if r.get("status") == "interrupted"]
+    table = printable(str(_SWEEP_DIR / TABLE_CSV))
     lines = []
     if failed:
-        lines.append(f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {_SWEEP_DIR / TABLE_CSV}):")
-    for row in failed:
-        overrides = [f"{k}={v}" for k, v in row_overrides(row).items()]
-        lines.append(f"  - {describe(row['job'], overrides)}: {row['run_dir']}")
+        lines.append(f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {table}):")
+    lines += [_line(row) for row in failed]
     if status >= 128:
-        lines.append("csframework: sweep interrupted; run the same command with checkpoint.resume=auto to "
-                     "continue it")
+        lines.append(f"csframework: sweep interrupted by {signal_name(status - 128)}"
+                     + (f"; the jobs it stopped (table: {table}):" if stopped else "; no job was running"))
+        lines += [_line(row) for row in stopped]
+        lines.append("csframework: run the same command with checkpoint.resume=auto to continue it")
     sys.stderr.write("".join(line + "\n" for line in lines))
     return status
+
+
+def _line(row: dict) -> str:
+    overrides = [f"{k}={v}" for k, v in row_overrides(row).items()]
+    return f"  - {describe(row['job'], overrides)}: {printable(str(row.get('run_dir')))}"
 
 
 def sweeper_overrides(argv: list[str]) -> list[str]:

@@ -1,16 +1,27 @@
 """One job of a multirun, as any launcher runs it (in the launcher's process or in a worker process).
 
 A job never ends the sweep: a failure is reported in one line naming the job and its overrides and the
-job returns ``None`` (the Optuna sweeper counts a trial whose value is not a number as failed and goes
-on; a NaN would make it fail itself); a stop signal finishes the step,
-checkpoints, marks the sweep interrupted (``.interrupted`` in the sweep directory, which later jobs see and
-do not start) and returns too. Either way the job's row is added to the sweep table as it ends. Under
-``checkpoint.resume=auto`` a job whose run directory already says ``completed`` is not run again.
+job returns ``None`` (the Optuna sweeper counts a trial whose value is not a number as failed and goes on;
+a NaN or infinite objective is returned as ``None`` too, since Optuna would fail itself on it); a stop
+signal finishes the step, checkpoints, marks the sweep interrupted (``.interrupted`` in the sweep
+directory, which later jobs see and do not start) and returns too, also when it came after the job's
+last step (during its final checkpoint). Either way the job's row is added to the sweep table as it ends.
+
+Under ``checkpoint.resume=auto`` a job counts as completed before only when its ``summary.json`` is
+well-formed, says ``completed`` and agrees with the job's own checkpoints (the newest is at the summary's
+``global_step``); anything else is run again (resuming from its checkpoints) with a one-line note.
+
+Everything in the sweep directory is read and written through ``files.SafeDir``: a job directory that is a
+link or not a directory is refused for that job, before the run writes anything.
+
+In a worker process (joblib/loky, submitit, Ray), a watchdog thread ends the process when the multirun's
+parent is gone (killed outright, SIGKILL included): a running job gets a SIGTERM (its step, a checkpoint,
+``interrupted``) and ``WATCHDOG_GRACE_S`` seconds; an idle worker exits at once.
 """
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import os
 import signal
 import sys
@@ -20,49 +31,74 @@ from pathlib import Path
 
 import structlog
 
-from ..errors import CsfError
+from ..errors import CsfError, UnsafePathError, printable
+from ..files import SafeDir
 from ..process_state import clean_process_state
-from ..signals import Interrupted, exit_status
-from .table import make_row, override_columns, read_rows, record_row, row_overrides
+from ..signals import Interrupted, caught_stop_signal, exit_status, forget_stop_signals, signal_name
+from .table import (make_row, override_columns, read_rows, read_summary, record_row,
+                    row_overrides)
 
 INTERRUPTED = ".interrupted"
 REFUSED = ".refused"  # jobs of this multirun not run because their run directory belongs to another sweep
 JOBS = ".jobs"  # one file per job process running now (its pid), for the parent to forward signals to
 PARENT_ENV = "CSFRAMEWORK_SWEEP_PARENT"  # the pid of the multirun's parent, inherited by worker processes
+#: How often a worker's watchdog looks for the multirun's parent, and how long a running job then has to
+#: save its checkpoint before the worker exits anyway.
+WATCHDOG_POLL_S = 0.5
+WATCHDOG_GRACE_S = 10.0
+
+_stopped: list[int] = []  # the stop signal this process saw during this multirun (if .interrupted is lost)
+_job_caught: list[int] = []  # the stop signals the running job's set-up caught (``_job_signals``)
+
+
+def reset_stop() -> None:
+    """A new multirun in this process: no stop seen yet."""
+    _stopped.clear()
 
 
 def interrupted_by(sweep_dir: Path) -> int | None:
     """The signal that interrupted the sweep in ``sweep_dir`` (this multirun), else ``None``."""
+    if _stopped:
+        return _stopped[0]
+    sweep = SafeDir(sweep_dir)
     try:
-        return int((Path(sweep_dir) / INTERRUPTED).read_text() or signal.SIGINT)
-    except (FileNotFoundError, ValueError):
-        return None
+        if sweep.kind(INTERRUPTED) is None:
+            return None
+        text = sweep.read(INTERRUPTED, 16).decode("ascii", "replace").strip()
+    except (OSError, ValueError, UnsafePathError):
+        return signal.SIGINT  # something is there and cannot be read: stopping is the safe reading
+    return int(text) if text.isdigit() and 0 < int(text) < 65 else signal.SIGINT
 
 
 def mark_interrupted(sweep_dir: Path, signum: int) -> None:
-    path = Path(sweep_dir) / INTERRUPTED
-    if not path.exists():
-        path.write_text(str(int(signum)))
+    """Record the stop (in this process, and in ``.interrupted`` for the other processes of the sweep).
+    Called from signal handlers: never raises."""
+    if not _stopped:
+        _stopped.append(int(signum))
+    sweep = SafeDir(sweep_dir)
+    with contextlib.suppress(OSError, CsfError):
+        if sweep.kind(INTERRUPTED) is None:
+            sweep.write(INTERRUPTED, str(int(signum)), durable=False)
 
 
-def read_summary(run_dir: Path, since: float = 0.0) -> dict | None:
-    """``summary.json`` of ``run_dir`` if it was written at or after ``since`` (a time.time())."""
-    path = run_dir / "summary.json"
-    try:
-        if path.stat().st_mtime >= since:
-            return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
-    return None
+def refuse(sweep_dir: Path, num: int) -> None:
+    """Record that job ``num`` was refused (the multirun then exits 1)."""
+    with contextlib.suppress(OSError, CsfError), SafeDir(sweep_dir).append(REFUSED) as f:
+        f.write(f"{num}\n")
 
 
 def objective_of(summary: dict | None, objective: str) -> float | None:
+    """The objective's value in a well-formed summary (``"NaN"`` and the infinities as floats)."""
     value = (summary or {}).get("metrics", {}).get(objective)
     return float(value) if value is not None else None
 
 
 def describe(num: int, overrides: list[str]) -> str:
-    return f"job {num} ({' '.join(overrides) or 'no overrides'})"
+    return f"job {num} ({printable(' '.join(overrides)) or 'no overrides'})"
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"csframework: {line}\n")
 
 
 @contextlib.contextmanager
@@ -78,6 +114,7 @@ def _job_signals():
             os.setpgid(0, 0)
 
     def interrupt(signum, frame):
+        _job_caught.append(signum)  # known even if the code it interrupts turns it into another error
         raise Interrupted(signum, 0)
 
     with handling_stop_signals(interrupt):
@@ -98,16 +135,70 @@ def handling_stop_signals(handler):
 @contextlib.contextmanager
 def _registered(sweep_dir: Path):
     """While the job runs, ``.jobs/<pid>`` names its process, so the parent can forward signals to it."""
-    jobs = Path(sweep_dir) / JOBS
-    jobs.mkdir(parents=True, exist_ok=True)
-    me = jobs / str(os.getpid())
-    me.touch()
+    jobs, me = SafeDir(sweep_dir).sub(JOBS), str(os.getpid())
+    jobs.write(me, b"", durable=False)
     try:
         yield
     finally:
-        me.unlink(missing_ok=True)
+        with contextlib.suppress(OSError, CsfError):
+            jobs.remove(me)
 
 
+# -- the worker's watchdog -----------------------------------------------------------------------------
+_job_running = threading.Event()
+_watchdog: list[threading.Thread] = []
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` (from /proc: tells a reused pid apart), None when it is gone or a
+    zombie; ``"?"`` where there is no /proc and the process exists."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return None
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return "?"
+
+
+def _watch(parent: int, started: str) -> None:
+    while _start_time(parent) == started:
+        time.sleep(WATCHDOG_POLL_S)
+    if _job_running.is_set():  # a job runs: let it save its checkpoint, as on a SIGTERM of the multirun
+        with contextlib.suppress(OSError):
+            os.write(2, f"csframework: the multirun's process {parent} is gone: stopping this worker's job "
+                        f"(exit within {WATCHDOG_GRACE_S:g} s)\n".encode())
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + WATCHDOG_GRACE_S
+        while _job_running.is_set() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    os._exit(exit_status(signal.SIGTERM))
+
+
+def start_watchdog() -> None:
+    """In a worker process of a multirun (``PARENT_ENV`` names another process): once, a daemon thread
+    that ends this process when the multirun's parent is gone."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if _watchdog or not parent.isdigit() or int(parent) == os.getpid():
+        return
+    started = _start_time(int(parent))
+    if started is None:  # gone already
+        os._exit(exit_status(signal.SIGTERM))
+    thread = threading.Thread(target=_watch, args=(int(parent), started), name="csframework-sweep-watchdog",
+                              daemon=True)
+    thread.start()
+    _watchdog.append(thread)
+
+
+# -- a job ---------------------------------------------------------------------------------------------
 def _point(overrides: dict[str, str]) -> dict[str, str]:
     """What makes a job the same job on a rerun: its overrides, whether resuming or not aside."""
     return {k: v for k, v in overrides.items() if k != "checkpoint.resume"}
@@ -123,9 +214,63 @@ def default_threads(hydra_cfg) -> int | None:
     return max(1, cores // max(1, parallel))
 
 
+def job_dir(sweep_dir: Path, run_dir: Path) -> SafeDir:
+    """The job's run directory, checked to be a real directory reached through real directories from the
+    sweep directory (``UnsafePathError`` naming it otherwise)."""
+    sweep = os.path.abspath(sweep_dir)
+    rel = os.path.relpath(os.path.abspath(run_dir), sweep)
+    if rel == "." or rel.split(os.sep)[0] == "..":  # hydra.sweep.subdir outside the sweep: itself, at least
+        return SafeDir(run_dir).sub(create=False)
+    try:
+        return SafeDir(sweep).sub(*rel.split(os.sep), create=False)
+    except FileNotFoundError as e:
+        raise UnsafePathError(f"{run_dir}: the job's run directory is missing") from e
+
+
+def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
+    """The job's summary if it shows a completed job that its own checkpoints confirm (the newest is at the
+    summary's ``global_step``); else None and, when the directory claims more than it shows, why."""
+    from ..builtin.checkpoint import checkpoint_names, read_meta
+
+    summary, problem = read_summary(job)
+    if summary is None:
+        return None, problem and f"its summary.json is unusable ({problem})"
+    if summary["status"] != "completed":
+        return None, None
+    step = summary["global_step"]
+    kind = job.kind("checkpoints")
+    if kind != "dir":
+        return None, ("its summary.json says completed but it has no checkpoints" if kind is None else
+                      "its summary.json says completed but its checkpoints is not a real directory")
+    root = job.path / "checkpoints"
+    try:
+        names, _ = checkpoint_names(root)
+        if not names:
+            return None, "its summary.json says completed but it has no checkpoint"
+        if int(names[-1][len("step-"):]) != step:
+            return None, (f"its summary.json says completed at step {step} but its newest checkpoint is "
+                          f"{names[-1]}")
+        meta_step = read_meta(root / names[-1]).get("global_step")
+    except (CsfError, ValueError, OSError) as e:  # DamagedCheckpoint, UnreadableCheckpoints
+        return None, f"its checkpoints cannot confirm its summary.json ({printable(str(e))})"
+    if meta_step != step:
+        return None, f"its summary.json says step {step}, its checkpoint {names[-1]} says {meta_step}"
+    return summary, None
+
+
 def run_sweep_job(cfg, run_job) -> float | None:
     """Run ``run_job(cfg, overrides)`` as job ``hydra.job.num`` of a multirun; returns its objective
-    (``sweep.objective`` from its summary), ``None`` if it failed, was interrupted or never started."""
+    (``sweep.objective`` from its summary), ``None`` if it failed, was interrupted, never started or its
+    objective is not a finite number."""
+    try:
+        start_watchdog()
+        _job_running.set()
+        return _run_sweep_job(cfg, run_job)
+    finally:
+        _job_running.clear()
+
+
+def _run_sweep_job(cfg, run_job) -> float | None:
     import torch
     from hydra.core.hydra_config import HydraConfig
 
@@ -135,21 +280,35 @@ def run_sweep_job(cfg, run_job) -> float | None:
     objective = str(cfg.get("sweep", {}).get("objective", "val/loss"))
     if interrupted_by(sweep_dir) is not None:
         return None  # the sweep was stopped before this job started: no row, nothing run
+    try:
+        job = job_dir(sweep_dir, run_dir)
+    except UnsafePathError as e:
+        _say(f"{describe(num, overrides)} failed: {printable(str(e))}")
+        _record(sweep_dir, make_row(num, overrides, "failed", None, 0.0, run_dir))
+        return None
     if str(cfg.checkpoint.resume) == "auto":
         before = next((r for r in read_rows(sweep_dir) if r.get("job") == num), None)
-        if before is not None and _point(row_overrides(before)) != _point(override_columns(overrides)):
-            other = " ".join(f"{k}={v}" for k, v in row_overrides(before).items())
-            sys.stderr.write(f"csframework: {describe(num, overrides)} failed: its run directory {run_dir} holds "
-                             f"job {num} of another sweep ({other}); run this sweep in a new hydra.sweep.dir\n")
-            with open(sweep_dir / REFUSED, "a") as f:  # the multirun exits 1; the other sweep's row stays
-                f.write(f"{num}\n")
+        # (a row rebuilt from a job directory that lost its .hydra/overrides.yaml says nothing either way)
+        if before is not None and _point(row_overrides(before)) and \
+                _point(row_overrides(before)) != _point(override_columns(overrides)):
+            other = printable(" ".join(f"{k}={v}" for k, v in row_overrides(before).items()))
+            _say(f"{describe(num, overrides)} failed: its run directory {printable(str(run_dir))} holds job {num} "
+                 f"of another sweep ({other}); run this sweep in a new hydra.sweep.dir")
+            refuse(sweep_dir, num)  # the multirun exits 1; the other sweep's row stays
             return None
-        done = read_summary(run_dir)
-        if (done or {}).get("status") == "completed":
-            sys.stderr.write(f"csframework: {describe(num, overrides)} completed before; not run again\n")
-            return objective_of(done, objective)
+        done, why = completed_before(job)
+        if done is not None:
+            _say(f"{describe(num, overrides)} completed before; not run again")
+            if before is None or before.get("status") != "completed":  # a lost or stale row
+                _record(sweep_dir, make_row(num, overrides, "completed", done,
+                                            (before or {}).get("wall_time_s"), run_dir))
+            return _objective(num, overrides, done, objective)
+        if why:
+            _say(f"{describe(num, overrides)}: {why}; running it again (from its checkpoints, if any)")
 
     status, started = "failed", time.time()
+    forget_stop_signals()
+    _job_caught.clear()
     try:
         with _registered(sweep_dir), clean_process_state(), _job_signals(), \
                 structlog.contextvars.bound_contextvars(job=num, sweep_dir=str(sweep_dir)):
@@ -158,26 +317,61 @@ def run_sweep_job(cfg, run_job) -> float | None:
                 torch.set_num_threads(threads)
             run_job(cfg, overrides)
         status = "completed"
+        late = _signal_seen()
+        if late is not None:  # it came after the last step: fit saved and completed, the sweep still stops
+            status = "interrupted"
+            mark_interrupted(sweep_dir, late)
+            _say(f"{describe(num, overrides)} interrupted: {signal_name(late)} came during its final checkpoint "
+                 "(the job completed); no further job starts")
     except KeyboardInterrupt as e:  # Interrupted: the step finished and a checkpoint was saved
         status = "interrupted"
         mark_interrupted(sweep_dir, getattr(e, "signum", signal.SIGINT))
-        sys.stderr.write(f"csframework: {describe(num, overrides)} interrupted: {e}\n")
+        _say(f"{describe(num, overrides)} interrupted: {printable(str(e))}")
     except Exception as e:  # noqa: BLE001 - a failing job fails alone
         if cfg.get("debug", False):
             import traceback
 
             traceback.print_exc()
-        message = str(e) if isinstance(e, CsfError) else f"{type(e).__name__}: {e}"
-        sys.stderr.write(f"csframework: {describe(num, overrides)} failed: {' '.join(message.split())}\n")
+        message = printable(" ".join((str(e) if isinstance(e, CsfError) else f"{type(e).__name__}: {e}").split()))
+        stop = _signal_seen()
+        if stop is not None:  # the signal interrupted code that reported it as its own failure
+            status = "interrupted"
+            mark_interrupted(sweep_dir, stop)
+            _say(f"{describe(num, overrides)} interrupted by {signal_name(stop)}: {message}")
+        else:
+            _say(f"{describe(num, overrides)} failed: {message}")
     finally:
-        summary = read_summary(run_dir, since=started)
-        record_row(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
+        summary, _ = read_summary(job, since=started)
+        _record(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
     if status != "completed":
         return None
+    return _objective(num, overrides, summary, objective)
+
+
+def _signal_seen() -> int | None:
+    """The stop signal the job caught (in ``fit`` or in its set-up), if any."""
+    return caught_stop_signal() or (_job_caught[-1] if _job_caught else None)
+
+
+def _record(sweep_dir: Path, row: dict) -> None:
+    """Add the job's row; a sweep directory that refuses it costs the row, not the job (one line)."""
+    try:
+        record_row(sweep_dir, row)
+    except (OSError, CsfError) as e:
+        _say(f"job {row['job']}: its row is not in the sweep table: {printable(' '.join(str(e).split()))}")
+
+
+def _objective(num: int, overrides: list[str], summary: dict | None, objective: str) -> float | None:
+    """The value for the sweeper: ``None`` (a failed trial) when the metric is missing or not finite."""
     value = objective_of(summary, objective)
     if value is None:
-        sys.stderr.write(f"csframework: {describe(num, overrides)} has no metric {objective!r} for the sweeper "
-                         f"(sweep.objective); it has: {', '.join((summary or {}).get('metrics', {})) or 'none'}\n")
+        names = ", ".join(printable(k) for k in (summary or {}).get("metrics", {})) or "none"
+        _say(f"{describe(num, overrides)} has no metric {printable(objective)!r} for the sweeper "
+             f"(sweep.objective); it has: {names}")
+    elif not math.isfinite(value):
+        _say(f"{describe(num, overrides)}: its {printable(objective)} is {value}; the sweeper counts it as a "
+             "failed trial")
+        return None
     return value
 
 
@@ -186,5 +380,13 @@ def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
     signum = interrupted_by(sweep_dir)
     if signum is not None:
         return exit_status(signum)
-    refused = (Path(sweep_dir) / REFUSED).exists()
+    try:
+        refused = SafeDir(sweep_dir).kind(REFUSED) is not None
+    except (OSError, CsfError):
+        refused = True
     return 1 if refused or any(r.get("status") != "completed" for r in rows) else 0
+
+
+__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "completed_before", "describe",
+           "exit_status_of", "handling_stop_signals", "interrupted_by", "job_dir", "mark_interrupted",
+           "run_sweep_job", "start_watchdog"]

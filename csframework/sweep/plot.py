@@ -4,10 +4,13 @@ orders of magnitude) and every job's validation curve on one chart. Needs matplo
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
 from ..builtin.plot import read_series
+from ..errors import CsfError
+from ..files import SafeDir
 from .table import columns
 
 PLOT = "sweep.png"
@@ -60,8 +63,7 @@ def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/lo
         ax.set_ylabel(objective)
     curves = axes[0][-1]
     for row in rows:
-        metrics = Path(str(row.get("run_dir"))) / "metrics.csv"
-        series = read_series(metrics, names=(objective,)).get(objective) if metrics.exists() else None
+        series = _curve(sweep_dir, row, objective)
         if series:
             curves.plot([s for s, _ in series], [v for _, v in series], marker=".", label=f"job {row['job']}")
     curves.set_xlabel("step")
@@ -70,9 +72,23 @@ def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/lo
         curves.legend(fontsize="small")
     fig.suptitle(f"sweep: {objective} ({len(rows)} jobs)")
     fig.tight_layout()
-    path = Path(sweep_dir) / PLOT
-    tmp = path.with_name(f".{PLOT}.tmp")
-    fig.savefig(tmp, format="png", dpi=90, metadata={"panels": ", ".join(panels)})
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        with SafeDir(sweep_dir).atomic(PLOT) as f:
+            fig.savefig(f, format="png", dpi=90, metadata={"panels": ", ".join(panels)})
+    finally:
+        plt.close(fig)
+    return Path(sweep_dir) / PLOT
+
+
+def _curve(sweep_dir: Path, row: dict, objective: str) -> list | None:
+    """The objective's curve from the ``metrics.csv`` of the row's run directory, read through
+    ``SafeDir`` and only in a run directory inside the sweep directory (the table is not trusted to name
+    files elsewhere); None when there is none."""
+    sweep = os.path.abspath(sweep_dir)
+    rel = os.path.relpath(os.path.abspath(str(row.get("run_dir"))), sweep)
+    if rel == "." or rel.split(os.sep)[0] == "..":
+        return None
+    try:
+        return read_series(SafeDir(sweep, *rel.split(os.sep)), names=(objective,)).get(objective)
+    except (OSError, ValueError, CsfError):  # absent, a link, a FIFO, not a directory
+        return None
