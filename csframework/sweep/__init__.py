@@ -45,7 +45,9 @@ class SweepCallback(Callback):
         _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
         reset_stop()
         try:
-            prepare(_SWEEP_DIR, OmegaConf.to_yaml(config))
+            subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir") \
+                if "sweep" in config.get("hydra", {}) else None
+            prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=subdir == "${hydra.job.num}")
         except (UnsafePathError, OSError) as e:
             if config.get("debug", False):
                 raise
@@ -53,12 +55,20 @@ class SweepCallback(Callback):
             sys.exit(2)
 
 
-def prepare(sweep_dir: Path, multirun_yaml: str) -> None:
+def prepare(sweep_dir: Path, multirun_yaml: str, numbered: bool = True) -> None:
     """Make the sweep directory ready: ``multirun.yaml`` written as a fresh file (Hydra's ``OmegaConf.save``
     then rewrites that file, not what a planted link or hard link names), no link or hard link where Hydra
     writes ``optimization_results.yaml``, the marks of an earlier multirun and the stale entries of
-    ``.jobs`` removed, the lock usable, and a damaged table rebuilt from the job directories."""
+    ``.jobs`` removed, the lock usable, and a damaged table rebuilt from the job directories. With job
+    directories named by number (``numbered``, Hydra's default ``hydra.sweep.subdir``), a file, FIFO or
+    link to no directory at such a name is refused now (Hydra's launcher would fail on it with a
+    traceback); a link to a directory fails its job alone (``job.job_dir``)."""
     sweep = SafeDir(sweep_dir).sub()  # made if absent; a link or a file there is refused
+    for name in sweep.names() if numbered else []:
+        if name.isdigit() and sweep.kind(name) != "dir" and not (
+                sweep.kind(name) == "link" and os.path.isdir(sweep / name)):
+            raise UnsafePathError(f"{sweep / name}: it is where job {int(name)} of this sweep runs, and it is not a "
+                                  "directory; remove it or choose another hydra.sweep.dir")
     for name in _FILES:
         if sweep.kind(name) == "dir":
             raise UnsafePathError(f"{sweep / name}: it is a directory, where the sweep writes a file; remove it "

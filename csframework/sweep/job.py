@@ -299,9 +299,10 @@ def _run_sweep_job(cfg, run_job) -> float | None:
         done, why = completed_before(job)
         if done is not None:
             _say(f"{describe(num, overrides)} completed before; not run again")
-            if before is None or before.get("status") != "completed":  # a lost or stale row
-                _record(sweep_dir, make_row(num, overrides, "completed", done,
-                                            (before or {}).get("wall_time_s"), run_dir))
+            # its row is rewritten from what was verified (a lost, stale, forged or copied row says otherwise)
+            wall = (before or {}).get("wall_time_s")
+            _record(sweep_dir, make_row(num, overrides, "completed", done,
+                                        wall if type(wall) in (int, float) else None, run_dir))
             return _objective(num, overrides, done, objective)
         if why:
             _say(f"{describe(num, overrides)}: {why}; running it again (from its checkpoints, if any)")

@@ -277,3 +277,16 @@ def test_a_worker_exits_within_seconds_of_its_multirun_parent_being_killed(tmp_p
             assert waited < 5 and "term" not in log.read_text()
         else:
             assert 1.5 < waited < 8 and "term" in log.read_text()
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "dangling", "symlink-file"])
+def test_a_job_number_that_is_not_a_directory_is_refused_before_any_job(area, capsys, kind):
+    # before: Hydra's launcher failed on it with a traceback (mkdir: File exists)
+    area.plant(area.sweep / "1", kind)
+    area.guard(area.sweep)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(area.sweep), "subdir": "${hydra.job.num}"}}})
+    with pytest.raises(SystemExit) as e:
+        SweepCallback().on_multirun_start(config)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and str(area.sweep / "1") in err[0]
+    area.assert_untouched()
