@@ -28,12 +28,12 @@ class Boom:
 def test_a_malicious_dcp_metadata_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "pwned"
     root, name = tmp_path / "checkpoints", "step-00000004"
-    shards = ckpt.shards_dir(root, name)
-    shards.mkdir(parents=True)
+    tmp = ckpt.temporary_dir(root, name)
+    shards = tmp.sub("sharded").path
     (shards / ".metadata").write_bytes(pickle.dumps(Boom(marker)))
     (shards / "__0_0.distcp").write_bytes(b"\0" * 16)
     state = {"sharded": True, "loop": {"global_step": 4}}
-    ckpt.write_checkpoint(root, name, state, {"global_step": 4}, "{}\n", sharded=True)
+    ckpt.write_checkpoint(root, name, state, {"global_step": 4}, "{}\n", sharded=tmp)
     with pytest.raises(ckpt.DamagedCheckpoint, match=r"refused to load sharded/.metadata \(os.system|posix.system"):
         ckpt.read_checkpoint(root / name)
     with pytest.raises(pickle.UnpicklingError):
@@ -43,9 +43,9 @@ def test_a_malicious_dcp_metadata_is_refused_without_running_it(tmp_path):
 
 def test_a_sharded_checkpoint_listing_a_foreign_file_is_refused(tmp_path):
     root, name = tmp_path / "checkpoints", "step-00000004"
-    ckpt.shards_dir(root, name).mkdir(parents=True)
-    (ckpt.shards_dir(root, name) / ".metadata").write_bytes(b"")
-    ckpt.write_checkpoint(root, name, {"sharded": True}, {}, "{}\n", sharded=True)
+    tmp = ckpt.temporary_dir(root, name)
+    (tmp.sub("sharded").path / ".metadata").write_bytes(b"")
+    ckpt.write_checkpoint(root, name, {"sharded": True}, {}, "{}\n", sharded=tmp)
     meta = json.loads((root / name / "meta.json").read_text())
     meta["files"]["sharded/../../evil"] = {"bytes": 0, "crc32": "00000000"}
     (root / name / "meta.json").write_text(json.dumps(meta))
