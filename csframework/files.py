@@ -41,6 +41,8 @@ def _why(e: OSError, path: Path | None = None) -> str:
         return "it is a symbolic link, which csframework never creates; remove it"
     if e.errno == errno.ENOTDIR:
         return "it is not a directory; remove it or choose another directory"
+    if e.errno in (errno.EISDIR, errno.ENOTEMPTY):
+        return "it is a directory where csframework writes a file; remove it"
     if e.errno == errno.ENXIO:
         return "it is a FIFO or device, not a regular file; remove it"
     return f"{e.strerror or e}; check it and its permissions"
@@ -142,7 +144,10 @@ class SafeDir:
                     f.flush()
                     if durable:
                         os.fsync(f.fileno())
-                os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                try:
+                    os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                except OSError as e:  # a directory planted at the name, say
+                    raise UnsafePathError(f"{self / name}: cannot replace it ({_why(e, self / name)})") from e
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=fd)

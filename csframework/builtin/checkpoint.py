@@ -418,7 +418,8 @@ def read_checkpoint(path: Path) -> tuple[dict, dict]:
     checker.start()
     state, load_error = None, None
     try:
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        with SafeDir(path).reader("state.pt") as f:  # a regular file, through no link, never a FIFO
+            state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged file, or one holding code: refused below
         load_error = e
     finally:

@@ -98,6 +98,8 @@ class MetricsPlugin:
             self.file = self.writer = None
         if run.rank != 0:
             return
+        if error is not None and self.started is None and getattr(error, "exit_code", 1) == 2:
+            return  # refused before it began (exit 2: nothing trained): an earlier run's summary.json stays
         summary = run.summary()
         summary.update(self._figures(run))
         if error is not None:
