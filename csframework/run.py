@@ -329,10 +329,8 @@ class Run:
         # sharded (fsdp): each rank checks its own shards, and all ranks agree (all of them save or none)
         flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in self.model.parameters()]
         finite = not flags or bool(torch.stack(flags).all())
-        if self.backend.sharded:
-            from .backends.fsdp import all_ranks_agree
-
-            finite = all_ranks_agree(finite, self.backend.host_group)
+        if self.backend.sharded:  # under ddp only rank 0 saves, so only a sharded backend's ranks all ask
+            finite = self.backend.all_ranks_agree(finite)
         if not finite:
             names = [n for (n, _), ok in zip(self.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
             raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {self.global_step}; "
@@ -360,7 +358,7 @@ class Run:
     def state_dict(self) -> dict:
         """Everything that decides the rest of the run, as tensors and plain values
         (loadable with ``torch.load(weights_only=True)``). Under ``strategy=fsdp`` the model and optimizer
-        are not in it (``sharded``): every rank writes its shards of them (``backends.fsdp``)."""
+        are not in it (``sharded``): every rank writes its shards of them (``Backend.save_sharded``)."""
         sharded = self.backend.sharded
         data = self._data_state()
         # a short last batch made the dataset's iterator end: its state is already the next pass's
@@ -396,7 +394,7 @@ class Run:
                               f"does not have at that position (stages: {[n for n, _ in self.stages]})")
         if position["stage_index"] != self.state.stage_index:
             self.enter_stage(position["stage_index"])
-        if not state.get("sharded"):  # sharded: the checkpoint plugin loads them with backends.fsdp.load
+        if not state.get("sharded"):  # sharded: the checkpoint plugin loads them (Backend.load_sharded)
             try:
                 self.model.load_state_dict(state["model"])
             except RuntimeError as e:

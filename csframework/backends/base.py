@@ -4,6 +4,7 @@ the optional capabilities' defaults, and ``BackendSpec``, which a plugin returns
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import torch
@@ -22,11 +23,12 @@ class Backend(Protocol):
     """This process's rank among ``world_size`` data-parallel processes (0 and 1 when not distributed)."""
     world_size: int
     sharded: bool
+    """Whether the model and optimizer state are sharded over the ranks (``strategy=fsdp``): every rank then
+    takes part in checkpointing, through ``save_sharded``, ``load_sharded`` and ``read_shard_metadata``; when
+    ``False`` they are saved whole in the checkpoint's ``state.pt`` (``Run.state_dict``)."""
     host_group: Any
     """The process group of host-side (CPU tensor) collectives: a gloo group beside NCCL, ``None`` for the
     default group."""
-    """Whether the model and optimizer state are sharded over the ranks (``strategy=fsdp``): every rank then
-    takes part in checkpointing (``backends.fsdp``)."""
     dry_run: str | None
     """``None`` to train; else the final status of a run that only prepares each stage (CSX
     ``compile_only`` -> ``"compiled"``), for which the loop calls ``dry_stage`` instead of training."""
@@ -61,6 +63,9 @@ class Backend(Protocol):
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
 
+    def all_ranks_agree(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (collective: every rank calls it; ``flag`` when alone)."""
+
     def finish(self) -> None:
         """The stage or fit ended (however): wait, bounded, for collectives still in flight."""
 
@@ -69,12 +74,33 @@ class Backend(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def save_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """Only when ``sharded``: every rank writes its shards of the model and optimizer state into
+        ``directory`` (collective). The checkpoint plugin then lists and checksums the files there, which
+        must be ``.metadata`` and ``__<rank>_<n>.distcp`` (the names DCP writes)."""
+
+    def load_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+                     files: set[str]) -> None:
+        """Only when ``sharded``: load the shards ``save_sharded`` wrote in ``directory`` into ``model`` and
+        ``optimizer`` (collective; possibly written by another number of ranks). ``files``: the names the
+        checkpoint lists, checked against their checksums; no other file may be read. Runs no code from the
+        files; raises ``ValueError``, ``KeyError`` or ``RuntimeError`` when they do not fit the model."""
+
+    def read_shard_metadata(self, path: Path) -> None:
+        """Only when ``sharded``: check ``path`` (a sharded checkpoint's ``sharded/.metadata``) is this
+        backend's metadata, reading it without running code from it; raises (anything) when it is not, and the
+        checkpoint is then treated as damaged (resume falls back to an older one)."""
+
     def summary(self) -> dict:
         """Extra entries of ``summary.json``."""
 
 
+_WHOLE = "{} is not sharded: the model and optimizer state are saved whole, in the checkpoint's state.pt"
+
+
 class BackendBase:
-    """The defaults of a single-process backend without dry runs, loss scaling or state."""
+    """The defaults of a single-process backend without dry runs, loss scaling or state, whose model and
+    optimizer state is saved whole (``sharded = False``: the sharded methods are never called)."""
 
     device_type = "CPU"
     rank, world_size = 0, 1
@@ -100,6 +126,9 @@ class BackendBase:
     def broadcast(self, value: Any) -> Any:
         return value
 
+    def all_ranks_agree(self, flag: bool) -> bool:
+        return flag
+
     def finish(self) -> None:
         pass
 
@@ -108,6 +137,16 @@ class BackendBase:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+    def save_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        raise NotImplementedError(_WHOLE.format(type(self).__name__))
+
+    def load_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+                     files: set[str]) -> None:
+        raise NotImplementedError(_WHOLE.format(type(self).__name__))
+
+    def read_shard_metadata(self, path: Path) -> None:
+        raise NotImplementedError(_WHOLE.format(type(self).__name__))
 
     def summary(self) -> dict:
         return {}

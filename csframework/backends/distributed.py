@@ -17,6 +17,7 @@ import datetime
 import os
 import re
 
+import torch
 import torch.distributed as dist
 
 from ..errors import CsfError, RankLostError
@@ -55,3 +56,10 @@ def peer_lost(error: BaseException, rank: int, timeout_s: float | None) -> RankL
     return RankLostError(f"rank {rank}: another rank died or stopped answering within backend.timeout_s="
                          f"{timeout_s or DEFAULT_TIMEOUT_S:g} ({type(error).__name__}: {text[:300]}); the last "
                          "complete checkpoint is intact: continue with checkpoint.resume=auto")
+
+
+def all_ranks_agree(flag: bool, group=None) -> bool:
+    """Whether ``flag`` holds on every rank (one small all-reduce; ``group``: a gloo group beside NCCL)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=group)
+    return bool(value.item())

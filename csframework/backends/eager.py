@@ -6,6 +6,7 @@ import datetime
 import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, List, Optional
 
 import torch
@@ -21,7 +22,7 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..precision import Precision
 from .base import BackendBase, BackendSpec
-from .distributed import DEFAULT_TIMEOUT_S, init_process_group, timeout
+from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 
 
 class Strategy(str, Enum):
@@ -150,6 +151,32 @@ class EagerBackend(BackendBase):
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def all_ranks_agree(self, flag: bool) -> bool:
+        return flag if self.world_size == 1 else all_ranks_agree(flag, self.host_group)
+
+    # -- sharded checkpoints (strategy=fsdp: DCP, see backends.fsdp) ---------------------------------------
+    def save_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        if not self.sharded:
+            return super().save_sharded(model, optimizer, directory)
+        from . import fsdp
+
+        fsdp.save(model, optimizer, directory)
+
+    def load_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+                     files: set[str]) -> None:
+        if not self.sharded:
+            return super().load_sharded(model, optimizer, directory, files)
+        from . import fsdp
+
+        fsdp.load(model, optimizer, directory, files)
+
+    def read_shard_metadata(self, path: Path) -> None:
+        if not self.sharded:
+            return super().read_shard_metadata(path)
+        from . import fsdp
+
+        fsdp.read_metadata(path)
 
     # -- assembly -----------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -16,7 +16,6 @@ import pickle
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
@@ -126,9 +125,3 @@ class _SafePlanner(DefaultLoadPlanner):
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
 
-
-def all_ranks_agree(flag: bool, group=None) -> bool:
-    """Whether ``flag`` holds on every rank (one small all-reduce; ``group``: a gloo group beside NCCL)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=group)
-    return bool(value.item())

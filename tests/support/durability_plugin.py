@@ -71,8 +71,9 @@ class Killer:
             return
         killer = self
 
-        original_write_file, original_commit = ckpt._write_file, ckpt._commit
-        original_index = ckpt._write_index
+        # patched where they are looked up: the format writes files and commits, the store writes the index
+        original_write_file, original_commit = ckpt.format._write_file, ckpt.format._commit
+        original_index = ckpt.store.write_index
 
         def write_file(where, name, write, **kwargs):
             if name != "state.pt" or ("state_write", run.global_step) != killer.target:
@@ -99,7 +100,7 @@ class Killer:
             killer.hit("before_index", run.global_step)
             return original_index(root, index)
 
-        ckpt._write_file, ckpt._commit, ckpt._write_index = write_file, commit, write_index
+        ckpt.format._write_file, ckpt.format._commit, ckpt.store.write_index = write_file, commit, write_index
 
     @csf.hookimpl
     def on_train_batch_start(self, run):

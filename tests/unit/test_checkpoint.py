@@ -341,10 +341,10 @@ def test_a_failed_checkpoint_write_is_reported_and_leaves_the_previous_intact(tm
 
 
 def test_a_large_checkpoint_synced_in_the_background_reads_back_and_reports_a_sync_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "_SYNC_EVERY", 1 << 16)  # a background fdatasync every 64 KiB
+    monkeypatch.setattr(ckpt.format, "_SYNC_EVERY", 1 << 16)  # a background fdatasync every 64 KiB
     synced = []
     real_fdatasync = os.fdatasync
-    monkeypatch.setattr(ckpt.os, "fdatasync", lambda fd: synced.append(fd) or real_fdatasync(fd))
+    monkeypatch.setattr(ckpt.format.os, "fdatasync", lambda fd: synced.append(fd) or real_fdatasync(fd))
     state = {"model": {f"w{i}": torch.randn(64, 64) for i in range(20)}}  # 20 records of 16 KiB
     root = tmp_path / "checkpoints"
     write_checkpoint(root, "step-1", state, {"global_step": 1}, "a: 1\n")
@@ -355,7 +355,7 @@ def test_a_large_checkpoint_synced_in_the_background_reads_back_and_reports_a_sy
     def failing(fd):  # the disk reports an I/O error to the background sync only
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(ckpt.os, "fdatasync", failing)
+    monkeypatch.setattr(ckpt.format.os, "fdatasync", failing)
     with pytest.raises(ckpt.CheckpointWriteError, match="step-2 .Input/output error"):
         write_checkpoint(root, "step-2", state, {"global_step": 2}, "a: 1\n")
     assert sorted(p.name for p in root.iterdir()) == ["step-1"]

@@ -235,7 +235,7 @@ def test_a_damaged_meta_or_config_falls_back_to_the_previous_checkpoint(place, d
     elif damage == "too-deep":
         _rewrite_meta(newest, lambda m: json.dumps(dict(m, plugins={"p": json.loads("[" * 80 + "]" * 80)})))
     elif damage == "oversized":
-        monkeypatch.setattr(ckpt, "MAX_META_BYTES", 64 << 10)
+        monkeypatch.setattr(ckpt.format, "MAX_META_BYTES", 64 << 10)
         _rewrite_meta(newest, lambda m: json.dumps(dict(m, plugins={"p": "x" * (100 << 10)})))
     elif damage == "wrong-types":
         _rewrite_meta(newest, lambda m: json.dumps(dict(m, metrics=["train/loss", 0.1])))
@@ -324,7 +324,7 @@ def test_an_unreadable_checkpoints_directory_is_an_error_not_a_fresh_start(place
             raise PermissionError(13, "Permission denied", str(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(ckpt.os, "scandir", denied)
+    monkeypatch.setattr(ckpt.store.os, "scandir", denied)
     with pytest.raises(csf.CsfError, match=re.escape(f"cannot list the checkpoints in {place.root} "
                                                      "(Permission denied)")) as info:
         place.resume()

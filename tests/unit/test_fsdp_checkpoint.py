@@ -35,7 +35,7 @@ def test_a_malicious_dcp_metadata_is_refused_without_running_it(tmp_path):
     state = {"sharded": True, "loop": {"global_step": 4}}
     ckpt.write_checkpoint(root, name, state, {"global_step": 4}, "{}\n", sharded=tmp)
     with pytest.raises(ckpt.DamagedCheckpoint, match=r"refused to load sharded/.metadata \(os.system|posix.system"):
-        ckpt.read_checkpoint(root / name)
+        ckpt.read_checkpoint(root / name, read_metadata)  # the sharded backend's check (read_shard_metadata)
     with pytest.raises(pickle.UnpicklingError):
         read_metadata(root / name / "sharded" / ".metadata")
     assert not marker.exists()

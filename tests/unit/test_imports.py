@@ -74,6 +74,17 @@ def test_the_cycle_finder_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_the_built_in_plugins_and_run_reach_fsdp_only_through_the_backend():
+    # sharded checkpoints go through the Backend protocol (save_sharded, load_sharded, read_shard_metadata,
+    # all_ranks_agree): a built-in or Run importing backends.fsdp ties them to one strategy again
+    files = list(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in files}
+    checked = [p for p in files if p.is_relative_to(PACKAGE / "builtin")] + [PACKAGE / "run.py"]
+    assert any(p.parts[-2:] == ("checkpoint", "plugin.py") for p in checked)
+    importers = [module_name(p) for p in checked if "csframework.backends.fsdp" in imports_of(p, modules)]
+    assert importers == []
+
+
 def test_importing_csframework_does_not_import_the_tracer():
     code = "import csframework, sys; assert 'csframework.backends.csx.tracer' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
