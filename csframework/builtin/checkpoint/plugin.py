@@ -215,9 +215,9 @@ class CheckpointPlugin:
             if rewrite and run.rank == 0:
                 try:
                     store.write_index(root, {"checkpoints": names})
-                except OSError as e:  # the next save reports it (CheckpointWriteError); resuming needs none
+                except (OSError, UnsafePathError) as e:  # the next save reports it; resuming needs none
                     run.log.warning("checkpoint_index_not_rewritten", path=str(root / INDEX),
-                                    error=e.strerror or str(e))
+                                    error=getattr(e, "strerror", None) or str(e))
         return names
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
@@ -343,8 +343,9 @@ class CheckpointPlugin:
             index["best"] = best
         try:
             store.write_index(root, index)
-        except OSError as e:
-            raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} ({e.strerror or e}); "
+        except (OSError, UnsafePathError) as e:
+            raise CheckpointWriteError(f"checkpoint: could not update {root / INDEX} "
+                                       f"({getattr(e, 'strerror', None) or e}); "
                                        f"{path} is complete and the previous checkpoints are intact") from e
         for old in kept:
             if old not in retained:
