@@ -18,18 +18,22 @@ What a misbehaving plugin gets (exit statuses of the CLI):
   config before the run, or in ``csframework_configure``. Its dicts and lists are read-only OmegaConf
   containers; ``copy.deepcopy(run.config)`` is an ordinary, mutable config.
 
-Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consumes k batches)::
+Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consumes k batches), as
+``loop.train_epoch`` and ``loop.end_step`` read::
 
-    on_train_batch_start(batch, batch_idx)            # every batch (micro-batch)
-      on_before_backward(loss)                        # every batch
-      on_after_backward()                             # every batch
-      on_before_optimizer_step(optimizer)             # last batch of the step, before clipping + step
-      -- the global step advances here --
-      on_log_metrics(metrics, step)                   # when global_step % loop.log_every == 0
-      on_eval_start ... on_eval_end(metrics)          # when global_step % loop.eval_every == 0
-      on_log_metrics(val metrics, step)
-    on_train_batch_end(batch, outputs, batch_idx)     # every batch; the built-in checkpoint plugin saves here,
-                                                      # after the evaluation of the same step
+    for each of the step's k batches (micro-batches):
+        on_train_batch_start(batch, batch_idx)
+        on_before_backward(loss)
+        on_after_backward()
+        on the last one:
+            on_before_optimizer_step(optimizer)       # before clipping and the optimizer step
+            -- the global step advances; the step ends (loop.end_step): --
+            on_log_metrics(metrics, step)             # when global_step % loop.log_every == 0
+            on_eval_start ... on_eval_end(metrics)    # when global_step % loop.eval_every == 0
+            on_log_metrics(val metrics, step)
+        on_train_batch_end(batch, outputs, batch_idx)
+    on_train_step_end(step, outputs)                  # once per optimizer step; the built-in checkpoint plugin
+                                                      # saves here, after the evaluation of the same step
 
 Around the steps: ``on_fit_start`` > (per stage: ``on_train_start`` > (per epoch: ``on_train_epoch_start`` >
 steps > ``on_train_epoch_end``) > ``on_train_end``) > ``on_fit_end``. Evaluation: ``on_eval_start`` >
@@ -40,7 +44,7 @@ with ``run.status == "validating"`` until it ends. On an error: ``on_exception``
 Within one hook, the built-ins run before user and third-party plugins (pluggy calls the last registered
 first; built-ins are registered last), except where a built-in marks itself ``tryfirst``/``trylast``: in
 ``on_fit_start`` the logging plugin sets up ``run.log`` and the checkpoint plugin resumes before any other
-plugin; the checkpoint plugin saves in ``on_train_batch_end`` after every other plugin; the logging plugin
+plugin; the checkpoint plugin saves in ``on_train_step_end`` after every other plugin; the logging plugin
 closes its file in ``on_fit_end``/``on_exception`` after every other plugin, which may still log.
 On CSX, the hooks inside the traced step (``on_before_backward``, ``on_after_backward``,
 ``on_before_optimizer_step``) run when the step is traced, like any Python there; the others every step.
@@ -218,6 +222,19 @@ def on_train_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> N
     :param batch: the batch, on the run's device.
     :param outputs: the model's outputs with tensors detached, still on the device.
     :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
+    """
+
+
+@hookspec
+def on_train_step_end(run: Run, step: int, outputs: dict) -> None:
+    """After each optimizer step, once, whatever ``loop.grad_accum_steps`` is: after the step's last
+    ``on_train_batch_end`` and after the metric logging and the evaluation of that step (so a plugin here sees
+    the step's ``val/*`` metrics in ``run.metrics``). The built-in checkpoint plugin saves here, after every
+    other plugin.
+
+    :param run: the ``Run``.
+    :param step: the global step just taken (``run.global_step``).
+    :param outputs: the outputs of the step's last micro-batch, tensors detached, still on the device.
     """
 
 

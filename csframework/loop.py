@@ -51,63 +51,80 @@ def _stage_done(state: RunState, loop) -> bool:
 
 def train_stage(run: Run) -> None:
     """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
-    hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
-    accum, log_every, eval_every, max_steps = loop.grad_accum_steps, loop.log_every, loop.eval_every, loop.max_steps
-    # per step, hooks nobody implements are not called, and a single process asks no other rank for signals
-    batch_start = hooks.if_implemented("on_train_batch_start")
-    alone = backend.world_size == 1
+    hooks, loop, state = run.hooks, run.stage_config.loop, run.state
     state.clear_pending()
     state.last_log = (time.perf_counter(), run.global_step)
     run.module.train()
     hooks.on_train_start(run=run)
-    # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
     while not _stage_done(state, loop) and state.stop_reason is None:
         epoch = state.epoch
         hooks.on_train_epoch_start(run=run, epoch=epoch)
-        for batch in epoch_batches(run.train_loader, epoch, state.batch_in_epoch):
-            batch_idx = state.batch_in_epoch
-            batch = backend.to_device(batch)
-            if batch_start is not None:
-                batch_start(run=run, batch=batch, batch_idx=batch_idx)
-            last = state.start_batch(accum)
-            outputs = backend.train_batch(run, batch, last)
-            state.end_batch(last)
-            if last:
-                run.scheduler.step()
-                state.add_outputs(outputs)
-                loss = outputs.get("loss")
-                # free on the host (a read, where ``bool(loss.isfinite())`` costs a kernel): stop at this step
-                # (not an error under dynamic scaling)
-                if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
-                    check_finite(run)
-                if state.global_step % log_every == 0:
-                    log_train_metrics(run)
-                if eval_every and state.stage_step % eval_every == 0 and run.val_loader is not None:
-                    evaluate(run)
-                # SIGINT/SIGTERM (under DDP: on any rank): this step is the last
-                signum = state.stop_signal if alone else backend.any_rank_signal(state.stop_signal)
-                if signum is not None:
-                    state.stop_after_this_step(signum)  # the checkpoint plugin saves in on_train_batch_end
-            hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-            if state.stopping:
-                raise Interrupted(state.stop_signal, state.global_step)
-            # (inside an epoch, only max_steps can end the stage: _stage_done without the epoch count)
-            if last and ((max_steps is not None and state.stage_step >= max_steps) or state.stop_reason is not None):
-                break
-        else:  # the epoch ran out of batches
-            if run.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
+        ran_out = train_epoch(run, epoch)
+        if ran_out:
+            if state.batch_in_epoch == 0:  # an (iterable) dataset that yields nothing would loop forever
                 raise ConfigError(f"data.train: epoch {epoch} yielded no batch (fewer samples than "
                                   "data.batch_size x the number of processes?); check the dataset")
             run.scheduler.epoch_end()  # a schedule with optimizer.schedule.interval=epoch steps here
-            hooks.on_train_epoch_end(run=run, epoch=epoch)
+        hooks.on_train_epoch_end(run=run, epoch=epoch)
+        if ran_out:
             state.next_epoch()
-            continue
-        hooks.on_train_epoch_end(run=run, epoch=epoch)  # the stage ended inside the epoch
-    _drop_partial_step(run, accum)
+    _drop_partial_step(run, loop.grad_accum_steps)
     log_train_metrics(run)
     if run.val_loader is not None and state.last_eval_step != run.global_step:  # not again after a resume
         evaluate(run)
     hooks.on_train_end(run=run)
+
+
+def train_epoch(run: Run, epoch: int) -> bool:
+    """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
+    requested (``False``), or the epoch runs out of batches (``True``)."""
+    hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
+    accum = loop.grad_accum_steps
+    # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
+    for batch in epoch_batches(run.train_loader, epoch, state.batch_in_epoch):
+        batch_idx = state.batch_in_epoch
+        batch = backend.to_device(batch)
+        hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+        last = state.start_batch(accum)
+        outputs = backend.train_batch(run, batch, last)
+        state.end_batch(last)
+        if not last:
+            hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            continue
+        end_step(run, batch, outputs, batch_idx)
+        if _stage_done(state, loop) or state.stop_reason is not None:
+            return False
+    return True
+
+
+def end_step(run: Run, batch, outputs: dict, batch_idx: int) -> None:
+    """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``), in this order: the
+    schedule advances, the step's outputs are kept for the next log, a loss not finite on the host stops the
+    run, the metrics are logged (``loop.log_every``), the evaluation runs (``loop.eval_every``), a stop
+    signal makes this step the last, ``on_train_batch_end`` fires for the batch and ``on_train_step_end``
+    for the step (the checkpoint plugin saves there, after that evaluation), and a stopped run ends
+    (``Interrupted``)."""
+    state, loop = run.state, run.stage_config.loop
+    run.scheduler.step()
+    state.add_outputs(outputs)
+    loss = outputs.get("loss")
+    # free on the host (a read, where ``bool(loss.isfinite())`` costs a kernel): stop at this step (not an
+    # error under dynamic scaling)
+    if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
+        check_finite(run)
+    if state.global_step % loop.log_every == 0:
+        log_train_metrics(run)
+    if loop.eval_every and state.stage_step % loop.eval_every == 0 and run.val_loader is not None:
+        evaluate(run)
+    # SIGINT/SIGTERM (under DDP: on any rank, asked only when there is another rank): this step is the last
+    backend = run.backend
+    signum = state.stop_signal if backend.world_size == 1 else backend.any_rank_signal(state.stop_signal)
+    if signum is not None:
+        state.stop_after_this_step(signum)
+    run.hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+    run.hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
+    if state.stopping:
+        raise Interrupted(state.stop_signal, state.global_step)
 
 
 def _drop_partial_step(run: Run, accum: int) -> None:
@@ -224,19 +241,16 @@ def _evaluate(run: Run) -> dict:
     sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
     counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
-    batch_start = hooks.if_implemented("on_eval_batch_start")
-    batch_end = hooks.if_implemented("on_eval_batch_end")
+
     try:
         with torch.inference_mode() if loop.inference_mode else torch.no_grad():
             for batch_idx, batch in enumerate(run.val_loader):
                 if limit is not None and batch_idx >= limit:
                     break
                 batch = backend.to_device(batch)
-                if batch_start is not None:
-                    batch_start(run=run, batch=batch, batch_idx=batch_idx)
+                hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
                 outputs = backend.eval_batch(run, batch)
-                if batch_end is not None:
-                    batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+                hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
                 counted = samples_in(batch)
                 samples = counted or 1  # a batch without tensors: its outputs count once each
                 for key, value in outputs.items():

@@ -7,23 +7,17 @@ import dataclasses
 import difflib
 import importlib
 import keyword
-import operator
 import os
 import re
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import pluggy
 
-try:  # pluggy's call loop: a manager still using it is neither traced nor monitored
-    from pluggy._callers import _multicall
-except ImportError:  # pragma: no cover - a pluggy without it: every call goes through pluggy
-    _multicall = None
-
-from . import hookspecs
-from .config.readonly import read_only_error
-from .errors import ConfigError, NonFiniteLossError, PluginError, PluginImportError
+from . import hookspecs, hooks
+from .errors import ConfigError, PluginError, PluginImportError
+from .hooks import Hooks
 from .hookspecs import PROJECT, hookimpl
 
 if TYPE_CHECKING:
@@ -297,7 +291,7 @@ def named_backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:
     return specs
 
 
-class Manager(pluggy.PluginManager):
+class Manager(hooks.Manager):
     """pluggy's manager, whose ``register`` (entry points' included) first checks each of a plugin's hook
     implementations against the hook specs (``check_hookimpls``)."""
 
@@ -346,134 +340,3 @@ def _hook_names(pm: pluggy.PluginManager) -> list[str]:
     return [n for n in vars(pm.hook) if not n.startswith("_") and getattr(pm.hook, n).has_spec()]
 
 
-class Hooks:
-    """Calls hooks by attribute (``hooks.on_fit_start(run=run)``); an exception raised inside an
-    implementation becomes a ``PluginError`` naming the plugin and the hook.
-
-    The plugins are fixed when a run is built, so each hook's caller is chosen once, here: a hook nobody
-    implements becomes a no-op (the per-step hooks then cost a function call, not a pluggy dispatch), and
-    a hook whose implementations are all plain functions (no wrappers) calls them itself, in pluggy's
-    order with pluggy's results, at about half the cost of pluggy's dispatch. Wrappers, and a plugin manager
-    whose calls are traced or monitored (``enable_tracing``, ``add_hookcall_monitoring``), go through
-    pluggy as they are.
-    """
-
-    def __init__(self, pm: pluggy.PluginManager):
-        self.pm = pm
-        names = [name for name in dir(pm.hook) if not name.startswith("_")]
-        self.implemented: frozenset[str] = frozenset(n for n in names if getattr(pm.hook, n).get_hookimpls())
-        """The hooks some plugin implements: the per-step code skips the others (a call that does nothing
-        still costs one)."""
-        for name in names:
-            setattr(self, name, self._caller(pm, name, getattr(pm.hook, name)))
-
-    def if_implemented(self, name: str):
-        """The caller of hook ``name``, or ``None`` when no plugin implements it (for code that runs every
-        step or batch, and skips such a hook)."""
-        return getattr(self, name) if name in self.implemented else None
-
-    @staticmethod
-    def _caller(pm: pluggy.PluginManager, hook_name: str, hook):
-        impls = hook.get_hookimpls()
-        firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
-        if not impls:
-            def nobody(**kwargs):
-                return None if firstresult else []  # what pluggy returns for a hook without implementations
-
-            nobody.__name__ = hook_name
-            return nobody
-        direct = _direct_calls(impls, firstresult)
-
-        def call(**kwargs):
-            try:
-                if direct is not None and getattr(pm, "_inner_hookexec", None) is _multicall:
-                    return direct(kwargs)
-                return hook(**kwargs)
-            except (PluginError, NonFiniteLossError):  # the latter is the run's state, whoever found it
-                raise
-            except (Exception, SystemExit) as e:  # KeyboardInterrupt (a signal's stop too) passes unchanged
-                raise plugin_error(_raising_plugin(hook, e), hook_name, e) from e
-
-        call.__name__ = hook_name
-        return call
-
-    def each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
-        """Call the implementations of ``hook_name`` one at a time, in pluggy's order, yielding
-        ``(plugin name, result)`` after each: for results and side effects a caller must attribute to
-        the plugin that made them. Errors are wrapped as in a normal call."""
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
-            yield impl.plugin_name, self._call_one(impl, hook_name, kwargs)
-
-    def each_isolated(self, hook_name: str, **kwargs) -> list[tuple[str, Exception]]:
-        """Call every implementation of ``hook_name`` even when some raise; returns ``(plugin name, error)``
-        of each that did. For clean-up hooks (``on_exception``): one plugin's failure must not skip the
-        others' clean-up."""
-        failures = []
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
-            try:
-                self._call_one(impl, hook_name, kwargs)
-            except Exception as e:  # noqa: BLE001 - reported by the caller
-                failures.append((impl.plugin_name, e))
-        return failures
-
-    @staticmethod
-    def _call_one(impl, hook_name: str, kwargs: dict):
-        try:
-            return impl.function(*[kwargs[arg] for arg in impl.argnames])
-        except (PluginError, NonFiniteLossError):
-            raise
-        except (Exception, SystemExit) as e:
-            raise plugin_error(impl.plugin_name, hook_name, e) from e
-
-
-def _direct_calls(impls: list, firstresult: bool):
-    """A function calling ``impls`` (pluggy's ``get_hookimpls()``, which it calls last to first) as pluggy's
-    own call loop does for plain implementations: each with the keyword arguments it names, the results that
-    are not ``None`` collected (the first one returned, for a ``firstresult`` hook). ``None`` when an
-    implementation is a wrapper or takes optional arguments: pluggy must call those."""
-    if _multicall is None or any(i.hookwrapper or i.wrapper or i.kwargnames for i in impls):
-        return None
-    # each implementation's arguments picked from the keywords by one C call (a comprehension is a call of its own)
-    calls = [(impl.function, *_picker(tuple(impl.argnames))) for impl in reversed(impls)]
-
-    def call_all(kwargs: dict):
-        results = []
-        for function, pick, single in calls:
-            result = function(pick(kwargs)) if single else function(*pick(kwargs))
-            if result is not None:
-                if firstresult:
-                    return result
-                results.append(result)
-        return None if firstresult else results
-
-    return call_all
-
-
-def _picker(argnames: tuple[str, ...]) -> tuple[Callable[[dict], Any], bool]:
-    """``(pick, single)``: ``pick(kwargs)`` is the value of the one name (``single``), else the tuple of
-    the values of ``argnames`` in a keyword dict."""
-    if not argnames:
-        return (lambda kwargs: ()), False
-    return operator.itemgetter(*argnames), len(argnames) == 1  # of one key, itemgetter returns its value
-
-
-def plugin_error(plugin: str, hook: str, error: BaseException) -> PluginError:
-    """The ``PluginError`` for ``error`` raised by ``plugin`` in ``hook``. A ``SystemExit`` is not obeyed
-    (it would end the process with the plugin's status, 0 included, behind the run's back): the run fails.
-    OmegaConf's refusal to change a read-only dict or list of ``run.config`` reads as a dataclass field's."""
-    wrapped = PluginError(plugin, hook, read_only_error(error) or error)
-    if isinstance(error, SystemExit):
-        wrapped.args = (f"plugin '{plugin}' in hook '{hook}' failed: it raised SystemExit({error.code!r}) "
-                        "(sys.exit); a plugin may not end the process: raise an exception to stop the run",)
-    return wrapped
-
-
-def _raising_plugin(hook, error: BaseException) -> str:
-    """Which implementation of ``hook`` raised ``error``: the one whose code is on the traceback."""
-    codes = {getattr(impl.function, "__code__", None): impl.plugin_name for impl in hook.get_hookimpls()}
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in codes:
-            return codes[tb.tb_frame.f_code]
-        tb = tb.tb_next
-    return "unknown"

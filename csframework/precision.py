@@ -1,7 +1,8 @@
 """Precision policies: autocast for half-precision compute over float32 master weights, and loss scaling.
 
 One small object per run: the eager backend's ``step.PrecisionOps`` (``autocast``, ``backward``,
-``unscale``, ``optimizer_step``, ``update``). float32 adds nothing to the step.
+``unscale``, ``optimizer_step``, ``update``), made by ``policy``. float32 without loss scaling is the null
+object ``FLOAT32``, whose primitives do only the plain thing, so the step has one path for every policy.
 """
 from __future__ import annotations
 
@@ -31,8 +32,6 @@ class Precision:
                                                growth_interval=cfg.growth_interval)
         elif scaling not in (None, "none"):
             self.fixed_scale = float(scaling)
-        #: float32 without loss scaling: every primitive below does only the plain thing
-        self.plain = self.dtype is None and self.scaler is None and self.fixed_scale is None
 
     def autocast(self):
         if self.dtype is None:
@@ -73,3 +72,48 @@ class Precision:
     def load_state_dict(self, state: dict) -> None:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
+
+
+class Float32:
+    """float32 without loss scaling: the null policy (no autocast, an unscaled backward, a plain step)."""
+
+    name, dtype, scaler, fixed_scale = "float32", None, None, None
+
+    @staticmethod
+    def autocast():
+        return NO_AUTOCAST
+
+    @staticmethod
+    def backward(loss: torch.Tensor) -> None:
+        loss.backward()
+
+    @staticmethod
+    def unscale(optimizer: torch.optim.Optimizer) -> None:
+        return None
+
+    @staticmethod
+    def optimizer_step(optimizer: torch.optim.Optimizer, skip: None = None) -> None:
+        optimizer.step()
+
+    @staticmethod
+    def update() -> None:
+        return None
+
+    @staticmethod
+    def state_dict() -> dict:
+        return {}
+
+    @staticmethod
+    def load_state_dict(state: dict) -> None:
+        return None
+
+
+FLOAT32 = Float32()
+
+
+def policy(cfg: PrecisionConfig, device_kind: str) -> Precision | Float32:
+    """The precision policy of ``cfg`` on ``device_kind`` (``cpu`` or ``cuda``): ``FLOAT32`` when it does
+    nothing, else a ``Precision``."""
+    if HALF_DTYPES.get(cfg.name) is None and cfg.loss_scaling in (None, "none"):
+        return FLOAT32
+    return Precision(cfg, device_kind)

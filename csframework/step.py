@@ -31,12 +31,8 @@ if TYPE_CHECKING:
 
 
 class PrecisionOps(Protocol):
-    """What a backend's precision policy does inside a step."""
-
-    plain: bool
-    """Optional: ``True`` when the policy does nothing (float32, no loss scaling): the step then calls the
-    model, ``loss.backward()`` and ``optimizer.step()`` itself, without the five calls that would do only
-    that. Missing means ``False``."""
+    """What a backend's precision policy does inside a step (float32 has one too, a null object that does
+    only the plain thing: ``precision.FLOAT32``)."""
 
     def autocast(self) -> AbstractContextManager:
         """The context the forward pass runs in (autocast to a half precision, or nothing)."""
@@ -73,43 +69,29 @@ def detached(outputs: dict) -> dict:
 
 
 def micro_batch(run: Run, ops: PrecisionOps, module: torch.nn.Module, batch: Any, accum: int) -> dict:
-    """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs.
-    (Hooks nobody implements are not called, and a ``plain`` policy is not asked: on a small model each
-    call that does nothing is a measurable part of the step.)"""
-    hooks, plain = run.hooks, getattr(ops, "plain", False)
-    if plain:
+    """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs."""
+    hooks = run.hooks
+    with ops.autocast():
         outputs = model_outputs(module(batch))
-    else:
-        with ops.autocast():
-            outputs = model_outputs(module(batch))
     loss = outputs["loss"]
-    if "on_before_backward" in hooks.implemented:
-        hooks.on_before_backward(run=run, loss=loss)
+    hooks.on_before_backward(run=run, loss=loss)
     if accum > 1:
         loss = loss / accum
-    if plain:
-        loss.backward()
-    else:
-        ops.backward(loss)
-    if "on_after_backward" in hooks.implemented:
-        hooks.on_after_backward(run=run)
+    ops.backward(loss)
+    hooks.on_after_backward(run=run)
     return outputs
 
 
 def apply_gradients(run: Run, ops: PrecisionOps, max_grad_norm: float | None) -> None:
     """The end of a step: unscale, ``on_before_optimizer_step``, clip, optimizer step, scale update,
     ``zero_grad``."""
-    optimizer, plain = run.optimizer, getattr(ops, "plain", False)
-    skip = None if plain else ops.unscale(optimizer)
-    if "on_before_optimizer_step" in run.hooks.implemented:
-        run.hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
+    optimizer = run.optimizer
+    skip = ops.unscale(optimizer)
+    run.hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_grad_norm)
-    if plain:
-        optimizer.step()
-    else:
-        ops.optimizer_step(optimizer, skip)
-        ops.update()
+    ops.optimizer_step(optimizer, skip)
+    ops.update()
     optimizer.zero_grad(set_to_none=True)
 
 

@@ -20,7 +20,7 @@ from ..config.readonly import ReadOnly
 from ..data import move_to
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..precision import Precision
+from ..precision import policy
 from .base import BackendBase, BackendSpec
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 
@@ -102,9 +102,11 @@ class EagerBackend(BackendBase):
             self.device = torch.device("cpu")
         if backend.threads:
             torch.set_num_threads(backend.threads)
-        self.precision = Precision(cfg.precision, self.device.type)
+        self.precision = policy(cfg.precision, self.device.type)
         if self.sharded:  # FSDP casts the parameters itself (MixedPrecisionPolicy): no autocast
-            self.param_dtype, self.precision.dtype = self.precision.dtype, None
+            self.param_dtype = self.precision.dtype
+            if self.param_dtype is not None:  # (FLOAT32, the shared null policy, has none to drop)
+                self.precision.dtype = None
         self.max_grad_norm = cfg.optimizer.max_grad_norm
         self.accum = cfg.loop.grad_accum_steps
         if self.distributed:
@@ -219,11 +221,8 @@ class EagerBackend(BackendBase):
         return step.detached(outputs)
 
     def eval_batch(self, run, batch) -> dict:
-        if self.precision.plain:  # float32: no autocast context to enter
+        with self.precision.autocast():
             outputs = step.model_outputs(run.module(batch))
-        else:
-            with self.precision.autocast():
-                outputs = step.model_outputs(run.module(batch))
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 

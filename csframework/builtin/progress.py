@@ -35,9 +35,9 @@ class ProgressPlugin:
                             desc=f"[{run.stage}] " if len(run.stages) > 1 else "")
 
     @hookimpl
-    def on_train_batch_end(self, run):
-        if self.bar is not None and run.global_step > self.bar.n:
-            self.bar.update(run.global_step - self.bar.n)
+    def on_train_step_end(self, run, step):
+        if self.bar is not None and step > self.bar.n:
+            self.bar.update(step - self.bar.n)
 
     @hookimpl
     def on_log_metrics(self, run, metrics, step):

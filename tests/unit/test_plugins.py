@@ -151,3 +151,39 @@ def test_a_firstresult_hook_returns_the_first_result_directly():
     assert hooks.csframework_backend(device_type="TPU") == "mine"
     assert hooks.csframework_backend(device_type="XLA") is None
     assert hooks.csframework_backend(device_type="CPU") is not None
+
+
+def test_no_private_pluggy_name_is_used_anywhere_in_the_package():
+    """Dispatch is on pluggy's public API only: an upgrade of pluggy cannot break every run."""
+    import re
+    from pathlib import Path
+
+    import csframework
+
+    private = re.compile(r"pluggy\._|from pluggy\.\w*_|\._(?:inner_hookexec|hookexec|multicall|plugin2hookcallers)\b")
+    found = [f"{path.name}:{n}" for path in Path(csframework.__file__).parent.rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert found == []
+
+
+def test_on_train_step_end_fires_once_per_optimizer_step_after_its_batches(tmp_path):
+    import csframework as csf
+    import fixtures
+
+    calls = []
+
+    class Steps:
+        name = "steps"
+
+        @csf.hookimpl
+        def on_train_batch_end(self, run, batch_idx):
+            calls.append(("batch", batch_idx, run.global_step))
+
+        @csf.hookimpl
+        def on_train_step_end(self, run, step, outputs):
+            calls.append(("step", step, float(outputs["loss"]) > 0))
+
+    csf.Run(fixtures.compose("loop.max_steps=2", "loop.grad_accum_steps=3"), plugins=[Steps()],
+            output_dir=tmp_path).fit()
+    assert calls == [("batch", 0, 0), ("batch", 1, 0), ("batch", 2, 1), ("step", 1, True),
+                     ("batch", 3, 1), ("batch", 4, 1), ("batch", 5, 2), ("step", 2, True)]

@@ -6,21 +6,11 @@ import torch
 from csframework import step
 
 
-class Everything:
-    def __contains__(self, name):
-        return True
-
-
 class Recorder:
     """Hooks and precision primitives that record what happens, in order."""
 
-    plain = False  # a policy whose primitives must be called
-    implemented = Everything()  # every hook has an implementation
-
-    def __init__(self, implemented=None):
+    def __init__(self):
         self.calls = []
-        if implemented is not None:
-            self.implemented = implemented
 
     def __getattr__(self, name):  # any hook
         return lambda **kwargs: self.calls.append(name)
@@ -91,24 +81,18 @@ def test_outputs_reach_hooks_out_of_the_graph_and_the_rest_as_the_model_made_the
     assert logits[0].item() == 3.0
 
 
-class PlainRecorder(Recorder):
-    """A ``plain`` policy (float32, no scaling): the step calls no primitive of it."""
+def test_float32_is_a_null_policy_doing_only_the_plain_thing():
+    """float32 takes the same path as every policy (one step sequence); its primitives add nothing: the
+    update is the mean of the two micro-batches' gradients, one plain SGD step, no autocast."""
+    from csframework.precision import FLOAT32, policy
+    from csframework.config import PrecisionConfig
 
-    plain = True
-
-    def __getattribute__(self, name):
-        if name in ("autocast", "backward", "unscale", "optimizer_step", "update"):
-            raise AssertionError(f"a plain policy's {name} was called")
-        return super().__getattribute__(name)
-
-
-def test_a_plain_policy_is_not_asked_and_hooks_nobody_implements_are_not_called():
-    run, hooks = FakeRun(), Recorder(implemented={"on_after_backward"})
-    run.hooks = hooks
-    module = lambda batch: {"loss": run.model(batch).sum()}  # noqa: E731
+    assert policy(PrecisionConfig(), "cpu") is FLOAT32
+    run = FakeRun()
+    module = lambda batch: {"loss": run.model(batch).sum(), "autocast": torch.is_autocast_enabled()}  # noqa: E731
     batch = torch.ones(1, 2)
-    step.train_step(run, PlainRecorder(), module, [batch, batch], max_grad_norm=None)
-    assert hooks.calls == ["on_after_backward", "on_after_backward"]
-    # the same update as the policy's primitives make: the mean of the two micro-batches' gradients, one step
+    outputs = step.train_step(run, FLOAT32, module, [batch, batch], max_grad_norm=None)
+    assert run.hooks.calls == ["on_before_backward", "on_after_backward"] * 2 + ["on_before_optimizer_step"]
+    assert outputs["autocast"] is False
     assert torch.allclose(run.model.weight, torch.full((1, 2), 1 - 0.1))
     assert run.model.weight.grad is None

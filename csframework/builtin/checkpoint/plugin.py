@@ -76,7 +76,6 @@ class CheckpointPlugin:
 
     def __init__(self):
         self.saved_step = None
-        self.seen_step = None
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
@@ -254,24 +253,18 @@ class CheckpointPlugin:
         check_optimizer()  # the stage it was saved in is entered now
         run.metrics.update(meta.get("metrics") or {})
         run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
-        self.saved_step = self.seen_step = run.global_step
+        self.saved_step = run.global_step
         run.log.info("resumed", path=str(path), step=run.global_step, stage=run.stage)
 
     @hookimpl
     def on_train_start(self, run):
-        self.seen_step = run.global_step  # a step ends when the global step moves past this
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
 
     @hookimpl(trylast=True)
-    def on_train_batch_end(self, run):
-        state = run.state
-        step = state.global_step
-        if step == self.seen_step:  # not the last batch of a step
-            return
-        self.seen_step = step
-        if state.stopping or (self.every and step % self.every == 0):
+    def on_train_step_end(self, run, step):
+        if run.state.stopping or (self.every and step % self.every == 0):
             self.save(run)
 
     @hookimpl
