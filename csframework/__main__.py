@@ -4,8 +4,9 @@ Errors csframework raises on purpose (bad config, a rejected run, a failing plug
 printed without a traceback, one line per problem, with the exit status of the error (2 for config and
 validation errors); ``debug=true`` shows the traceback. A composition error (unknown key, wrong type, missing
 group option, a broken YAML file, an unparsable override) is one line naming the key or file too: a single
-run's config is composed once, here, by the Hydra instance that then runs it (``compose_run``,
-``run_composed``: Hydra's own run sequence without its two further compositions); a sweep's overrides are
+run's config is composed once, here, by the Hydra instance that then runs it
+(``hydra_session.compose_run``, ``hydra_session.run_composed``: Hydra's own run sequence without its two
+further compositions); a sweep's overrides are
 composed here first (every swept value) before Hydra's ``@hydra.main`` takes over, as are help and info.
 
 A rejected run writes nothing: Hydra writes no ``.hydra/`` (``hydra.output_subdir: null``; ``HydraRecord``
@@ -21,18 +22,14 @@ failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep`
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from . import api
-from .config import (RunConfig, check_config_files, compose_dict, describe_error, explicit_groups,
-                     resolve_run_dir, to_run_config, user_config_dirs)
+from . import api, hydra_session
+from .config import RunConfig, check_config_files, describe_error, explicit_groups, to_run_config, user_config_dirs
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
 from .rundir import check_run_dir
@@ -55,23 +52,12 @@ def report_error(error: CsfError) -> None:
     sys.stderr.flush()
 
 
-def parse_args(argv: list[str]):
-    """Hydra's parse of the command line, or ``None`` for a usage error or ``--version`` (Hydra reports it)."""
-    from hydra._internal.utils import get_args_parser
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            return get_args_parser().parse_args(argv)
-    except SystemExit:
-        return None
-
-
 def precompose(argv: list[str], found) -> Path | None:
     """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
     the key or file) if it does not compose: for a single run its config, for a sweep every value of every
     swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
     are left to Hydra. ``found``: the plugins' contributions (``api.command_line_composition``)."""
-    args = parse_args(argv)
+    args = hydra_session.parse_command_line(argv)
     if args is None:
         return None
     if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
@@ -85,16 +71,16 @@ def precompose(argv: list[str], found) -> Path | None:
         if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
             for job, swept in sweep_samples(args.overrides):
                 try:
-                    to_run_config(compose_dict(job, args.config_dir, name, sections=found.sections),
+                    to_run_config(hydra_session.compose_dict(job, args.config_dir, name, sections=found.sections),
                                   explicit_groups(job), backends=found.schemas, sections=found.sections,
                                   named=found.named)
                 except ConfigError as e:
                     raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
         return None
-    cfg = compose_dict(args.overrides, args.config_dir, name, sections=found.sections)
+    cfg = hydra_session.compose_dict(args.overrides, args.config_dir, name, sections=found.sections)
     to_run_config(cfg, explicit_groups(args.overrides), backends=found.schemas, sections=found.sections,
                   named=found.named)
-    return Path(resolve_run_dir(cfg)).absolute()
+    return Path(hydra_session.resolve_run_dir(cfg)).absolute()
 
 
 def sweep_samples(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
@@ -177,8 +163,8 @@ def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = No
     return metrics.get("val/loss", metrics.get("train/loss"))
 
 
-@hydra.main(version_base="1.3", config_path="pkg://csframework.conf", config_name="config")
-def hydra_main(cfg: DictConfig) -> float | None:
+def hydra_task(cfg: DictConfig) -> float | None:
+    """The job of ``@hydra.main`` (``hydra_main``): a sweep's job, or a run the CLI did not compose itself."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -187,6 +173,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
         return run_sweep_job(cfg, run_job)
     return single_job(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task))  # unresolved, as typed
+
+
+hydra_main = hydra_session.main_app(hydra_task)
 
 
 def single_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:
@@ -212,22 +201,23 @@ def main() -> None:
     metrics.ARGV = list(sys.argv)  # summary.json records the command as typed
     composed = None
     try:
-        args = parse_args(sys.argv[1:])
+        args = hydra_session.parse_command_line(sys.argv[1:])
         # the schema with the plugins' sections, their configs and the backends' config files, into Hydra's
         # ConfigStore (plugins.enable / plugins.disable of the command line count)
         found = api.command_line_composition(args.overrides if args is not None else [])
         if is_single_run(args):
-            composed = compose_run(args, found)
+            composed = hydra_session.compose_run(args.overrides, args.config_dir, args.config_name or "config",
+                                                 backends=found.schemas, sections=found.sections, named=found.named)
         if composed is None:
             run_dir = precompose(sys.argv[1:], found)
-        check_run_dir(Path(composed[1].hydra.run.dir) if composed is not None else run_dir)
+        check_run_dir(Path(composed.run_dir) if composed is not None else run_dir)
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise
         report_error(e)
         sys.exit(e.exit_code)
     if composed is not None:
-        finish(lambda: run_composed(*composed), composed[1].hydra.run.dir)
+        finish(lambda: run_composed(composed), composed.run_dir)
         return
     if is_multirun(sys.argv[1:]):
         from . import sweep
@@ -266,87 +256,15 @@ def is_single_run(args) -> bool:
                 or any(o.lstrip("+~").startswith("hydra.mode=") for o in args.overrides))
 
 
-def compose_run(args, found):
-    """Compose a single run's config once, as Hydra's run would, with the Hydra instance that will run it:
-    ``(hydra, cfg, config, config name)`` with ``cfg.hydra.run.dir`` resolved to an absolute path and
-    ``config`` the typed ``RunConfig``; ``None`` when the config itself asks for a sweep (``hydra.mode``),
-    which is left to ``@hydra.main``. Raises ``ConfigError`` (one line naming the key or file) if it does not
-    compose; ``found``: the plugins' contributions (``api.command_line_composition``)."""
-    import yaml
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.utils import env_override
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf import open_dict, read_write
-    from omegaconf.errors import OmegaConfBaseException
-
-    overrides, name = list(args.overrides), args.config_name or "config"
-    check_config_files(user_config_dirs(overrides, args.config_dir))
-    GlobalHydra.instance().clear()
-    try:
-        search_path = create_config_search_path("pkg://csframework.conf")  # what @hydra.main's config_path gives
-        if args.config_dir is not None:  # as config.compose_dict adds it
-            if not os.path.isdir(args.config_dir):
-                raise ConfigError(f"config_dir: no such directory: {args.config_dir}")
-            search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(args.config_dir)}",
-                                anchor=SearchPathQuery(provider="schema"))
-        hydra = Hydra.create_main_hydra2(task_name="csframework", config_search_path=search_path)
-        cfg = hydra.compose_config(config_name=name, overrides=overrides, run_mode=RunMode.RUN,
-                                   with_log_configuration=True)
-        if cfg.hydra.mode == RunMode.MULTIRUN:
-            GlobalHydra.instance().clear()
-            return None
-        HydraConfig.instance().set_config(cfg)  # as during the run: `${hydra:...}` resolves
-        run_dir = str(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute())  # `${now:...}`: once, here
-        with read_write(cfg.hydra), open_dict(cfg.hydra):  # (HydraConfig.set_config made it read-only)
-            if cfg.hydra.mode is None:  # as Hydra records a run whose config does not set the mode
-                cfg.hydra.mode = RunMode.RUN
-                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-            cfg.hydra.run.dir = run_dir
-            cfg.hydra.runtime.output_dir = run_dir
-        with env_override(cfg.hydra.job.env_set):  # as inside the job: `${oc.env:...}` sees hydra.job.env_set
-            config = to_run_config(cfg, explicit_groups(overrides), backends=found.schemas, sections=found.sections,
-                                   named=found.named)
-    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
-        GlobalHydra.instance().clear()
-        raise ConfigError(describe_error(e)) from e
-    except BaseException:
-        GlobalHydra.instance().clear()
-        raise
-    return hydra, cfg, config, name
-
-
-def run_composed(hydra, cfg: DictConfig, config: RunConfig, config_name: str) -> None:
-    """What ``Hydra.run`` does after composing: the run callbacks, and the job (``single_job`` with the typed
-    ``config``) in Hydra's ``run_job`` (run directory, job logging, ``HydraConfig``); an unexpected error
-    is reported as Hydra reports it (exit status 1)."""
-    from hydra._internal.callbacks import Callbacks
-    from hydra._internal.utils import run_and_report
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.utils import run_job as hydra_run_job
-    from hydra.types import HydraContext
-
-    overrides = OmegaConf.to_container(cfg.hydra.overrides.task)  # as typed: `${...}` in them not resolved
+def run_composed(composed: hydra_session.ComposedRun) -> None:
+    """Run the single run the CLI composed (``hydra_session.compose_run``) in the Hydra instance that composed
+    it: ``single_job`` with the typed config, the overrides as typed (``${...}`` in them not resolved)."""
+    overrides = OmegaConf.to_container(composed.cfg.hydra.overrides.task)
 
     def task(task_cfg: DictConfig) -> float | None:
-        return single_job(task_cfg, overrides, config)
+        return single_job(task_cfg, overrides, composed.config)
 
-    def run() -> None:
-        callbacks = Callbacks(cfg)
-        callbacks.on_run_start(config=cfg, config_name=config_name)
-        ret = hydra_run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
-                            task_function=task, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None)
-        callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
-        _ = ret.return_value  # raises the job's exception, as Hydra.run does
-
-    try:
-        run_and_report(run)
-    finally:
-        GlobalHydra.instance().clear()
+    hydra_session.run_composed(composed, task)
 
 
 def leave_process_group(status) -> None:

@@ -1,7 +1,8 @@
 """Composition with the plugins: ``csf.compose`` and the CLI ask the plugins (entry points, ``plugins.enable``
 and built-ins, minus ``plugins.disable``) for what composition needs (each device type's ``backend``
 schema, the backends' config directories, the plugins' config sections, ``csframework_register_configs``)
-and hand it to ``csframework.config``, which knows no plugin."""
+and hand it to ``csframework.hydra_session`` (composition) and ``csframework.config`` (typing), which know
+no plugin."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from typing import Any, Iterable, Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from . import config
+from . import config, hydra_session
 from .backends.base import BackendSpec
 from .builtin import builtin_plugins
 from .plugins import (COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, named_backend_specs,
@@ -53,8 +54,8 @@ def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable
     pm = build_manager(builtin_plugins(), enable, plugins, disable, asking=COMPOSITION_HOOKS)
     hooks = Hooks(pm)
     found = Composition(backend_specs(hooks), config_sections(pm), list(disable), named_backend_specs(hooks))
-    config.register_schemas(found.sections)
-    config.register_config_files(found.config_files)
+    hydra_session.register_schemas(found.sections)
+    hydra_session.register_config_files(found.config_files)
     hooks.csframework_register_configs(config_store=ConfigStore.instance())
     return found
 
@@ -74,8 +75,8 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     Raises ``ConfigError`` naming the offending key.
     """
     found = command_line_composition(overrides, plugins)
-    return config.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
-                          sections=found.sections, disabled=found.disabled, named=found.named)
+    return hydra_session.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
+                                 sections=found.sections, disabled=found.disabled, named=found.named)
 
 
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterable[Any] = ()) -> config.RunConfig:

@@ -195,17 +195,16 @@ def build_collate(spec: Any, key: str = "data.collate_fn"):
     keys are bound as keyword arguments) or a class (built with them; its instances are called)."""
     if spec is None:
         return None
-    from hydra._internal.utils import _locate
     from hydra.utils import instantiate
 
     from .errors import ConfigError
-
+    from .hydra_session import locate
     from .schedule import plain
 
     spec = {"_target_": spec} if isinstance(spec, str) else plain(spec)
     target = spec.pop("_target_", None)
     try:
-        found = _locate(target)
+        found = locate(target)
         made = instantiate({"_target_": target, **spec}) if isinstance(found, type) else (
             functools.partial(found, **spec) if spec else found)
     except Exception as e:

@@ -158,10 +158,10 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
 # -- classes by `_target_` ----------------------------------------------------------------------------------
 def locate(path: str, key: str) -> type:
     """The class at the dotted ``path``, or a ``ConfigError`` naming ``key``."""
-    from hydra._internal.utils import _locate  # hydra.utils.get_class also logs the error
+    from .hydra_session import locate
 
     try:
-        found = _locate(path)
+        found = locate(path)
     except Exception as e:
         cause = e.__cause__ or e
         raise ConfigError(f"{key}: cannot import '{path}' ({type(cause).__name__}: {cause}); "

@@ -1,0 +1,56 @@
+"""Stages: each stage's config is the run's merged with the stage's partial config."""
+from __future__ import annotations
+
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import ConfigError
+from .describe import describe_error
+from .run import STAGE_KEYS, RunConfig
+from .schema import plugin_sections
+from .typed import device_types_upper
+
+
+def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
+    """The config of stage ``name``: ``base`` merged with the stage's partial config."""
+    partial = OmegaConf.create(partial if partial is not None else {})
+    if not isinstance(partial, DictConfig):
+        raise ConfigError(f"stages.{name}: must be a mapping of overrides, got {type(partial).__name__}")
+    allowed = STAGE_KEYS + plugin_sections(base)
+    for key in partial:
+        if key not in allowed:
+            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(allowed)}")
+    if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
+        partial.device = {"type": partial.device}
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(base), partial)
+        merged.stages = {}
+        device_types_upper(merged)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(describe_error(e, prefix=f"stages.{name}.")) from e
+
+
+def stage_configs(config: RunConfig) -> list[tuple[str, RunConfig]]:
+    """``(prefix, config)`` of every stage that merges (``stages.<name>.``); the validation plugin reports
+    the ones that do not."""
+    found = []
+    for name, partial in config.stages.items():
+        try:
+            found.append((f"stages.{name}.", stage_config(config, name, partial)))
+        except ConfigError:
+            continue
+    return found
+
+
+def for_each_stage(config: RunConfig, rule: Callable[[RunConfig], list[str]]) -> list[str]:
+    """``rule``'s problems with the run's config and with each stage's of the same device type, each problem
+    once: a stage's own are prefixed with ``stages.<name>.`` (a stage inherits the run's problems)."""
+    base = rule(config)
+    problems = list(base)
+    for prefix, cfg in stage_configs(config):
+        if cfg.device.type == config.device.type:
+            problems += [prefix + p for p in rule(cfg) if p not in base]
+    return problems

@@ -1,0 +1,111 @@
+"""Typing: a composed ``DictConfig`` into the typed ``RunConfig``, ``backend`` typed by the schema of its
+device type (or its named backend)."""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Iterable, Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import ConfigError, ValidationError
+from .describe import describe_error
+from .run import RunConfig
+from .schema import cached_schema, disabled_section
+
+
+def explicit_groups(overrides: Iterable[str]) -> list[str]:
+    """The device-choosing groups (``device``, ``backend``) selected in ``overrides``."""
+    chosen = set()
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in ("device", "backend") and "=" in item:
+            chosen.add(key)
+    return sorted(chosen)
+
+
+def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Mapping[str, type],
+                  sections: Mapping[str, type] | None = None,
+                  named: Mapping[str, tuple[str, type]] | None = None) -> RunConfig:
+    """Turn a composed ``DictConfig`` into the typed ``RunConfig`` (interpolations resolved), with the
+    plugins' config ``sections`` as typed top-level fields.
+
+    ``backends`` maps each device type to its ``backend`` schema: ``backend`` becomes an instance of the
+    schema of ``backend.type``, so an unknown key or a wrong type names ``backend.<key>``, and a setting
+    only another device type's backend has is refused naming that type. When only the ``backend`` group was
+    chosen, the device type follows it (``backend=csx`` alone means a CSX run); choosing both groups is left
+    for the validation plugin to refuse. ``named`` maps each named backend (``backend=<name>``, whose node
+    has ``name: <name>``) to its device type and schema: ``backend=cerebras`` alone means a CSX run.
+    """
+    named = named or {}
+    try:
+        # a copy of the node without ``hydra`` (copying Hydra's own config would cost more than the rest)
+        cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+        OmegaConf.set_struct(cfg, False)
+        if "backend" in selected and "device" not in selected:
+            chosen = named.get(cfg.backend.get("name"))
+            cfg.device.type = chosen[0] if chosen is not None else cfg.backend.type
+        # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
+        typed = OmegaConf.merge(cached_schema(sections), OmegaConf.to_container(cfg, resolve=False))
+        device_types_upper(typed)
+        run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
+    except OmegaConfBaseException as e:
+        disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
+        problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
+        raise ConfigError(problem or describe_error(e)) from e
+    run.backend = _typed_backend(run.backend, run.device.type, backends, named)
+    run.selected = tuple(selected)
+    return run
+
+
+def device_types_upper(cfg: DictConfig) -> None:
+    """``device.type`` and ``backend.type`` are case-insensitive (``cpu`` is ``CPU``), as ``device=cpu`` is."""
+    for section in ("device", "backend"):
+        node = cfg.get(section)
+        if isinstance(node, DictConfig) and isinstance(node.get("type"), str):
+            node.type = node.type.upper()
+
+
+def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type],
+                   named: Mapping[str, tuple[str, type]]):
+    """``values`` (the ``backend`` node) as an instance of its schema: its named backend's (``name``), else
+    its type's."""
+    known = ", ".join(f"device={t.lower()}" for t in backends)
+    problems = []
+    if device_type not in backends:
+        problems.append(f"device.type: '{device_type}' is not a device type; use {known}")
+    name = values.get("name")
+    if name is not None:
+        if name not in named:
+            problems.append(f"backend.name: '{name}' is not an installed backend"
+                            + (f"; installed: {', '.join(named)}" if named else "")
+                            + " (install its plugin package, or choose the backend with device=<type>)")
+            raise ValidationError(problems)
+        backend_type, schema = named[name]
+        if backend_type != device_type:
+            problems.append(f"backend.name: the {name} backend runs device type {backend_type}, and this run's "
+                            f"device is {device_type}; choose it with backend={name} alone")
+        kind = name
+    else:
+        kind = values.get("type", device_type)
+        schema = backends.get(kind)
+    if schema is None:
+        problems.append(f"backend.type: '{kind}' is not a device type; use {', '.join(backends)}")
+        raise ValidationError(problems)
+    own = {f.name for f in fields(schema)}
+    schemas = {**backends, **{n: s for n, (_, s) in named.items()}}
+    for key in sorted(set(values) - own):
+        owners = [t for t, other in schemas.items() if key in {f.name for f in fields(other)}]
+        if owners:
+            choose = f"backend={owners[0]}" if owners[0] in named else f"device={owners[0].lower()}"
+            problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
+                            f"{kind}; remove it or use {choose}")
+        else:
+            problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
+                            f"{', '.join(sorted(own - {'type'}))})")
+    if problems:
+        raise ValidationError(problems)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"backend.{describe_error(e)}") from e

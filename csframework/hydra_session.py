@@ -1,0 +1,273 @@
+"""The Hydra session: the one module that talks to Hydra's bootstrap (its search path, ConfigStore, the
+Hydra instance that composes and runs, and every ``hydra._internal`` name csframework needs).
+
+Composition is one function (``_compose``: the config checks, the search path, a Hydra instance and its
+``compose_config``); ``compose_dict`` / ``compose`` (``csf.compose``, the CLI's check of a sweep's values)
+and ``compose_run`` (the CLI's single run, kept with the Hydra instance that then runs it, ``run``) call it.
+A sweep's jobs are composed by Hydra's own ``@hydra.main`` (``main_app``) on the same search path.
+
+Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
+schema of each device type; ``config_files``: the config directories of backend plugins; ``sections``: the
+plugins' own config sections); ``csframework.api`` asks the plugins for these and passes them in.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import (RunConfig, cached_schema, check_config_files, describe_error, disabled_section,
+                     explicit_groups, to_run_config, user_config_dirs)
+from .errors import ConfigError
+
+#: csframework's own configs (``conf/``, shipped as ``csframework.conf``): what ``@hydra.main``'s
+#: ``config_path`` names and every composition searches (after a user's ``--config-dir``).
+CONFIG_PATH = "pkg://csframework.conf"
+#: The ``RunConfig`` schema's name in Hydra's ConfigStore; ``conf/config.yaml``'s defaults list starts with it.
+SCHEMA_NAME = "csframework_schema"
+TASK_NAME = "csframework"
+
+
+def register_schemas(sections: Mapping[str, type] | None = None) -> None:
+    """Put the ``RunConfig`` schema (with the plugins' ``sections``) into Hydra's ConfigStore;
+    ``conf/config.yaml`` builds on it."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=cached_schema(sections))  # the store keeps a copy
+
+
+def register_config_files(directories: Iterable[str]) -> None:
+    """Put the config files of each directory (``pkg://package`` or ``file://path``, holding
+    ``<group>/<option>.yaml``) into Hydra's ConfigStore, so their group options compose wherever Hydra
+    composes (the CLI's ``@hydra.main`` and ``compose``), e.g. a backend plugin's ``device/toy.yaml``."""
+    import importlib.resources
+
+    import yaml
+    from hydra.core.config_store import ConfigStore
+
+    for directory in directories:
+        scheme, _, where = directory.partition("://")
+        try:
+            root = Path(str(importlib.resources.files(where))) if scheme == "pkg" else Path(where)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"{directory}: no such package; a backend plugin's config_path must name one") from e
+        for file in sorted(root.rglob("*.yaml")):
+            group = file.parent.relative_to(root).as_posix()
+            try:
+                node = OmegaConf.load(file)
+            except (yaml.YAMLError, OmegaConfBaseException) as e:
+                raise ConfigError(f"{file}: {describe_error(e)}") from e
+            ConfigStore.instance().store(group=None if group == "." else group, name=file.stem, node=node)
+
+
+def parse_command_line(argv: list[str]):
+    """Hydra's parse of the command line (``args.overrides``, ``args.config_dir``, ``args.multirun``, ...),
+    or ``None`` for a usage error or ``--version`` (Hydra reports it when ``@hydra.main`` parses it again)."""
+    import io
+
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return get_args_parser().parse_args(argv)
+    except SystemExit:
+        return None
+
+
+def locate(path: str) -> Any:
+    """The object at the dotted ``path`` (a class, function or module attribute), as Hydra's ``_target_``
+    finds it; raises what the import raised. (``hydra.utils.get_object`` would also log the error, and the
+    callers report it themselves, in one line.)"""
+    from hydra._internal.utils import _locate
+
+    return _locate(path)
+
+
+def main_app(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+    """``task`` as Hydra's ``@hydra.main`` app on csframework's configs: what runs a sweep's jobs, and help,
+    info and ``--cfg``."""
+    import hydra
+
+    return hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")(task)
+
+
+def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, from_shell: bool):
+    """The one composition: checks the user's config files (``check_config_files``), creates the Hydra
+    instance (``GlobalHydra`` set) searching ``config_dir`` and then csframework's configs, as the CLI's
+    ``--config-dir`` does, and composes ``config_name`` with ``overrides`` for a run. Returns
+    ``(hydra, cfg)``, ``cfg`` with its ``hydra`` node; ``from_shell``: the overrides came from a command
+    line (the command line's run: Hydra's logging configured too). Raises ``ConfigError`` (one line naming
+    the key or file) with ``GlobalHydra`` cleared."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    check_config_files(user_config_dirs(overrides, config_dir))
+    search_path = create_config_search_path(CONFIG_PATH)  # what @hydra.main's config_path gives
+    if config_dir is not None:
+        if not os.path.isdir(config_dir):
+            raise ConfigError(f"config_dir: no such directory: {config_dir}")
+        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    GlobalHydra.instance().clear()
+    with _composition_errors():
+        hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=search_path)  # sets GlobalHydra
+        cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN,
+                                   with_log_configuration=from_shell, from_shell=from_shell)
+        return hydra, cfg
+
+
+@contextlib.contextmanager
+def _composition_errors() -> Iterator[None]:
+    """Turns Hydra's, OmegaConf's and YAML's errors into a ``ConfigError`` (``describe_error``); clears
+    ``GlobalHydra`` on any error."""
+    import yaml
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
+        GlobalHydra.instance().clear()
+        raise ConfigError(describe_error(e)) from e
+    except BaseException:
+        GlobalHydra.instance().clear()
+        raise
+
+
+def resolve_run_dir(cfg: DictConfig) -> str:
+    """``hydra.run.dir`` resolved as a run does before anything else (with ``HydraConfig`` set, for
+    ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""
+    from hydra.core.hydra_config import HydraConfig
+
+    saved = HydraConfig.instance().cfg
+    try:
+        HydraConfig.instance().set_config(cfg)
+        return str(OmegaConf.select(cfg, "hydra.run.dir"))
+    finally:
+        HydraConfig.instance().cfg = saved
+
+
+def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+                 config_files: Iterable[str] = (), sections: Mapping[str, type] | None = None) -> DictConfig:
+    """The composed ``DictConfig`` (with the ``hydra`` node, its run directory checked), searching
+    ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does. Raises ``ConfigError``."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas(sections)
+    register_config_files(config_files)
+    try:
+        _, cfg = _compose(list(overrides), config_dir, config_name, from_shell=False)
+        with _composition_errors():
+            resolve_run_dir(cfg)
+        return cfg
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
+            backends: Mapping[str, type], config_files: Iterable[str] = (),
+            sections: Mapping[str, type] | None = None, disabled: Iterable[str] = (),
+            named: Mapping[str, tuple[str, type]] | None = None) -> RunConfig:
+    """Compose the run config from Hydra overrides, and return the typed ``RunConfig``.
+
+    ``config_dir`` adds a user config directory to the search path (like ``--config-dir``), before
+    csframework's own, so it may also hold the primary config ``config_name``; ``config_files`` are the
+    config directories of backend plugins (``register_config_files``); ``backends`` and ``sections`` as in
+    ``config.to_run_config``; ``disabled``: the disabled plugins, whose sections are gone (setting one says
+    so). Raises ``ConfigError`` naming the offending key. (``csf.compose`` is this with the plugins'
+    contributions.)
+    """
+    overrides = list(overrides)
+    for item in overrides:
+        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
+        if problem:
+            raise ConfigError(problem)
+    cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections)
+    return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections, named=named)
+
+
+@dataclass
+class ComposedRun:
+    """A single run's config, composed once by the Hydra instance that then runs it (``run_composed``)."""
+
+    hydra: Any
+    """The Hydra instance (``GlobalHydra`` holds it until the run ends)."""
+    cfg: DictConfig
+    """The composed config with its ``hydra`` node; ``hydra.run.dir`` an absolute path."""
+    config: RunConfig
+    """``cfg`` typed."""
+    config_name: str
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.cfg.hydra.run.dir)
+
+
+def compose_run(overrides: Sequence[str], config_dir: str | None, config_name: str, *,
+                backends: Mapping[str, type], sections: Mapping[str, type] | None = None,
+                named: Mapping[str, tuple[str, type]] | None = None) -> ComposedRun | None:
+    """Compose a command line's single run once, as Hydra's run would, with the Hydra instance that will run
+    it; ``None`` when the config itself asks for a sweep (``hydra.mode``), which is left to ``@hydra.main``.
+    ``hydra.run.dir`` is resolved (``${now:...}`` once, here) to an absolute path, and the config typed as
+    inside the job (``hydra.job.env_set`` applied); ``backends``, ``sections``, ``named`` as in
+    ``config.to_run_config``. Raises ``ConfigError`` (one line naming the key or file) if it does not
+    compose."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import env_override
+    from hydra.types import RunMode
+    from omegaconf import open_dict, read_write
+
+    overrides = list(overrides)
+    hydra, cfg = _compose(overrides, config_dir, config_name, from_shell=True)
+    if cfg.hydra.mode == RunMode.MULTIRUN:
+        GlobalHydra.instance().clear()
+        return None
+    with _composition_errors():
+        HydraConfig.instance().set_config(cfg)  # as during the run: `${hydra:...}` resolves
+        run_dir = str(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute())
+        with read_write(cfg.hydra), open_dict(cfg.hydra):  # (HydraConfig.set_config made it read-only)
+            if cfg.hydra.mode is None:  # as Hydra records a run whose config does not set the mode
+                cfg.hydra.mode = RunMode.RUN
+                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+            cfg.hydra.run.dir = run_dir
+            cfg.hydra.runtime.output_dir = run_dir
+        with env_override(cfg.hydra.job.env_set):  # as inside the job: `${oc.env:...}` sees env_set
+            config = to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections,
+                                   named=named)
+    return ComposedRun(hydra, cfg, config, config_name)
+
+
+def run_composed(composed: ComposedRun, task: Callable[[DictConfig], Any]) -> None:
+    """What ``Hydra.run`` does after composing: the run callbacks, and ``task`` in Hydra's ``run_job`` (run
+    directory, job logging, ``HydraConfig``); an unexpected error is reported as Hydra reports it (exit
+    status 1). ``GlobalHydra`` is cleared afterwards."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext
+
+    cfg, name = composed.cfg, composed.config_name
+
+    def run_it() -> None:
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=name)
+        context = HydraContext(config_loader=composed.hydra.config_loader, callbacks=callbacks)
+        ret = run_job(hydra_context=context, task_function=task, config=cfg, job_dir_key="hydra.run.dir",
+                      job_subdir_key=None)
+        callbacks.on_run_end(config=cfg, config_name=name, job_return=ret)
+        _ = ret.return_value  # raises the job's exception, as Hydra.run does
+
+    try:
+        run_and_report(run_it)
+    finally:
+        GlobalHydra.instance().clear()
