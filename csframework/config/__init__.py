@@ -342,7 +342,11 @@ def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type])
     own = {f.name for f in fields(schema)}
     for key in sorted(set(values) - own):
         owners = [t for t, other in backends.items() if key in {f.name for f in fields(other)}]
-        if owners:
+        instead = getattr(schema, "INSTEAD", {}).get(key)  # the schema's own way to the same end
+        if owners and instead:
+            problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
+                            f"{kind}; {instead}")
+        elif owners:
             problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
                             f"{kind}; remove it or use device={owners[0].lower()}")
         else:
