@@ -302,8 +302,13 @@ class CompiledStep:
             self.recompiles.append(f"{name}: {cause}")
             self.run.log.info("recompiled", function=name, cause=cause, recompiles=len(self.recompiles),
                               limit=f"{MAX_RECOMPILES} per function, then it runs eagerly")
+            if len([r for r in self.recompiles if r.startswith(name + ":")]) == MAX_RECOMPILES:
+                self.run.log.warning("recompile_limit", function=name, limit=MAX_RECOMPILES,
+                                     problem=f"{name} was compiled {MAX_RECOMPILES + 1} times (last: {cause}); from "
+                                             "now on new shapes run eagerly: keep the batch shapes fixed "
+                                             "(data.drop_last=true, padding to a few lengths)")
         else:
-            self.run.log.info("compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
+            self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
                               cache=self.cache_status(), cache_dir=str(cache_dir()))
         self._shapes[name] = shape
         for found in self.recorder.breaks[self.reported:]:

@@ -93,7 +93,7 @@ def test_summary_has_the_compile_block(runs):
     assert block["mode"] == "default" and block["cache"] in ("hit", "miss") and block["seconds"] > 0
     assert block["graph_breaks"] == 0 and block["recompiles"] == 0
     events = (runs["dir"] / "events.jsonl").read_text()
-    assert '"event": "compiled"' in events
+    assert '"event": "step_compiled"' in events
 
 
 def test_grad_accumulation_compiles_the_micro_batch(tmp_path):
