@@ -112,6 +112,10 @@ def figures(rounds: int, steps: int = 20) -> list:
                        [r["ms_per_step"] for r in results["compiled"]], baseline="eager cpu",
                        baseline_samples=[r["ms_per_step"] for r in results["cpu"]], target="<= 0.9x", limit=0.9,
                        command=command),
+        harness.Figure("backend.compile=true steady-state step vs eager, CPU time", "ms/step",
+                       [r["cpu_ms_per_step"] for r in results["compiled"]], baseline="eager cpu",
+                       baseline_samples=[r["cpu_ms_per_step"] for r in results["cpu"]], target="<= 0.9x",
+                       limit=0.9, command=command),
         harness.Figure("backend.compile=true compile time (embedded default; Inductor's cache filled by the first "
                        "round)", "s", [r["compile_s"] for r in results["compiled"]], command=command, kind="value"),
         harness.Figure("CSX trace+compile, cached", "s", [r["trace_compile_s"] for r in results["csx"]],
