@@ -31,7 +31,10 @@ MODULE = "benchmarks.csx_emulator"
 def make_run(device: str, model: str, extra: list[str], workdir: str, compile_dir: str | None = None):
     import csframework as csf
 
-    overrides = [f"device={device}", "loop.max_steps=100000", *QUIET, *extra]
+    compiled = device == "compiled"  # device=cpu with backend.compile=true
+    device = "cpu" if compiled else device
+    overrides = [f"device={device}", "loop.max_steps=100000", *QUIET, *extra,
+                 *(["backend.compile=true"] if compiled else [])]
     if device == "csx":
         overrides.append(f"backend.compile_dir={compile_dir or workdir + '/compile'}")
     if model == "mlp":
@@ -39,7 +42,7 @@ def make_run(device: str, model: str, extra: list[str], workdir: str, compile_di
         cfg = csf.compose(["model=blobs_mlp", "data=blobs", "optimizer=adamw", *overrides], config_dir=CONF)
     else:
         cfg = csf.compose(overrides)
-    run = csf.Run(cfg, output_dir=f"{workdir}/{device}-{len(extra)}")
+    run = csf.Run(cfg, output_dir=f"{workdir}/{device}-{len(extra)}-{int(compiled)}")
     run.module.train()
     batch = run.backend.to_device(next(iter(run.train_loader)))
     return run, batch
@@ -67,6 +70,8 @@ def contestant(name: str, steps: int, compile_dir: str | None, graph_compiler: s
         run, batch = make_run(name, "default", extra, workdir, compile_dir)
         result = {"contestant": name, "threads": torch.get_num_threads()}
         step_times(run, batch, 1)
+        if name == "compiled":
+            result.update(compile_s=run.backend.compiled.seconds, cache=run.backend.compiled.cache_status())
         if name == "csx":
             report = run.backend.compiled.report
             info = report.get("graph_compiler", {})
@@ -89,7 +94,8 @@ def figures(rounds: int, steps: int = 20) -> list:
     try:
         csx = [*base, "--contestant", "csx", "--compile-dir", compile_dir]
         cold = harness.run_once(csx)  # the empty compile directory: a cold trace + compile, and the cache filled
-        results = harness.interleaved({"csx": csx, "cpu": [*base, "--contestant", "cpu"]}, rounds)
+        results = harness.interleaved({"csx": csx, "cpu": [*base, "--contestant", "cpu"],
+                                       "compiled": [*base, "--contestant", "compiled"]}, rounds)
     finally:
         shutil.rmtree(compile_dir, ignore_errors=True)
     command = f"python -m {MODULE} --rounds {rounds}"
@@ -102,6 +108,16 @@ def figures(rounds: int, steps: int = 20) -> list:
                        [r["cpu_ms_per_step"] for r in results["csx"]], baseline="eager cpu",
                        baseline_samples=[r["cpu_ms_per_step"] for r in results["cpu"]], target="<= 0.8x",
                        limit=0.8, command=command),
+        harness.Figure("backend.compile=true steady-state step vs eager (embedded default, cpu)", "ms/step",
+                       [r["ms_per_step"] for r in results["compiled"]], baseline="eager cpu",
+                       baseline_samples=[r["ms_per_step"] for r in results["cpu"]], target="<= 0.9x", limit=0.9,
+                       command=command),
+        harness.Figure("backend.compile=true steady-state step vs eager, CPU time", "ms/step",
+                       [r["cpu_ms_per_step"] for r in results["compiled"]], baseline="eager cpu",
+                       baseline_samples=[r["cpu_ms_per_step"] for r in results["cpu"]], target="<= 0.9x",
+                       limit=0.9, command=command),
+        harness.Figure("backend.compile=true compile time (embedded default; Inductor's cache filled by the first "
+                       "round)", "s", [r["compile_s"] for r in results["compiled"]], command=command, kind="value"),
         harness.Figure("CSX trace+compile, cached", "s", [r["trace_compile_s"] for r in results["csx"]],
                        target="<= 2 s", limit=2.0, command=command, kind="value"),
         harness.Figure("CSX trace+compile, cold (empty cache)", "s", [cold["trace_compile_s"]], command=command,
@@ -160,7 +176,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of fresh processes")
     parser.add_argument("--steps", type=int, default=20, help="steady-state steps timed per process")
-    parser.add_argument("--contestant", choices=["csx", "cpu"], help="one measurement, printed as JSON")
+    parser.add_argument("--contestant", choices=["csx", "cpu", "compiled"],
+                        help="one measurement, printed as JSON (compiled: cpu with backend.compile=true)")
     parser.add_argument("--compile-dir", default=None, help="the csx contestant's compile directory")
     parser.add_argument("--graph-compiler", choices=["inductor", "none"], default=None,
                         help="the csx contestant's backend.graph_compiler (default: the config's)")

@@ -366,7 +366,7 @@ class Run:
         return {
             "version": STATE_VERSION,
             **({"sharded": True} if sharded else {"model": self.model.state_dict(),
-                                                  "optimizer": self.optimizer.state_dict()}),
+                                                  "optimizer": plain_rates(self.optimizer.state_dict())}),
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),
@@ -419,6 +419,16 @@ def _leave_if_forked(owner: int, error: BaseException | None = None) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+def plain_rates(state: dict) -> dict:
+    """An optimizer's ``state_dict`` with its learning rates as numbers: ``backend.compile`` keeps them in
+    tensors, and a checkpoint loads into any backend (``state_dict`` copies each group, so the live tensors
+    stay)."""
+    for group in state.get("param_groups", ()):
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state
 
 
 def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:

@@ -47,7 +47,7 @@ class Schedule:
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
         self.optimizer, self.cfg, self.total_steps = optimizer, cfg, total_steps
-        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         self.last_epoch = 0
         self._factor = None  # the factor the param groups' rates were last set with
         # from this step on the factor no longer changes: the rates set then stay (no per-step work)
@@ -68,14 +68,17 @@ class Schedule:
             return
         self._factor = factor
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * factor
+            if isinstance(group["lr"], torch.Tensor):  # backend.compile: the compiled update reads this tensor
+                group["lr"].fill_(base * factor)
+            else:
+                group["lr"] = base * factor
 
     def epoch_end(self) -> None:
         """Called at the end of each training epoch; the built-in schedules count optimizer steps only."""
 
     def get_last_lr(self) -> list[float]:
         """The rate of each param group for the next optimizer step."""
-        return [group["lr"] for group in self.optimizer.param_groups]
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
         return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs)}

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..precision import policy
 from .base import BackendBase, BackendSpec
+from .compiled import COMPILE_MODES, CompiledOps, CompiledStep, prepare_optimizer
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 
 
@@ -53,6 +54,17 @@ class CpuConfig(ReadOnly):
     fails; a dead or stopped rank then ends the run instead of hanging it."""
     threads: int = 0
     """torch intra-op threads on the host; 0 keeps torch's default."""
+    compile: bool = False
+    """Compile the training step (forward, loss and their backward; clipping and the optimizer update) and
+    evaluation with ``torch.compile`` (``backends/compiled.py``): the first steps compile (seconds; an identical
+    run reads Inductor's cache), graph breaks and recompilations are reported; if compiling fails the run goes
+    on eagerly with a warning. On CSX the step is always traced and compiled: see its ``backend.graph_compiler``."""
+    compile_mode: str = "default"
+    """With ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs on a GPU: the least launch overhead) or
+    ``max-autotune`` (also searches kernel configurations: longer compiles)."""
+    compile_fullgraph: bool = False
+    """With ``compile``: a graph break (code Dynamo cannot capture, such as ``.item()`` or ``if tensor:`` in the
+    model) is an error before the first step changes anything, instead of a warning and that part run eagerly."""
 
 
 @dataclass
@@ -117,6 +129,10 @@ class EagerBackend(BackendBase):
             self.host_group = (dist.new_group(backend="gloo", timeout=timeout(backend.timeout_s))
                                if dist.get_backend() == "nccl" else None)
         self._signal_flag = None  # (tensor, pending all-reduce) of any_rank_signal
+        self.compile = backend.compile
+        self.compile_settings = dict(mode=backend.compile_mode, fullgraph=backend.compile_fullgraph)
+        self.compiled: CompiledStep | None = None
+        self.ops = self.precision  # the step's precision primitives (the compiled ones under backend.compile)
 
     def any_rank_signal(self, signum: int | None) -> int | None:
         """The stop signal any rank had received one step ago, the same on every rank (all ranks must stop
@@ -201,6 +217,13 @@ class EagerBackend(BackendBase):
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
+    def attach(self, run) -> None:
+        """Under ``backend.compile``: set up the compiled step (it needs the stage's optimizer)."""
+        if self.compile:
+            self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
+                                         sharded=self.sharded, **self.compile_settings)
+            self.ops = CompiledOps(self.precision, self.compiled)
+
     def to_device(self, batch):
         if self.device.type == "cpu":
             return batch
@@ -208,21 +231,27 @@ class EagerBackend(BackendBase):
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
-        module = run.module
+        module, ops, compiled = run.module, self.ops, self.compiled
+        # compiled: the forward is the compiled function (which calls run.module), the clipping is in the update
+        forward = compiled.forward if compiled is not None else module
+        clip = None if compiled is not None and compiled.compiled_update and compiled.failed is None else self.max_grad_norm
         if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
             module.set_requires_gradient_sync(last)
         if last or not self.distributed or self.sharded:
-            outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
+            outputs = step.micro_batch(run, ops, forward, batch, self.accum)
         else:
             with module.no_sync():  # DDP all-reduces the gradients in the step's last micro-batch only
-                outputs = step.micro_batch(run, self.precision, module, batch, self.accum)
+                outputs = step.micro_batch(run, ops, forward, batch, self.accum)
         if last:
-            step.apply_gradients(run, self.precision, self.max_grad_norm)
+            step.apply_gradients(run, ops, clip)
         return step.detached(outputs)
 
     def eval_batch(self, run, batch) -> dict:
-        with self.precision.autocast():
-            outputs = step.model_outputs(run.module(batch))
+        if self.compiled is not None:
+            outputs = self.compiled.evaluate(batch)
+        else:
+            with self.precision.autocast():
+                outputs = step.model_outputs(run.module(batch))
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 
@@ -236,6 +265,11 @@ class EagerBackend(BackendBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.precision.load_state_dict(state.get("precision", {}))
+        if self.compiled is not None and self.compiled.compiled_update:  # the loaded optimizer has the saved settings
+            prepare_optimizer(self.compiled.run.optimizer, self.device)
+
+    def summary(self) -> dict:
+        return {"compile": self.compiled.summary()} if self.compiled is not None else {}
 
 
 class EagerPlugin:
@@ -270,12 +304,26 @@ def _rules(cfg) -> list[str]:
     if isinstance(b, CpuConfig) and b.type == cfg.device.type:
         problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
         problems += check_range("backend.timeout_s", b.timeout_s, 0.0, MAX_TIMEOUT_S, open_low=True)
-        problems += _fsdp_rules(cfg)
+        problems += _fsdp_rules(cfg) + _compile_rules(b)
     if isinstance(b, GpuConfig) and cfg.device.type == "GPU":
         count = torch.cuda.device_count()
         problems += check_range("backend.device_index", b.device_index, 0, (count or MAX_PARALLEL) - 1,
                                 hint=f" (this machine has {count} CUDA devices)" if count else "")
     return [p for p in problems if p]
+
+
+def _compile_rules(b: CpuConfig) -> list[str]:
+    """``backend.compile_mode`` is one of torch.compile's modes; it and ``compile_fullgraph`` need ``compile``."""
+    problems = []
+    if b.compile_mode not in COMPILE_MODES:
+        problems.append(f"backend.compile_mode: {b.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}; "
+                        "use backend.compile_mode=default (or reduce-overhead, max-autotune)")
+    if not b.compile:
+        for key, unset in (("compile_mode", "default"), ("compile_fullgraph", False)):
+            if getattr(b, key) != unset and getattr(b, key) in COMPILE_MODES + (True,):
+                problems.append(f"backend.{key}: it applies with backend.compile=true (compile is false); "
+                                "set backend.compile=true or remove it")
+    return problems
 
 
 def _fsdp_rules(cfg) -> list[str]:

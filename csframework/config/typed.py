@@ -96,7 +96,11 @@ def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type],
     schemas = {**backends, **{n: s for n, (_, s) in named.items()}}
     for key in sorted(set(values) - own):
         owners = [t for t, other in schemas.items() if key in {f.name for f in fields(other)}]
-        if owners:
+        instead = getattr(schema, "INSTEAD", {}).get(key)  # the schema's own way to the same end
+        if owners and instead:
+            problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
+                            f"{kind}; {instead}")
+        elif owners:
             choose = f"backend={owners[0]}" if owners[0] in named else f"device={owners[0].lower()}"
             problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
                             f"{kind}; remove it or use {choose}")

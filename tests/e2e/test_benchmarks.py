@@ -82,3 +82,12 @@ def test_the_table_shows_how_far_a_round_strays():
     assert "| 1.040x [0.950-1.100] | <= 1.05x | yes |" in rows[0]
     assert "| +0.2 s [+0.1 to +0.3] |" in rows[1] and rows[2].endswith("| - | < 5 MB | yes |")
     assert ratio.row()["per_round"] == pytest.approx([1.1, 0.95, 1.04]) and value.row()["per_round"] == []
+
+
+def test_compiled_rows_compare_the_same_training_and_report_the_compile_time():
+    """``backend.compile=true`` beside the hand loop (losses within 10%: compiled kernels round differently),
+    with its compile time cold and from Inductor's cache."""
+    step, cached, cold = loop_overhead.figures(1, only="compiled-tiny32", steps=60)
+    assert step.limit == 0.7 and len(step.samples) == len(step.baseline_samples) == 1 and step.met in (True, False)
+    assert cached.kind == cold.kind == "value" and cached.samples[0] > 0 and cold.samples[0] > 0
+    assert cached.limit == 2.0 and "compile" in harness.table([step, cached, cold])

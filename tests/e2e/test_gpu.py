@@ -157,3 +157,24 @@ def test_ddp_over_nccl_trains_as_one_process(tmp_path, cli_env):
     assert a["status"] == "completed" and a["global_step"] == 12
     assert a["metrics"]["train/loss"] == pytest.approx(b["metrics"]["train/loss"], rel=1e-4)
     assert a["metrics"]["val/loss"] == pytest.approx(b["metrics"]["val/loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_the_compiled_step_on_the_gpu_trains_as_eager(tmp_path, mode):
+    """backend.compile=true on CUDA (reduce-overhead: CUDA graphs): the same parameters as the eager GPU run,
+    no graph break, no recompilation, and a schedule that changes the rate every step recompiles nothing."""
+    common = ("device=gpu", "loop.max_steps=16", "optimizer=adamw", "optimizer.lr=0.01",
+              "optimizer.schedule.name=cosine", "optimizer.schedule.warmup_steps=4", "optimizer.max_grad_norm=1.0")
+    eager, _ = fit(tmp_path / "eager", *common)
+    compiled, _ = fit(tmp_path / "compiled", *common, "backend.compile=true", f"backend.compile_mode={mode}")
+    block = json.loads((tmp_path / "compiled" / "summary.json").read_text())["compile"]
+    assert block["mode"] == mode and block["graph_breaks"] == 0 and block["recompiles"] == 0, block
+    a, b = params(eager), params(compiled)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_compiled_step_on_the_gpu_in_bfloat16_learns(tmp_path):
+    run, record = fit(tmp_path / "run", "device=gpu", "precision=bfloat16", "loop.max_steps=40", "backend.compile=true")
+    assert record.losses[-1] < record.losses[0]
+    assert run.backend.compiled.summary()["graph_breaks"] == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ...config.ranges import MAX_PARALLEL, check_range
 from ...config.readonly import ReadOnly
@@ -31,6 +31,12 @@ class CsxConfig(ReadOnly):
     (cached in ``compile_dir``; without a C++ compiler, or when Inductor fails, the interpreted graph runs,
     with a one-line warning), ``none`` interprets it (the eager kernels, op by op). The default comes from
     ``$CSF_CSX_GRAPH_COMPILER`` when set."""
+
+    #: Other backends' settings and what does their job here (composition says so when one is given).
+    INSTEAD: ClassVar[dict] = dict.fromkeys(
+        ("compile", "compile_mode", "compile_fullgraph"),
+        "CSX always traces and compiles the whole step; remove it (backend.graph_compiler=inductor compiles the "
+        "traced graph to host code, none interprets it)")
 
 
 #: Values of ``backend.graph_compiler``.

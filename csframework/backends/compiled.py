@@ -1,0 +1,389 @@
+"""``backend.compile=true``: the eager backend's step and evaluation compiled with ``torch.compile``.
+
+The step's sequence is still ``csframework.step``'s; three functions of it are compiled (TorchDynamo captures
+them, TorchInductor generates their code):
+
+* ``forward``: a micro-batch's forward and loss under the precision policy's autocast. AOTAutograd compiles its
+  backward with it, so ``loss.backward()`` runs compiled code too (the loss scaling's multiplication, the
+  ``1/grad_accum_steps`` division and the call itself stay eager: one operation each);
+* ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. The learning
+  rates of ``torch.optim`` optimizers become tensors that the schedule fills in place, so a new rate is an input,
+  not a recompilation; built-in optimizers run their ``foreach`` path with ``capturable`` state (the fastest
+  compiled update measured: docs/performance.md). Under dynamic loss scaling the scaler's overflow check needs
+  the host (``GradScaler.step`` reads it), so the update runs eagerly there;
+* ``evaluate``: evaluation's forward and loss.
+
+Zeroing the gradients (``set_to_none``) is no operation. Plugin hooks run between the compiled functions, as
+everywhere: data-dependent code in a hook is no graph break. Data-dependent code in the model (``.item()``,
+``if tensor:``) is: Dynamo runs that part eagerly, and ``graph_breaks`` reports it once, naming the user's file
+and line, the reason and the fix; ``backend.compile_fullgraph=true`` makes it an error before the first step
+changes anything. Each function is compiled for fixed shapes: a new input shape (the short last batch)
+compiles once more and is then reused every epoch; ``MAX_RECOMPILES`` bounds them (then Dynamo runs that
+function eagerly), and each is reported with its cause.
+
+Inductor's cache (``cache_dir()``) keeps the generated code across runs, so an identical run compiles from it.
+When compiling fails (no C++ compiler, an Inductor error) the run goes on eagerly with one warning.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .. import step
+from ..errors import ConfigError
+from ..precision import NO_AUTOCAST
+from .csx.optim import preinitialize
+
+#: ``backend.compile_mode``'s values (``torch.compile``'s modes).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+#: Where Inductor keeps generated code and built kernels unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise.
+DEFAULT_CACHE_DIR = "~/.cache/csframework/inductor"
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: Compilations of one function after its first (new shapes, new settings) before Dynamo runs it eagerly.
+MAX_RECOMPILES = 8
+
+
+def cache_dir() -> Path:
+    """Inductor's cache directory: ``$TORCHINDUCTOR_CACHE_DIR``, else ``~/.cache/csframework/inductor`` (not
+    Inductor's default in the temporary directory, which the system may clear). Inductor writes its entries
+    atomically under file locks, so concurrent runs (sweep jobs, torchrun ranks) share it safely."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    given = os.environ.get(CACHE_ENV)
+    # Inductor writes its default into the variable once it has looked: that is no user's choice
+    if given and os.path.abspath(given) != os.path.abspath(default_cache_dir()):
+        return Path(given)
+    return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
+
+
+def _isa_marker_path() -> Path:
+    """The file saying that Inductor built and ran code for this CPU's vector instructions in the cache."""
+    return cache_dir() / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
+
+
+def _trust_vector_isa() -> None:
+    """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
+    programs for it (about 4 s of a cached run's compile time). The check's result is part of Inductor's cache
+    keys, so every run, the first included, compiles with it set."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if torch.cuda.is_available():
+        return
+    marker = _isa_marker_path()
+    if not marker.is_file():
+        if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
+            return
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # a read-only cache: the check runs again next time
+            pass
+    inductor_config.cpp.vec_isa_ok = True
+
+
+@dataclass
+class GraphBreak:
+    """Where and why Dynamo split a compiled function."""
+    where: str  # "file:line" of the user's code, or "" when none is the user's
+    reason: str  # one line
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}" if self.where else self.reason
+
+
+#: The fix of the usual graph breaks, by a word in Dynamo's reason.
+FIXES = (("item", "keep the value a tensor (torch.where for a choice), or read it in a hook outside the step "
+                  "(on_train_step_end)"),
+         ("data-dependent", "use torch.where instead of a Python branch on a tensor's value, or move the check to "
+                            "a hook outside the step (on_train_step_end)"),
+         ("print", "remove the print from the forward, or log from a hook outside the step"))
+
+
+def _internal(filename: str) -> bool:
+    """Frames of torch, csframework and Python itself are not the user's."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (filename.startswith(here) or f"{os.sep}torch{os.sep}" in filename or "<" in filename
+            or f"{os.sep}lib{os.sep}python" in filename and "site-packages" not in filename)
+
+
+def describe_break(reason: str, stack: list) -> GraphBreak:
+    """Dynamo's reason for a graph break and the user's stack there, as the user's line and one line of
+    reason with its fix."""
+    frame = next((f for f in reversed(stack) if not _internal(f.filename)), stack[-1] if stack else None)
+    where = f"{frame.filename}:{frame.lineno}" if frame is not None else ""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    # Dynamo's first line says only that it was a call; the next names what could not be traced
+    useful = [ln for ln in lines if not ln.startswith(("Encountered graph break", "Developer debug context",
+                                                        "For more details", "Hint: "))]
+    text = " ".join((useful or lines or ["unknown"])[:2])
+    text = text if len(text) <= 240 else text[:237] + "..."
+    fix = next((f for word, f in FIXES if word in text.lower()), "move that code out of the model's forward "
+               "(into a hook outside the step) or make it a tensor operation")
+    return GraphBreak(where, f"{text}; fix: {fix}")
+
+
+class Recorder:
+    """The backend handed to ``torch.compile``: Inductor with ``mode``'s options, counting what it compiles and
+    the graph breaks Dynamo reports with each graph."""
+
+    def __init__(self, mode: str):
+        import torch._inductor
+
+        self.options = torch._inductor.list_mode_options(mode)
+        self.breaks: list[GraphBreak] = []
+        self.graphs = 0
+        self.failed: str | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        from torch._inductor.compile_fx import compile_fx
+
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if reason is not None and getattr(reason, "graph_break", False):
+            found = describe_break(str(reason.reason), list(reason.user_stack or []))
+            if all(str(b) != str(found) for b in self.breaks):
+                self.breaks.append(found)
+        self.graphs += 1
+        return compile_fx(gm, example_inputs, config_patches=self.options)
+
+
+def _signature(batch: Any) -> tuple:
+    """The shapes and dtypes of a batch's tensors (what a recompilation is reported with)."""
+    from torch.utils import _pytree as pytree
+
+    return tuple((tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in pytree.tree_leaves(batch)
+                 if isinstance(t, torch.Tensor))
+
+
+def _failure(error: BaseException) -> str | None:
+    """One line for an error of compiling (not of running the user's code), else ``None``."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    if not isinstance(error, BackendCompilerFailed):
+        return None
+    inner = error.inner_exception if getattr(error, "inner_exception", None) is not None else error
+    text = " ".join(f"{type(inner).__name__}: {inner}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is one of torch's own (they take tensor learning rates and ``capturable`` state)."""
+    return type(optimizer).__module__.startswith("torch.optim")
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Make ``optimizer``'s settings those the update compiles best with (again after a checkpoint is loaded,
+    which brings back the saved ones): torch's optimizers run ``foreach`` with ``capturable`` state, and their
+    learning rates are tensors (float64 on the host, float32 on a GPU) that the schedule fills in place."""
+    if not torch_optimizer(optimizer):
+        return
+    for group in optimizer.param_groups:
+        if "foreach" in group:
+            group["foreach"] = True
+        if "capturable" in group:
+            group["capturable"] = True
+        if not isinstance(group["lr"], torch.Tensor):
+            dtype = torch.float64 if device.type == "cpu" else torch.float32
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=dtype, device=device)
+    # capturable optimizers keep their step counts on the parameters' device
+    for state in optimizer.state.values():
+        count = state.get("step") if isinstance(state, dict) else None
+        if isinstance(count, torch.Tensor) and count.device != device:
+            state["step"] = count.to(device=device, dtype=torch.float32)
+
+
+def _raw_step(optimizer: torch.optim.Optimizer) -> Callable:
+    """``optimizer.step`` without torch's wrappers when nothing hooks it: the wrapper that switches grad mode
+    breaks the graph on purpose (the update runs under ``no_grad`` here anyway), and the profiler's is ignored
+    when compiling. With step hooks registered, ``step`` itself (its hooks run, the graph breaks)."""
+    from torch.optim import optimizer as opt_module
+
+    hooked = (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
+              or getattr(opt_module, "_global_optimizer_pre_hooks", None)
+              or getattr(opt_module, "_global_optimizer_post_hooks", None))
+    raw = type(optimizer).step
+    if hooked or "step" in vars(optimizer):  # hooks, or an instance's own step (a torch LRScheduler wraps it)
+        return lambda: optimizer.step()
+    while hasattr(raw, "__wrapped__"):
+        raw = raw.__wrapped__
+    return lambda: raw(optimizer)
+
+
+class CompiledStep:
+    """The compiled functions of one stage's eager backend, and what compiling them cost and found."""
+
+    def __init__(self, run, precision, module: torch.nn.Module, device: torch.device, max_grad_norm: float | None,
+                 *, mode: str, fullgraph: bool, sharded: bool):
+        import torch._dynamo
+
+        self.run, self.precision, self.module, self.device = run, precision, module, device
+        self.max_grad_norm = max_grad_norm
+        self.mode, self.fullgraph = mode, fullgraph
+        self.failed: str | None = None  # why compiling failed: everything then runs eagerly
+        self.seconds = 0.0
+        self.recompiles: list[str] = []
+        self.reported = 0  # graph breaks already warned about
+        self.cache_counts = self._cache_counts()
+        os.environ[CACHE_ENV] = str(cache_dir())
+        _trust_vector_isa()
+        # a run starts with Dynamo's caches empty: the compiled functions of an earlier run in this process (a
+        # sweep's job, a test) would count towards this one's recompilation limit
+        torch._dynamo.reset()
+        torch._dynamo.config.recompile_limit = MAX_RECOMPILES
+        self.recorder = Recorder(mode)
+        options = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
+        self.forward = self._guarded("forward", torch.compile(self._forward, **options))
+        self.evaluate = self._guarded("evaluate", torch.compile(self._evaluate, **options))
+        # FSDP2's parameters are DTensors whose update calls collectives: left to the eager optimizer
+        self.scaler = getattr(precision, "scaler", None)
+        self.compiled_update = not sharded and self.scaler is None
+        if self.compiled_update:
+            prepare_optimizer(run.optimizer, device)
+            # the state the first step would create, created now: it is then no cause of a recompilation
+            preinitialize(run.optimizer)
+            self._step = _raw_step(run.optimizer)
+            self._params = [p for g in run.optimizer.param_groups for p in g["params"]]
+            self.update = self._guarded("update", torch.compile(self._update, **options))
+        self._shapes: dict[str, tuple] = {}
+
+    # -- the compiled functions ---------------------------------------------------------------------------
+    def _forward(self, batch):
+        with self.precision.autocast():
+            return step.model_outputs(self.module(batch))
+
+    def _evaluate(self, batch):
+        with self.precision.autocast():
+            return step.model_outputs(self.module(batch))
+
+    def _update(self):
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+        self._step()
+
+    # -- calling them -------------------------------------------------------------------------------------
+    def _guarded(self, name: str, compiled: Callable) -> Callable:
+        """``compiled`` timed while it compiles, its recompilations and graph breaks recorded, and the eager
+        function run instead once compiling has failed."""
+        eager = getattr(self, f"_{name}")
+
+        def call(*args):
+            if self.failed is not None:
+                return eager(*args)
+            graphs = self.recorder.graphs
+            start = time.perf_counter()
+            try:
+                out = compiled(*args)
+            except Exception as e:
+                reason = _failure(e)
+                if reason is None:
+                    raise self._fullgraph_error(e) if self._is_break(e) else e
+                self._fall_back(reason)
+                return eager(*args)
+            if self.recorder.graphs != graphs:  # it compiled now
+                self.seconds += time.perf_counter() - start
+                self._compiled(name, args)
+            return out
+
+        return call
+
+    def _compiled(self, name: str, args: tuple) -> None:
+        """After a call that compiled: log the first compilation, report recompilations and new graph breaks."""
+        shape = _signature(args)
+        if name in self._shapes:
+            cause = (f"new input shapes {shape} (compiled for {self._shapes[name]})" if shape != self._shapes[name]
+                     else "a guard failed (a module's train/eval mode, an optimizer setting or a Python value "
+                          "the function reads changed)")
+            self.recompiles.append(f"{name}: {cause}")
+            self.run.log.info("recompiled", function=name, cause=cause, recompiles=len(self.recompiles),
+                              limit=f"{MAX_RECOMPILES} per function, then it runs eagerly")
+            if len([r for r in self.recompiles if r.startswith(name + ":")]) == MAX_RECOMPILES:
+                self.run.log.warning("recompile_limit", function=name, limit=MAX_RECOMPILES,
+                                     problem=f"{name} was compiled {MAX_RECOMPILES + 1} times (last: {cause}); from "
+                                             "now on new shapes run eagerly: keep the batch shapes fixed "
+                                             "(data.drop_last=true, padding to a few lengths)")
+        else:
+            self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
+                              cache=self.cache_status(), cache_dir=str(cache_dir()))
+        self._shapes[name] = shape
+        for found in self.recorder.breaks[self.reported:]:
+            self.run.log.warning("graph_break", where=found.where, problem=str(found),
+                                 result="that part of the step runs eagerly; backend.compile_fullgraph=true refuses it")
+        self.reported = len(self.recorder.breaks)
+
+    def _is_break(self, error: BaseException) -> bool:
+        from torch._dynamo.exc import Unsupported, UserError
+
+        return self.fullgraph and isinstance(error, (Unsupported, UserError))
+
+    def _fullgraph_error(self, error: BaseException) -> ConfigError:
+        """``compile_fullgraph=true`` and Dynamo could not capture the whole function: a one-line error naming
+        the user's line (no step has changed anything yet)."""
+        stack = list(getattr(error, "real_stack", None) or []) or traceback.extract_tb(error.__traceback__)
+        found = describe_break(str(error), stack)
+        return ConfigError(f"backend.compile_fullgraph: the step does not compile into one graph: {found}; "
+                           "or set backend.compile_fullgraph=false to run that part eagerly")
+
+    def _fall_back(self, reason: str) -> None:
+        self.failed = reason
+        self.run.log.warning("compile_failed", problem=f"torch.compile failed: {reason}",
+                             result="the run goes on eagerly (backend.compile=false avoids the attempt)")
+
+    def apply_update(self) -> None:
+        """Clip and step the optimizer (compiled when it can be), under ``no_grad`` as the optimizer's own."""
+        with torch.no_grad():
+            self.update()
+        self.run.optimizer._opt_called = True  # what torch's LR schedulers check, as a wrapped step sets it
+
+    # -- figures ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _cache_counts() -> tuple[int, int]:
+        from torch._dynamo.utils import counters
+
+        inductor = counters["inductor"]
+        return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
+
+    def cache_status(self) -> str:
+        """``hit`` when every graph compiled so far came from Inductor's cache, else ``miss``."""
+        hits, misses = (now - before for now, before in zip(self._cache_counts(), self.cache_counts))
+        return "hit" if hits and not misses else "miss"
+
+    def summary(self) -> dict:
+        """``summary.json``'s ``compile`` block."""
+        out = {"mode": self.mode, "seconds": round(self.seconds, 3), "cache": self.cache_status(),
+               "graph_breaks": len(self.recorder.breaks), "recompiles": len(self.recompiles)}
+        if self.failed is not None:
+            out["fallback"] = self.failed
+        return out
+
+
+class CompiledOps:
+    """The precision policy's ``step.PrecisionOps`` around the compiled functions: the forward's autocast is
+    inside the compiled forward, the optimizer step is the compiled update (clipping included: the step is
+    then given no ``max_grad_norm``)."""
+
+    def __init__(self, precision, compiled: CompiledStep):
+        self.precision, self.compiled = precision, compiled
+
+    def autocast(self):
+        return NO_AUTOCAST
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.precision.backward(loss)
+
+    def unscale(self, optimizer):
+        return self.precision.unscale(optimizer)
+
+    def optimizer_step(self, optimizer, skip) -> None:
+        if self.compiled.compiled_update and self.compiled.failed is None:
+            self.compiled.apply_update()
+        else:
+            self.precision.optimizer_step(optimizer, skip)
+
+    def update(self) -> None:
+        self.precision.update()

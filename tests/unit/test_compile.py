@@ -1,0 +1,208 @@
+"""``backend.compile=true`` (``csframework.backends.compiled``): the settings, the same numbers as eager, graph
+breaks and recompilations reported, the fallback, ``summary.json``'s ``compile`` block.
+
+Compiling is slow on 2 cores; the runs use the tiny Blobs MLP and Inductor's cache (``~/.cache/csframework/
+inductor``), so after the first run of the suite a run compiles from it in seconds. Runs several tests read are
+made once per module.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import csframework as csf
+from csframework.errors import ConfigError, ValidationError
+from fixtures import compose
+
+pytestmark = pytest.mark.slow
+
+COMPILE = "backend.compile=true"
+#: 20 SGD steps on the Blobs MLP, evaluated at the end
+STEPS = ["loop.max_steps=20", "loop.log_every=5", "backend.threads=1"]
+
+
+def fit(tmp_path, *overrides, plugins=(), name="run") -> tuple[csf.Run, dict]:
+    run = csf.Run(compose(*STEPS, *overrides), plugins=list(plugins), output_dir=tmp_path / name)
+    return run, run.fit()
+
+
+def params(run: csf.Run) -> dict:
+    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An eager run and two identical compiled runs of the same 20 steps."""
+    tmp = tmp_path_factory.mktemp("compile")
+    eager, _ = fit(tmp, name="eager")
+    first, summary = fit(tmp, COMPILE, name="compiled")
+    second, _ = fit(tmp, COMPILE, name="again")
+    return {"eager": params(eager), "compiled": params(first), "again": params(second), "summary": summary,
+            "dir": tmp / "compiled"}
+
+
+# -- settings ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override, problem", [
+    ("backend.compile_mode=fast", "backend.compile_mode: 'fast' is not one of default, reduce-overhead, max-autotune"),
+    ("backend.compile_mode=max-autotune", "backend.compile_mode: it applies with backend.compile=true"),
+    ("backend.compile_fullgraph=true", "backend.compile_fullgraph: it applies with backend.compile=true"),
+])
+def test_compile_settings_are_checked_naming_the_key(override, problem):
+    with pytest.raises(ValidationError) as e:
+        csf.Run(compose(override))
+    assert any(p.startswith(problem) for p in e.value.problems), e.value.problems
+
+
+def test_compile_is_refused_on_csx_naming_the_csx_setting():
+    with pytest.raises(ValidationError) as e:
+        compose("device=csx", COMPILE)
+    assert e.value.problems == [
+        "backend.compile: only CPU/GPU understands it, and this run's device is CSX; CSX always traces and compiles "
+        "the whole step; remove it (backend.graph_compiler=inductor compiles the traced graph to host code, none "
+        "interprets it)"]
+
+
+def test_a_stage_may_compile(tmp_path):
+    run = csf.Run(compose("loop.max_steps=2", "+stages={warm: {loop: {max_steps: 1}}, "
+                          "main: {backend: {compile: true, compile_mode: reduce-overhead}}}"), output_dir=tmp_path)
+    assert [cfg.backend.compile for _, cfg in run.stages] == [False, True]
+    assert run.stages[1][1].backend.compile_mode == "reduce-overhead"
+
+
+# -- the same numbers ----------------------------------------------------------------------------------------
+def test_compiled_parameters_agree_with_eager_after_20_sgd_steps(runs):
+    assert max_difference(runs["eager"], runs["compiled"]) < 1e-5
+
+
+def test_two_compiled_runs_are_bit_identical(runs):
+    assert all(torch.equal(runs["compiled"][k], runs["again"][k]) for k in runs["compiled"])
+
+
+def test_summary_has_the_compile_block(runs):
+    block = json.loads((runs["dir"] / "summary.json").read_text())["compile"]
+    assert block == runs["summary"]["compile"]
+    assert set(block) == {"mode", "seconds", "cache", "graph_breaks", "recompiles"}
+    assert block["mode"] == "default" and block["cache"] in ("hit", "miss") and block["seconds"] > 0
+    assert block["graph_breaks"] == 0 and block["recompiles"] == 0
+    events = (runs["dir"] / "events.jsonl").read_text()
+    assert '"event": "step_compiled"' in events
+
+
+def test_grad_accumulation_compiles_the_micro_batch(tmp_path):
+    accum = ["loop.grad_accum_steps=2", "optimizer=adamw", "optimizer.lr=0.01", "optimizer.max_grad_norm=0.5"]
+    eager, _ = fit(tmp_path, *accum, name="eager")
+    compiled, summary = fit(tmp_path, COMPILE, *accum, name="compiled")
+    assert max_difference(params(eager), params(compiled)) < 1e-5
+    assert summary["compile"]["recompiles"] == 0
+
+
+def test_bfloat16_autocast_runs_compiled(tmp_path):
+    eager, _ = fit(tmp_path, "precision=bfloat16", name="eager")
+    compiled, summary = fit(tmp_path, COMPILE, "precision=bfloat16", name="compiled")
+    # bfloat16 products round differently once fused: close, not equal
+    assert max_difference(params(eager), params(compiled)) < 2e-2
+    assert summary["status"] == "completed" and summary["compile"]["graph_breaks"] == 0
+
+
+# -- graph breaks, recompilations, failures ------------------------------------------------------------------
+class ItemNet(nn.Module):
+    """A model whose forward reads a value on the host: a graph break."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 4)
+
+    def forward(self, batch):
+        x, y = batch
+        logits = self.net(x)
+        if logits.mean().item() > 100:  # the graph break this test expects
+            logits = logits * 0
+        return nn.functional.cross_entropy(logits, y)
+
+
+_lines, _first = inspect.getsourcelines(ItemNet.forward)
+BREAK_LINE = _first + next(i for i, line in enumerate(_lines) if ".item()" in line)
+
+
+def item_net():
+    return ItemNet()
+
+
+class Warnings:
+    name = "warnings"
+
+    def __init__(self):
+        self.events = []
+
+    @csf.hookimpl
+    def on_fit_start(self, run):
+        log = run.log
+
+        class Spy:
+            def __getattr__(spy, level):
+                method = getattr(log, level)
+
+                def call(event, **kw):
+                    self.events.append((level, event, kw))
+                    return method(event, **kw)
+                return call
+
+        run.log = Spy()
+
+
+def test_a_graph_break_is_warned_once_with_the_users_line(tmp_path):
+    spy = Warnings()
+    run = csf.Run(compose(*STEPS, COMPILE, f"model._target_={__name__}.item_net", "~model.net", "~model.loss"),
+                  plugins=[spy], output_dir=tmp_path)
+    summary = run.fit()
+    breaks = [kw for level, event, kw in spy.events if event == "graph_break"]
+    assert len(breaks) == 1, breaks
+    assert breaks[0]["where"] == f"{__file__}:{BREAK_LINE}"
+    assert "item" in breaks[0]["problem"].lower() and "fix:" in breaks[0]["problem"]
+    assert summary["compile"]["graph_breaks"] == 1 and summary["status"] == "completed"
+
+
+def test_compile_fullgraph_refuses_a_graph_break_before_any_step(tmp_path):
+    run = csf.Run(compose(*STEPS, COMPILE, "backend.compile_fullgraph=true", f"model._target_={__name__}.item_net",
+                          "~model.net", "~model.loss"), output_dir=tmp_path)
+    before = params(run)
+    with pytest.raises(ConfigError, match=r"backend.compile_fullgraph: the step does not compile into one graph: "
+                                          + f".*{__file__}:{BREAK_LINE}"):
+        run.fit()
+    assert run.global_step == 0 and all(torch.equal(before[k], v) for k, v in params(run).items())
+
+
+def test_the_short_last_batch_recompiles_once_not_every_epoch(tmp_path):
+    # 200 samples in batches of 16: 12 full batches and one of 8 per epoch, 3 epochs
+    run, summary = fit(tmp_path, COMPILE, "data.train.n=200", "data.drop_last=false", "loop.max_steps=null",
+                       "loop.max_epochs=3")
+    assert summary["global_step"] == 39
+    assert summary["compile"]["recompiles"] == 1  # the forward, for the short batch, in the first epoch only
+    assert run.backend.compiled.recompiles == ["forward: new input shapes (((8, 8), 'float32'), ((8,), 'int64')) "
+                                               "(compiled for (((16, 8), 'float32'), ((16,), 'int64')))"]
+
+
+def test_a_failed_compile_goes_on_eagerly_with_one_warning(tmp_path, monkeypatch):
+    import torch._inductor.compile_fx as compile_fx
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(compile_fx, "compile_fx", broken)
+    spy = Warnings()
+    run = csf.Run(compose(*STEPS, COMPILE), plugins=[spy], output_dir=tmp_path / "compiled")
+    summary = run.fit()
+    failures = [kw for level, event, kw in spy.events if event == "compile_failed"]
+    assert len(failures) == 1 and "no C++ compiler found" in failures[0]["problem"]
+    assert summary["status"] == "completed" and "no C++ compiler found" in summary["compile"]["fallback"]
+    monkeypatch.undo()
+    eager, _ = fit(tmp_path, name="eager")
+    assert max_difference(params(eager), params(run)) == 0
