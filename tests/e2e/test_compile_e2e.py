@@ -66,11 +66,11 @@ def test_two_compiled_ddp_ranks_match_one_eager_process(tmp_path, cli_env):
 def test_the_cli_refuses_a_graph_break_under_fullgraph_with_one_line(tmp_path, cli_env):
     done = subprocess.run([sys.executable, "-m", "csframework", "--config-dir", fixtures.CONF, "model=blobs_mlp",
                            "data=blobs", "loop.max_steps=3", "backend.compile=true", "backend.compile_fullgraph=true",
-                           "model._target_=test_compile.item_net", "~model.net", "~model.loss",
+                           "model._target_=test_compiled.item_net", "~model.net", "~model.loss",
                            f"hydra.run.dir={tmp_path / 'run'}"], env=cli_env, capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("csframework: error:")]
     assert len(errors) == 1 and "backend.compile_fullgraph: the step does not compile into one graph" in errors[0]
-    assert "test_compile.py:" in errors[0] and "Traceback" not in done.stderr
+    assert "test_compiled.py:" in errors[0] and "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").glob("step-*"))

@@ -1,6 +1,11 @@
-"""The events schema (issue 14, item 5): every event of a fit, a resumed fit, a validate, a CSX compile, a
+"""``csframework.builtin.logs``, the logging plugin.
+
+The events schema (issue 14, item 5): every event of a fit, a resumed fit, a validate, a CSX compile, a
 failed and an interrupted run matches the table in docs/events.md, which names every event the code logs;
-``events.jsonl`` is the same whatever the terminal."""
+``events.jsonl`` is the same whatever the terminal.
+
+The plugin writes console lines itself (``console_line``) instead of through structlog's ``ConsoleRenderer``,
+which costs more than the rest of a log step: the text must stay the renderer's."""
 from __future__ import annotations
 
 import io
@@ -8,11 +13,12 @@ import re
 from pathlib import Path
 
 import pytest
+import structlog
 
 import csframework as csf
 import fixtures
 from fixtures import PoisonAt, StopAt, events
-from csframework.builtin.logs import LoggingPlugin
+from csframework.builtin.logs import LoggingPlugin, console_line
 from csframework.builtin.progress import ProgressPlugin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,3 +132,19 @@ def test_events_jsonl_is_the_same_on_a_terminal(tmp_path, terminal):
     console = stream.getvalue()
     assert ("train " in console) is not terminal  # on a terminal the bar shows it instead
     assert "][csframework][INFO] - fit_start" in console
+
+
+@pytest.mark.parametrize("event", [
+    {"event": "train", "progress": "25/100", "loss": 0.1234, "lr": 0.001, "steps_per_sec": 1234.5},
+    {"event": "fit_start", "output_dir": "/tmp/a b", "stages": ["main"], "device_type": "CPU"},
+    {"event": "x" * 40, "quote": "it's", "eq": "a=b", "empty": "", "none": None, "nested": {"a": [1, 2.5]}},
+    {"event": "eval"},
+], ids=["train", "blank-and-list", "quoting", "no-fields"])
+def test_console_line_is_what_structlogs_console_renderer_prints(event):
+    assert console_line(dict(event)) == structlog.dev.ConsoleRenderer(colors=False)(None, None, dict(event))
+
+
+def test_console_line_leaves_out_what_the_log_format_shows():
+    line = console_line({"event": "train", "loss": 0.5, "run_id": "r", "timestamp": "t", "level": "info",
+                         "sweep_dir": "/s"})
+    assert line == console_line({"event": "train", "loss": 0.5}) and "run_id" not in line

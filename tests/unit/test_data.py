@@ -1,16 +1,33 @@
-"""Any dataset: a custom ``collate_fn``, ``IterableDataset``s sharded across loader workers (each sample read
+"""``csframework.data``: the loaders a run reads.
+
+Any dataset: a custom ``collate_fn``, ``IterableDataset``s sharded across loader workers (each sample read
 once per epoch, resumable), and the loader settings ``persistent_workers``, ``prefetch_factor``. Under DDP:
-tests/e2e/test_datasets_ddp.py."""
+tests/e2e/test_datasets_ddp.py.
+
+Nothing hangs forever and no loader worker outlives its run (issue 9, item 6): a worker stuck in
+``__getitem__`` fails the run after ``data.timeout_s`` naming the loader, the worker and its pid, and whatever
+ends a run leaves no worker behind (through the CLI, under signals: tests/e2e/test_loader_hangs.py)."""
+from __future__ import annotations
+
+import json
 import multiprocessing
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import csframework as csf
-from csframework.errors import ValidationError
+from csframework.config.sections import DataConfig
+from csframework.errors import DataTimeoutError, PluginError, ValidationError
 
 import fixtures
+from fixtures import compose
 from numbered import N, write_conf
+from stalling import BOUND_S, TIMEOUT_S, hung_pid, stalling, survivors, worker_pids
+
+#: the hang tests find their workers in /proc
+reads_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 
 
 @pytest.fixture
@@ -167,3 +184,125 @@ def test_steps_of_an_accumulating_stage_span_epochs_so_the_schedule_has_their_nu
     # linear: from optimizer.lr down to min_lr (0) at the last step, every step a little lower
     assert len(rates.rates) == 6 and all(a > b for a, b in zip(rates.rates, rates.rates[1:]))
     assert rates.rates[0] == pytest.approx(0.1) and rates.rates[-1] == 0 and rates.rates[-2] > 0
+
+
+# -- loader workers that hang ----------------------------------------------------------------------------
+
+def fit_fails(run: csf.Run, error: type) -> tuple[BaseException, float]:
+    start = time.monotonic()
+    with pytest.raises(error) as failed:
+        run.fit()
+    return failed.value, time.monotonic() - start
+
+
+@reads_proc
+@pytest.mark.parametrize("num_workers, hang_worker, after", [(1, 0, 0), (2, 1, 20)],
+                         ids=["one-worker-first-batch", "second-of-two-workers-mid-epoch"])
+@pytest.mark.slow
+def test_a_hung_worker_fails_the_run_naming_it_and_no_worker_survives(tmp_path, num_workers, hang_worker, after):
+    pids = tmp_path / "pids"
+    run = csf.Run(compose(f"data.num_workers={num_workers}", f"data.timeout_s={TIMEOUT_S}",
+                          *stalling(pids, hang_worker=hang_worker, after=after)), output_dir=tmp_path / "run")
+    error, took = fit_fails(run, DataTimeoutError)
+    message = str(error)
+    assert f"data.train: loader worker {hang_worker} (pid {hung_pid(pids)})" in message
+    assert "data.timeout_s" in message and f"in {TIMEOUT_S} s" in message and "Stalling" in message
+    assert took < BOUND_S
+    assert run.status == "failed" and error.exit_code == 1
+    assert len(worker_pids(pids)) == num_workers and survivors(pids) == []
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+
+
+@reads_proc
+@pytest.mark.slow
+def test_a_hung_validation_worker_names_the_validation_loader_and_stops_the_training_workers(tmp_path):
+    train, val = tmp_path / "train", tmp_path / "val"
+    run = csf.Run(compose("data.num_workers=2", f"data.timeout_s={TIMEOUT_S}", "loop.max_steps=4",
+                          *stalling(train), *stalling(val, "val", hang_worker=0)),
+                  output_dir=tmp_path / "run")
+    error, took = fit_fails(run, DataTimeoutError)
+    assert f"data.val: loader worker 0 (pid {hung_pid(val)})" in str(error) and took < BOUND_S
+    # the training pass stopped after 4 of its 8 batches, its workers still waiting for work: stopped too
+    assert len(worker_pids(train)) == 2 and survivors(train) == []
+    assert len(worker_pids(val)) == 2 and survivors(val) == []
+
+
+@reads_proc
+@pytest.mark.slow
+def test_validate_mode_with_a_hung_worker_fails_and_leaves_no_worker(tmp_path):
+    pids = tmp_path / "pids"
+    run = csf.Run(compose("data.num_workers=1", f"data.timeout_s={TIMEOUT_S}",
+                          *stalling(pids, "val", hang_worker=0)), output_dir=tmp_path / "run")
+    with pytest.raises(DataTimeoutError, match=r"data\.val: loader worker 0 \(pid \d+\)"):
+        run.validate()
+    assert run.status == "failed" and survivors(pids) == []
+
+
+class FailsOnceWorkerHangs:
+    """Raises in the first step's last hook, once the ``Stalling`` worker of ``pid_dir`` hangs."""
+
+    name = "fails_once_a_worker_hangs"
+
+    def __init__(self, pid_dir: Path):
+        self.pid_dir = pid_dir
+
+    @csf.hookimpl
+    def on_train_batch_end(self, run):
+        deadline = time.monotonic() + 60
+        while not list(self.pid_dir.glob("hung-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise RuntimeError("boom")
+
+
+@reads_proc
+@pytest.mark.slow
+def test_a_hook_error_while_a_worker_hangs_leaves_no_worker(tmp_path):
+    """No timeout, worker 1 stuck in ``__getitem__``, and the run fails for another reason: torch's own
+    shutdown gives up on a worker that does not stop (and SIGTERM does not reach it); the run kills it."""
+    pids = tmp_path / "pids"
+    run = csf.Run(compose("data.num_workers=2", "data.timeout_s=0", *stalling(pids, hang_worker=1)),
+                  plugins=[FailsOnceWorkerHangs(pids)], output_dir=tmp_path / "run")
+    with pytest.raises(PluginError, match="boom"):
+        run.fit()
+    assert run.status == "failed"
+    assert len(worker_pids(pids)) == 2 and hung_pid(pids) in worker_pids(pids)
+    assert survivors(pids) == []
+
+
+@reads_proc
+@pytest.mark.slow
+def test_a_completed_run_that_stops_mid_epoch_leaves_no_worker(tmp_path):
+    train, val = tmp_path / "train", tmp_path / "val"
+    run = csf.Run(compose("data.num_workers=2", "loop.max_steps=5", "loop.eval_every=2", "loop.eval_steps=1",
+                          *stalling(train), *stalling(val, "val")), output_dir=tmp_path / "run")
+    assert run.fit()["status"] == "completed"
+    assert worker_pids(train) and worker_pids(val)
+    assert survivors(train) == [] and survivors(val) == []
+
+
+@reads_proc
+@pytest.mark.slow
+def test_a_slow_worker_within_the_timeout_per_batch_does_not_trip_it(tmp_path):
+    """The timeout bounds the wait for one batch, not a pass: 8 batches of 16 samples x 30 ms take at least
+    3.8 s in all, more than the 3 s timeout, but under 0.5 s each."""
+    pids = tmp_path / "pids"
+    run = csf.Run(compose("data.num_workers=1", "data.timeout_s=3", "loop.max_steps=8",
+                          *stalling(pids, delay=0.03)), output_dir=tmp_path / "run")
+    assert run.fit()["status"] == "completed"
+    assert survivors(pids) == []
+
+
+@reads_proc
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-inf"])
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_a_config_error(value):
+    with pytest.raises(ValidationError, match=r"data\.timeout_s: .* must be (a finite number )?between 0 and \d+ seconds"):
+        csf.Run(compose("data.num_workers=1", f"data.timeout_s={value}"))
+
+
+@reads_proc
+def test_the_timeout_reaches_the_loader_only_with_workers():
+    with_workers = csf.Run(compose("data.num_workers=1", "data.timeout_s=7"))
+    assert with_workers.train_loader.timeout == 7 and with_workers.val_loader.timeout == 7
+    assert csf.Run(compose("data.num_workers=0", "data.timeout_s=7")).train_loader.timeout == 0
+    assert DataConfig().timeout_s == 600
