@@ -2,6 +2,7 @@
 checkpoints, non-finite losses, failing plugins and failing writes."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -15,8 +16,8 @@ import torch
 
 import csframework as csf
 from csframework.builtin import checkpoint as ckpt
-from csframework.builtin.checkpoint import (DamagedCheckpoint, list_checkpoints, read_checkpoint,
-                                            write_checkpoint)
+from csframework.builtin.checkpoint import (MAX_CONFIG_BYTES, DamagedCheckpoint, list_checkpoints,
+                                            read_checkpoint, write_checkpoint)
 from csframework.signals import Interrupted, stop_on_signals
 from csframework.state import RunState
 
@@ -437,3 +438,39 @@ def test_a_crash_in_any_stage_resumes_to_the_uninterrupted_result(tmp_path, cras
     resumed, summary = fit(run_dir, STAGES, "checkpoint.every_steps=2", "checkpoint.resume=auto", *STEADY)
     assert summary["status"] == "completed" and summary["global_step"] == 12
     assert same(params(straight), params(resumed))
+
+
+# -- what a run writes it can read back (issue 27 item 2) ---------------------------------------------------
+@dataclasses.dataclass
+class BigConfig:
+    """A plugin section whose default is larger than a checkpoint's config.yaml may be."""
+
+    blob: str = "x" * (MAX_CONFIG_BYTES + 10)
+
+
+class BigSection:
+    name = "big"
+
+    @csf.hookimpl
+    def csframework_config_sections(self):
+        return {"big": BigConfig}
+
+
+def test_a_config_too_large_to_resume_from_is_refused_before_training(tmp_path):
+    config = csf.compose(fixtures.TINY + ["checkpoint.every_steps=2"], config_dir=fixtures.CONF,
+                         plugins=[BigSection()])
+    with pytest.raises(csf.CsfError) as info:
+        csf.Run(config, plugins=[BigSection()], output_dir=tmp_path).fit()
+    assert info.value.exit_code == 2
+    assert f"big: the run's config is" in str(info.value) and f"more than the {MAX_CONFIG_BYTES} bytes" in str(info.value)
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained, no checkpoint no one could read
+
+
+def test_a_keep_best_monitor_no_evaluation_reports_is_said_at_the_first_evaluation(tmp_path):
+    csf.Run(fixtures.compose("loop.max_steps=4", "loop.eval_every=2", "loop.eval_steps=2",
+                             "checkpoint.every_steps=2", "checkpoint.keep_best.monitor=val/los"),
+            output_dir=tmp_path).fit()
+    warnings = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
+                if '"keep_best_monitor_not_reported"' in line]
+    assert len(warnings) == 1 and warnings[0]["monitor"] == "val/los" and "val/loss" in warnings[0]["reported"]
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step-00000002", "step-00000004"]

@@ -186,7 +186,7 @@ def test_steps_of_an_accumulating_stage_span_epochs_so_the_schedule_has_their_nu
     assert rates.rates[0] == pytest.approx(0.1) and rates.rates[-1] == 0 and rates.rates[-2] > 0
 
 
-# -- loader workers that hang ----------------------------------------------------------------------------
+# -- loader workers that hang -------------------------------------------------------------------------------
 
 def fit_fails(run: csf.Run, error: type) -> tuple[BaseException, float]:
     start = time.monotonic()

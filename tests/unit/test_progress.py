@@ -1,9 +1,8 @@
-"""The progress plugin: a bar redrawn in place on a terminal, log lines otherwise."""
+"""``csframework.builtin.progress``, the progress plugin: a bar redrawn in place on a terminal, log lines otherwise."""
 import io
 
 import csframework as csf
 import fixtures
-from csframework.builtin import plot
 from csframework.builtin.progress import ProgressPlugin
 
 
@@ -33,12 +32,3 @@ def test_no_bar_when_not_a_terminal(tmp_path):
     plain = io.StringIO()
     run_with_progress(tmp_path, plain)
     assert "\r" not in plain.getvalue()
-
-
-def test_curves_svg_plots_train_and_val_loss(tmp_path, monkeypatch):
-    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)  # the fallback without the plot extra
-    cfg = fixtures.compose("loop.max_steps=6", "loop.log_every=2", "loop.eval_every=3")
-    csf.Run(cfg, output_dir=tmp_path).fit()
-    svg = (tmp_path / "curves.svg").read_text()
-    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
-    assert svg.count("<polyline") == 2 and "train/loss" in svg and "val/loss" in svg

@@ -1,6 +1,7 @@
 """Run, in process: hook order, plugins failing, resume, stages, precision, clipping, epochs, config
 errors and the run directory's logs (issue 2). Every run is the tiny Blobs/MLP config of ``fixtures``."""
 import json
+import os
 import shutil
 
 import pytest
@@ -364,96 +365,20 @@ def test_plugins_can_log_in_on_fit_end_and_on_exception(tmp_path):
     assert events[-2]["error"] == "PluginError"
 
 
-# -- learning-rate schedules ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, expected", [
-    ("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]),
-    # after the warm-up the decay starts at the peak and ends at min_lr on the last of the 8 steps
-    ("linear", [0.25, 0.5, 0.75, 1.0, 1.0, 1 - 0.8 / 3, 1 - 1.6 / 3, 0.2]),
-    ("cosine", [0.25, 0.5, 0.75, 1.0, 1.0, 0.775, 0.325, 0.1]),  # 0.1 + 0.9 * (1 + cos(pi k/3)) / 2
-])
-def test_schedule_warms_up_then_decays_to_min_lr_at_the_last_step_and_resumes(name, expected):
-    from csframework.config import OptimizerConfig, ScheduleConfig
-    from csframework.schedule import build_scheduler
+# -- a plugin's forked child --------------------------------------------------------------------------------
 
-    min_lr = 0.2 if name == "linear" else 0.1
-    cfg = OptimizerConfig(lr=1.0, schedule=ScheduleConfig(name=name, warmup_steps=4, min_lr=min_lr))
-    param = torch.nn.Parameter(torch.zeros(1))
+def test_a_plugins_forked_child_does_not_run_the_runs_failure_or_completion_paths(tmp_path):
+    class Forker:
+        name = "forker"
 
-    def optimizer():
-        return torch.optim.SGD([param], lr=cfg.lr)
+        @csf.hookimpl
+        def on_train_batch_end(self, run):
+            if run.global_step == 2 and os.fork() == 0:
+                raise SystemExit(0)  # the child comes back into the run instead of calling os._exit
 
-    opt = optimizer()
-    schedule = build_scheduler(opt, cfg, total_steps=8)
-    seen = []
-    for _ in range(8):
-        seen.append(opt.param_groups[0]["lr"])  # the rate the optimizer step uses
-        schedule.step()
-    assert seen == pytest.approx(expected)
-    assert schedule.get_last_lr() == [opt.param_groups[0]["lr"]]
-
-    # a resumed run (fresh optimizer, state loaded after 5 steps) continues with the same rates
-    again = build_scheduler(opt := optimizer(), cfg, total_steps=8)
-    replay = build_scheduler(optimizer(), cfg, total_steps=8)
-    for _ in range(5):
-        replay.step()
-    again.load_state_dict(replay.state_dict())
-    assert opt.param_groups[0]["lr"] == pytest.approx(expected[5])
-    # and a torch LambdaLR state (the format of earlier checkpoints) loads the same way
-    lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer(), lambda step: 1.0)
-    for _ in range(5):
-        lambda_lr.optimizer.step()
-        lambda_lr.step()
-    again.load_state_dict(lambda_lr.state_dict())
-    assert again.last_epoch == 5 and opt.param_groups[0]["lr"] == pytest.approx(expected[5])
-
-
-@pytest.mark.parametrize("name", ["constant", "linear", "cosine"])
-def test_the_rate_stops_being_written_only_once_it_no_longer_changes(name):
-    """``Schedule.step`` skips its work once the factor is settled: at every step, over short and long
-    schedules, with and without warm-up and a zero rate, the rate is still ``lr * lr_factor(step)``."""
-    from csframework.config import OptimizerConfig, ScheduleConfig
-    from csframework.schedule import build_scheduler, lr_factor
-
-    for warmup in (0, 1, 3):
-        for total in (1, 2, 3, 4, 9):
-            for lr in (0.0, 1e-3):
-                cfg = OptimizerConfig(lr=lr, schedule=ScheduleConfig(name=name, warmup_steps=warmup, min_lr=1e-4))
-                opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-                schedule = build_scheduler(opt, cfg, total_steps=total)
-                for step in range(total + 3):
-                    assert opt.param_groups[0]["lr"] == pytest.approx(lr * lr_factor(step, cfg, total)), (
-                        warmup, total, lr, step)
-                    schedule.step()
-
-
-def test_a_constant_rate_is_written_once_and_loaded_base_rates_replace_it():
-    """The constant schedule leaves the rate alone between steps, but a state with other base rates (a
-    checkpoint of a run with another optimizer.lr) still sets them, even with the factor unchanged."""
-    from csframework.config import OptimizerConfig, ScheduleConfig
-    from csframework.schedule import build_scheduler
-
-    cfg = OptimizerConfig(lr=0.5, schedule=ScheduleConfig(name="constant", warmup_steps=0))
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
-    schedule = build_scheduler(opt, cfg, total_steps=4)
-    schedule.step()
-    assert opt.param_groups[0]["lr"] == 0.5
-    schedule.load_state_dict({"last_epoch": 2, "base_lrs": [0.125]})
-    assert opt.param_groups[0]["lr"] == 0.125 and schedule.get_last_lr() == [0.125]
-    schedule.step()
-    assert opt.param_groups[0]["lr"] == 0.125
-
-
-def test_logged_means_are_float32_means_of_every_window():
-    """``loop.window_means``: the mean of each output since the last log, the same whether the outputs were
-    stacked together (a value at every step) or reduced one by one (an output some steps lack), whatever
-    their dtypes."""
-    from csframework.loop import window_means
-
-    g = torch.Generator().manual_seed(0)
-    loss = list(torch.rand(7, generator=g) * 3)
-    accuracy = list(torch.rand(7, generator=g).to(torch.bfloat16))
-    count = list(torch.randint(0, 9, (7,), generator=g))
-    expected = [float(torch.stack(w).float().mean()) for w in (loss, accuracy, count)]
-    assert window_means([loss, accuracy, count]) == expected
-    assert window_means([loss, accuracy[:3], count]) == [expected[0], float(torch.stack(accuracy[:3]).float().mean()),
-                                                          expected[2]]
+    summary = csf.Run(fixtures.compose("loop.max_steps=4"), plugins=[Forker()], output_dir=tmp_path).fit()
+    os.waitpid(-1, 0)  # the child has ended (it exits at once) before summary.json is read
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == on_disk["status"] == "completed" and on_disk["global_step"] == 4
+    events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert "fit_failed" not in events and events.count("fit_end") == 1

@@ -106,3 +106,82 @@ def test_csx_trains_a_preinitialised_custom_optimizer(tmp_path, precision):
     assert summary["status"] == "completed" and summary["traces"] == 1
     counts = {int(s["count"]) for s in run.optimizer.state.values()}
     assert counts == {4} or precision == "cbfloat16" and max(counts) <= 4
+
+
+# -- the built-in schedules ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, expected", [
+    ("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    # after the warm-up the decay starts at the peak and ends at min_lr on the last of the 8 steps
+    ("linear", [0.25, 0.5, 0.75, 1.0, 1.0, 1 - 0.8 / 3, 1 - 1.6 / 3, 0.2]),
+    ("cosine", [0.25, 0.5, 0.75, 1.0, 1.0, 0.775, 0.325, 0.1]),  # 0.1 + 0.9 * (1 + cos(pi k/3)) / 2
+])
+def test_schedule_warms_up_then_decays_to_min_lr_at_the_last_step_and_resumes(name, expected):
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler
+
+    min_lr = 0.2 if name == "linear" else 0.1
+    cfg = OptimizerConfig(lr=1.0, schedule=ScheduleConfig(name=name, warmup_steps=4, min_lr=min_lr))
+    param = torch.nn.Parameter(torch.zeros(1))
+
+    def optimizer():
+        return torch.optim.SGD([param], lr=cfg.lr)
+
+    opt = optimizer()
+    schedule = build_scheduler(opt, cfg, total_steps=8)
+    seen = []
+    for _ in range(8):
+        seen.append(opt.param_groups[0]["lr"])  # the rate the optimizer step uses
+        schedule.step()
+    assert seen == pytest.approx(expected)
+    assert schedule.get_last_lr() == [opt.param_groups[0]["lr"]]
+
+    # a resumed run (fresh optimizer, state loaded after 5 steps) continues with the same rates
+    again = build_scheduler(opt := optimizer(), cfg, total_steps=8)
+    replay = build_scheduler(optimizer(), cfg, total_steps=8)
+    for _ in range(5):
+        replay.step()
+    again.load_state_dict(replay.state_dict())
+    assert opt.param_groups[0]["lr"] == pytest.approx(expected[5])
+    # and a torch LambdaLR state (the format of earlier checkpoints) loads the same way
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer(), lambda step: 1.0)
+    for _ in range(5):
+        lambda_lr.optimizer.step()
+        lambda_lr.step()
+    again.load_state_dict(lambda_lr.state_dict())
+    assert again.last_epoch == 5 and opt.param_groups[0]["lr"] == pytest.approx(expected[5])
+
+
+@pytest.mark.parametrize("name", ["constant", "linear", "cosine"])
+def test_the_rate_stops_being_written_only_once_it_no_longer_changes(name):
+    """``Schedule.step`` skips its work once the factor is settled: at every step, over short and long
+    schedules, with and without warm-up and a zero rate, the rate is still ``lr * lr_factor(step)``."""
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler, lr_factor
+
+    for warmup in (0, 1, 3):
+        for total in (1, 2, 3, 4, 9):
+            for lr in (0.0, 1e-3):
+                cfg = OptimizerConfig(lr=lr, schedule=ScheduleConfig(name=name, warmup_steps=warmup, min_lr=1e-4))
+                opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+                schedule = build_scheduler(opt, cfg, total_steps=total)
+                for step in range(total + 3):
+                    assert opt.param_groups[0]["lr"] == pytest.approx(lr * lr_factor(step, cfg, total)), (
+                        warmup, total, lr, step)
+                    schedule.step()
+
+
+def test_a_constant_rate_is_written_once_and_loaded_base_rates_replace_it():
+    """The constant schedule leaves the rate alone between steps, but a state with other base rates (a
+    checkpoint of a run with another optimizer.lr) still sets them, even with the factor unchanged."""
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler
+
+    cfg = OptimizerConfig(lr=0.5, schedule=ScheduleConfig(name="constant", warmup_steps=0))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    schedule = build_scheduler(opt, cfg, total_steps=4)
+    schedule.step()
+    assert opt.param_groups[0]["lr"] == 0.5
+    schedule.load_state_dict({"last_epoch": 2, "base_lrs": [0.125]})
+    assert opt.param_groups[0]["lr"] == 0.125 and schedule.get_last_lr() == [0.125]
+    schedule.step()
+    assert opt.param_groups[0]["lr"] == 0.125

@@ -1,6 +1,6 @@
-"""What a run directory tells a human: the model summary (logged once and in summary.json), wall time,
-steps/s, peak memory and the command line in summary.json, and loss curves that show even a 1-step run.
-The command line of a CLI run: tests/e2e/test_run_summary_cli.py."""
+"""``csframework.builtin.metrics``: what a run directory tells a human: the model summary (logged once and in
+summary.json), wall time, steps/s, peak memory and the command line in summary.json, and curves drawn only
+for a fit. The command line of a CLI run: tests/e2e/test_run_summary_cli.py; the curves: test_plot.py."""
 import json
 
 import pytest
@@ -9,7 +9,6 @@ from torch import nn
 
 import csframework as csf
 import fixtures
-from csframework.builtin import plot
 
 
 class PartlyFrozen(nn.Module):
@@ -62,30 +61,6 @@ def test_on_a_gpu_peak_memory_has_cuda_max_allocated(tmp_path):
     csf.Run(fixtures.compose("device=gpu", "loop.max_steps=2"), output_dir=tmp_path).fit()
     peak = json.loads((tmp_path / "summary.json").read_text())["peak_memory"]
     assert peak["cuda_max_allocated_mb"] > 0
-
-
-def one_step(tmp_path):
-    csf.Run(fixtures.compose("loop.max_steps=1", "loop.log_every=1"), output_dir=tmp_path).fit()
-
-
-def test_without_matplotlib_a_one_step_run_draws_a_marker_per_series_in_svg(tmp_path, monkeypatch):
-    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
-    one_step(tmp_path)
-    svg = (tmp_path / "curves.svg").read_text()
-    assert svg.count("<circle") == 2 and "train/loss" in svg and "val/loss" in svg
-    assert not (tmp_path / "curves.png").exists()
-
-
-def test_with_matplotlib_a_one_step_run_draws_curves_png(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib", reason="the plot extra (pip install csframework[plot]) is not installed")
-    drawn = []
-    real = plot.png_curves
-    monkeypatch.setattr(plot, "png_curves", lambda series, path, title="": (drawn.append(series),
-                                                                              real(series, path, title)))
-    one_step(tmp_path)
-    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not (tmp_path / "curves.svg").exists()
-    assert {name: len(points) for name, points in drawn[0].items()} == {"train/loss": 1, "val/loss": 1}
 
 
 def test_a_validate_run_writes_its_summary_but_draws_no_curves(tmp_path):
