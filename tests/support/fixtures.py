@@ -70,6 +70,12 @@ def compose(*overrides: str):
     return csf.compose(TINY + list(overrides), config_dir=CONF)
 
 
+def fit(tmp_path, *overrides, plugins=()):
+    """Build the tiny run plus ``overrides`` in ``tmp_path`` and fit it; returns (run, summary)."""
+    run = csf.Run(compose(*overrides), output_dir=tmp_path, plugins=plugins)
+    return run, run.fit()
+
+
 class Recorder:
     """Records every hook call by name (and the global step when it ran)."""
 

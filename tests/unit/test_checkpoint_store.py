@@ -1,4 +1,5 @@
-"""Adversarial checkpoint directories (issue 9, item 1): whatever ``checkpoints/`` holds, files outside it
+"""``csframework.builtin.checkpoint.store`` (the ``checkpoints/`` directory) and ``untrusted`` (how its files
+are read): adversarial checkpoint directories (issue 9, item 1): whatever ``checkpoints/`` holds, files outside it
 are never touched, resume uses only this run's own good checkpoints, and what is wrong is named.
 
 Every case starts from a copy of the same two runs side by side: ``run`` (checkpoints at steps 2, 3, 4) and
@@ -19,7 +20,7 @@ import csframework as csf
 from csframework.builtin import checkpoint as ckpt
 
 import fixtures
-from test_checkpoint import events, fit
+from fixtures import events, fit
 
 RESUME = ["loop.max_steps=6", "checkpoint.every_steps=1", "checkpoint.keep_last=1", "checkpoint.resume=auto"]
 

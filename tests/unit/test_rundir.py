@@ -19,7 +19,7 @@ from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
 from csframework.rundir import LOCK_NAME, RunDirInUse, run_dir_lock
 
 import fixtures
-from test_checkpoint import events
+from fixtures import events
 
 
 class SecondRun:
