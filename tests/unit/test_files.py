@@ -1,4 +1,5 @@
-"""``csframework.files``: the one atomic write."""
+"""``csframework.files``: the one atomic write, and the safe layer (``SafeDir``) through which nothing
+planted in a run directory is followed, blocked on or truncated."""
 import json
 
 import pytest
@@ -30,9 +31,8 @@ import stat
 import threading
 import time
 
-from csframework.errors import UnsafePathError, printable
+from csframework.errors import UnsafePathError
 from csframework.files import SafeDir
-from csframework.jsonout import dumps
 
 
 @pytest.fixture
@@ -159,22 +159,3 @@ def test_a_private_directory_is_new_unpredictable_and_ours_alone(planted):
     a, b = SafeDir(run).private_dir("collect-rank0"), SafeDir(run).private_dir("collect-rank0")
     assert a.path != b.path and a.path.name.startswith(".collect-rank0.") and len(a.path.name) == 31
     assert stat.S_IMODE(os.stat(a.path).st_mode) == 0o700
-
-
-def test_strict_json_writes_non_finite_numbers_as_strings_and_names_what_it_cannot_write():
-    text = dumps({"loss": float("nan"), "best": float("inf"), "worst": -float("inf"), "n": np_int()})
-    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}")) == {
-        "loss": "NaN", "best": "Infinity", "worst": "-Infinity", "n": 3}
-    with pytest.raises(TypeError, match=r"summary\.metrics\.acc: a object cannot be written as JSON"):
-        dumps({"metrics": {"acc": object()}}, where="summary")
-
-
-def np_int():
-    import numpy as np
-
-    return np.int64(3)
-
-
-def test_control_characters_are_escaped_for_the_console():
-    assert printable("val/loss\n[fake] csframework: done\x1b[2K\u202e") == \
-        "val/loss\\n[fake] csframework: done\\x1b[2K\\u202e"

@@ -1,0 +1,21 @@
+"""``csframework.jsonout``: strict JSON, non-finite numbers written as strings and a value JSON cannot hold
+named by its key."""
+import json
+
+import pytest
+
+from csframework.jsonout import dumps
+
+
+def test_strict_json_writes_non_finite_numbers_as_strings_and_names_what_it_cannot_write():
+    text = dumps({"loss": float("nan"), "best": float("inf"), "worst": -float("inf"), "n": np_int()})
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}")) == {
+        "loss": "NaN", "best": "Infinity", "worst": "-Infinity", "n": 3}
+    with pytest.raises(TypeError, match=r"summary\.metrics\.acc: a object cannot be written as JSON"):
+        dumps({"metrics": {"acc": object()}}, where="summary")
+
+
+def np_int():
+    import numpy as np
+
+    return np.int64(3)
