@@ -1,0 +1,137 @@
+"""``csframework.sweep.job``, one multirun job: each parallel job's share of the cores; forged, damaged or
+stale summaries and job directories planted in a sweep directory count as no result (issue 27); a
+non-finite objective is a failed trial; a worker exits soon after its multirun parent is killed."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from hostile import deep_json
+from sweep_dirs import GOOD, area, fake_job  # noqa: F401,F811 (area is a fixture)
+
+from csframework.files import SafeDir
+from csframework.sweep.job import (PARENT_ENV, _objective, completed_before, default_threads, interrupted_by,
+                                   job_dir, objective_of)
+
+
+def test_parallel_jobs_share_the_cores():
+    cores = os.cpu_count()
+    assert default_threads(OmegaConf.create({"launcher": {"n_jobs": 2}})) == max(1, cores // 2)
+    assert default_threads(OmegaConf.create({"launcher": {"n_jobs": -1}})) == 1  # joblib: one job per core
+    assert default_threads(OmegaConf.create({"launcher": {"_target_": "BasicLauncher"}})) is None
+
+
+@pytest.mark.parametrize("summary,why", [
+    (b'{"status": "completed", "global_step": 8, "metrics": {"val/loss": 0.1}}', "no checkpoints"),
+    (deep_json(), "nested too deeply"),
+    (b'{"status": "completed", "global_step": "8", "metrics": {}}', "global_step"),
+    (b'{"status": "completed", "global_step": 8, "metrics": {"val/loss": "0.1"}}', "metrics"),
+    (b'{"status": ["completed"], "global_step": 8, "metrics": {}}', "status"),
+    (b'"completed"', "not an object"),
+    ("fifo", "not a regular file"),
+    ("symlink-file", "symbolic link"),
+])
+def test_a_forged_or_damaged_summary_does_not_count_as_completed(area, summary, why):
+    # before: a forged "completed" summary skipped the job and reported its metric; the others gave a
+    # traceback, and a FIFO a hang
+    d = fake_job(area.sweep, 0, summary if isinstance(summary, bytes) else None)
+    if not isinstance(summary, bytes):
+        area.plant(d / "summary.json", summary)
+    area.guard(area.sweep)
+    done, problem = completed_before(SafeDir(area.sweep, "0"))
+    assert done is None and why in problem
+    area.assert_untouched()
+
+
+def test_a_summary_counts_only_with_its_final_checkpoint(tmp_path):
+    import torch
+
+    from csframework.builtin.checkpoint import write_checkpoint
+
+    d = fake_job(tmp_path, 0, GOOD)
+    root = d / "checkpoints"
+    root.mkdir()
+    write_checkpoint(root, "step-00000004", {"x": torch.zeros(1)}, {"global_step": 4}, "a: 1\n")
+    done, problem = completed_before(SafeDir(tmp_path, "0"))
+    assert done is None and "step 8" in problem and "step-00000004" in problem
+    write_checkpoint(root, "step-00000008", {"x": torch.zeros(1)}, {"global_step": 8}, "a: 1\n")
+    done, problem = completed_before(SafeDir(tmp_path, "0"))
+    assert problem is None and done["global_step"] == 8
+    (root / "step-00000008" / "meta.json").write_text('{"files": {}, "global_step": 7}')
+    done, problem = completed_before(SafeDir(tmp_path, "0"))
+    assert done is None and "7" in problem
+
+
+def test_a_job_directory_that_is_a_link_is_refused(area):
+    area.plant(area.sweep / "1", "symlink-dir")
+    area.plant(area.sweep / "2", "file")
+    with pytest.raises(Exception, match=str(area.sweep / "1")):
+        job_dir(area.sweep, area.sweep / "1")
+    with pytest.raises(Exception, match=str(area.sweep / "2")):
+        job_dir(area.sweep, area.sweep / "2")
+    (area.sweep / "0").mkdir()
+    assert job_dir(area.sweep, area.sweep / "0").path == area.sweep / "0"
+
+
+def test_a_non_finite_objective_is_a_failed_trial_for_the_sweeper(capsys):
+    # before: the NaN went to Optuna, whose tell() raised and ended the study with a traceback
+    for value in ("NaN", "Infinity", float("nan"), float("-inf")):
+        summary = {"status": "completed", "global_step": 1, "metrics": {"val/loss": value}}
+        assert _objective(3, ["a=\x1b[31m"], summary, "val/loss") is None
+    err = capsys.readouterr().err
+    assert err.count("the sweeper counts it as a failed trial") == 4 and "\x1b" not in err
+    assert objective_of({"metrics": {"val/loss": 0.25}}, "val/loss") == 0.25
+
+
+def test_the_interrupted_mark_cannot_be_forged_into_a_crash(area):
+    area.plant(area.sweep / ".interrupted", "forged", content=b"not a signal")
+    assert interrupted_by(area.sweep) == signal.SIGINT  # something is there: the sweep stops
+    (area.sweep / ".interrupted").write_text("15")
+    assert interrupted_by(area.sweep) == signal.SIGTERM
+    area.plant(area.sweep / ".interrupted", "fifo")
+    assert interrupted_by(area.sweep) == signal.SIGINT  # not read (no hang)
+
+
+def test_a_worker_exits_within_seconds_of_its_multirun_parent_being_killed(tmp_path):
+    """The worker's watchdog: the parent (``CSFRAMEWORK_SWEEP_PARENT``) is SIGKILLed; an idle worker exits at
+    once, a worker running a job gets a SIGTERM first (here it ignores it) and exits after the grace."""
+    worker = textwrap.dedent("""
+        import os, signal, sys, time
+        from csframework.sweep import job
+        job.WATCHDOG_GRACE_S = 2.0
+        signal.signal(signal.SIGTERM, lambda *a: open(sys.argv[1], "a").write("term\\n"))
+        job.start_watchdog()
+        if sys.argv[2] == "busy":
+            job._job_running.set()
+        open(sys.argv[1], "a").write("ready\\n")
+        time.sleep(120)
+    """)
+    (tmp_path / "worker.py").write_text(worker)
+    for mode in ("idle", "busy"):
+        log = tmp_path / f"{mode}.log"
+        parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        env = dict(os.environ, **{PARENT_ENV: str(parent.pid)})
+        child = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(log), mode], env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while not (log.exists() and "ready" in log.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            parent.kill()
+            parent.wait()
+            killed = time.monotonic()
+            code = child.wait(timeout=30)
+            waited = time.monotonic() - killed
+        finally:
+            child.kill()
+        assert code == 143
+        if mode == "idle":
+            assert waited < 5 and "term" not in log.read_text()
+        else:
+            assert 1.5 < waited < 8 and "term" in log.read_text()
