@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from test_example import README, shell
+from example import README, shell
 
 pytestmark = pytest.mark.slow
 

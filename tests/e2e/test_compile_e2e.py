@@ -15,7 +15,7 @@ import torch
 
 import fixtures
 from forkrun import run_chains
-from test_durability_kill import ARGS, assert_same, final_params
+from durable_runs import ARGS, assert_same, final_params
 
 pytestmark = pytest.mark.slow
 

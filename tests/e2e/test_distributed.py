@@ -17,12 +17,12 @@ from safetensors.torch import load_file
 import csframework as csf
 from csframework.builtin.checkpoint import read_checkpoint
 import fixtures
+from torchrun import TORCHRUN, assert_same_params, torchrun
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
                                  reason="torchrun not found")]
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 COMMON = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs", "loop.max_steps=12", "loop.log_every=4",
           "optimizer=sgd", "optimizer.lr=0.1", "data.shuffle=true", "data.batch_size=8", "backend.strategy=ddp",
           "backend.timeout_s=10", "checkpoint.every_steps=2"]
@@ -30,24 +30,9 @@ COMMON = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs", "loop.
 COLLECT = ["data.val.n=61", "data.eval_batch_size=5", "loop.collect=[preds,labels,logits]", "loop.collect_save=true"]
 
 
-def torchrun(launcher: list[str], args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run([TORCHRUN, *launcher, "-m", "csframework", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    return done
-
-
 def final_params(run_dir: Path) -> dict:
     index = json.loads((run_dir / "checkpoints" / "index.json").read_text())
     return torch.load(run_dir / "checkpoints" / index["checkpoints"][-1] / "state.pt", weights_only=True)["model"]
-
-
-def assert_same_params(a: dict, b: dict, exact: bool = True) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        if exact:
-            assert torch.equal(a[name], b[name]), name
-        else:
-            torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
 def free_port() -> int:

@@ -1,40 +1,17 @@
 """examples/classify works as its README says (issue 2): the user's own model, data, config directory and
 plugin, run with the README's exact commands from the example's directory."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from example import README, shell
+
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "classify"
-README = (EXAMPLE / "README.md").read_text()
 RUN = "python -m csframework --config-dir conf +experiment=spirals hydra.run.dir=outputs/spirals"
 RESUME = RUN + " loop.max_steps=900 checkpoint.resume=auto"
 SPELLED_OUT = next(line for line in README.splitlines()
                    if line.startswith("python -m csframework --config-dir conf model=spiral_mlp"))
-
-
-def example_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
-    env["OMP_NUM_THREADS"] = "1"  # a small MLP: one thread is fastest, and robust on a busy machine
-    return env
-
-
-def shell(command: str, run_dir: Path | None = None, extra: str = ""):
-    """A README command (plus ``extra``), with ``python`` this interpreter and the run directory moved to
-    ``run_dir``."""
-    assert command in README, f"the README no longer shows: {command}"
-    if run_dir is not None:
-        command = command.replace("outputs/spirals", str(run_dir))
-    command = command.replace("python ", f"{sys.executable} ", 1) + extra
-    r = subprocess.run(command, shell=True, cwd=EXAMPLE, env=example_env(), capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
 
 
 def test_example_trains_to_high_accuracy_and_its_plugin_keeps_state_across_resume(tmp_path):

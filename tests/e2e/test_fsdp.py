@@ -15,7 +15,7 @@ import csframework as csf
 import fixtures
 from csframework.backends.fsdp import _SafePlanner, _SafeReader
 from csframework.builtin import checkpoint as ckpt
-from test_distributed import TORCHRUN, assert_same_params, torchrun
+from torchrun import TORCHRUN, assert_same_params, torchrun
 
 COMMON = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs", "loop.max_steps=20", "loop.log_every=4",
           "optimizer=adamw", "optimizer.lr=0.01", "data.batch_size=8", "checkpoint.every_steps=5",

@@ -3,39 +3,19 @@ and compile errors, step closures, compile_only / validate_only, cbfloat16."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import csframework as csf
 import fixtures
 from csframework.models import Supervised
+from csx_runs import max_diff, params_of, run_on
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_on(device: str, tmp_path: Path, *overrides: str, name: str | None = None, plugins=()):
-    """Build and fit the tiny Blobs run on ``device``; returns (run, summary)."""
-    extra = [f"device={device}"]
-    if device == "csx":
-        extra.append(f"backend.compile_dir={tmp_path / 'compile'}")
-    cfg = fixtures.compose(*extra, *overrides)
-    run = csf.Run(cfg, plugins=list(plugins), output_dir=tmp_path / (name or device))
-    return run, run.fit()
-
-
-def params_of(run) -> dict:
-    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def line_of(marker: str) -> int:

@@ -13,7 +13,9 @@ import csframework as csf
 import fixtures
 from csframework.backends.csx import inductor, lowlevel
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
-from test_csx_backend import Changing, line_of, max_diff, params_of, run_on
+from csx_runs import max_diff, params_of, run_on
+# the model whose error must name its line in test_csx_backend.py, and the finder of that line
+from test_csx_backend import Changing, line_of
 
 COMMON = ["loop.max_steps=12", "loop.log_every=1", "optimizer=adamw", "optimizer.lr=0.02",
           "optimizer.max_grad_norm=0.5", "optimizer.schedule.name=cosine", "optimizer.schedule.warmup_steps=3",

@@ -1,5 +1,6 @@
-"""Composition without plugins: ``csframework.config`` takes the backend schemas and config paths as
-arguments, and types ``backend`` with the schema of its device type."""
+"""``csframework.hydra_session``, composition without plugins: it takes the backend schemas and config
+paths as arguments, and types ``backend`` with the schema of its device type (``csframework.config``'s
+typing, and ``stage_config`` merging a stage onto the typed backend)."""
 import subprocess
 import sys
 from dataclasses import dataclass
