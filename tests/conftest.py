@@ -5,6 +5,7 @@ import os
 import pytest
 
 import fixtures
+from csframework.testing import CsfRunner
 
 # The core suite runs without installed third-party plugins (the plugins/ packages test themselves); a test
 # of entry points names the ones it wants.
@@ -46,3 +47,9 @@ def pytest_collection_modifyitems(items):
             version = ".".join(map(str, marker.args[0]))
             what = marker.args[1] if len(marker.args) > 1 else "this test"
             item.add_marker(pytest.mark.skip(reason=f"{what} needs torch>={version}; this is torch {torch.__version__}"))
+
+
+@pytest.fixture
+def runner(tmp_path):
+    """``csframework.testing.CsfRunner`` in ``tmp_path``: in-process runs and CLI runs of the tiny config."""
+    return CsfRunner(tmp_path)

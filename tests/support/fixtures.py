@@ -147,3 +147,10 @@ def pip_install_target(source: Path, site: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                            str(source)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message, checked to be one line (what the CLI prints after ``csframework: error:``)."""
+    text = str(error)
+    assert "\n" not in text and "Traceback" not in text, text
+    return text

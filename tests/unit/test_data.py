@@ -6,11 +6,19 @@ tests/e2e/test_datasets_ddp.py.
 
 Nothing hangs forever and no loader worker outlives its run (issue 9, item 6): a worker stuck in
 ``__getitem__`` fails the run after ``data.timeout_s`` naming the loader, the worker and its pid, and whatever
-ends a run leaves no worker behind (through the CLI, under signals: tests/e2e/test_loader_hangs.py)."""
+ends a run leaves no worker behind (through the CLI, under signals: tests/e2e/test_loader_hangs.py).
+
+Hostile datasets (issue 27, item 6), each one line naming the culprit: a ``__len__`` that is huge, negative
+or not an int is a ``ConfigError`` naming the key and value; a ``collate_fn`` returning ``None`` or a
+``__getbatch__`` returning the wrong rows (in process and in a loader worker) a ``DataError`` naming the key
+and the function. (A plugin section of a reserved name: test_plugins.py; ``run.request_stop`` in a loader
+worker: test_run.py.)"""
 from __future__ import annotations
 
 import json
 import multiprocessing
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -19,10 +27,12 @@ import torch
 
 import csframework as csf
 from csframework.config.sections import DataConfig
-from csframework.errors import DataTimeoutError, PluginError, ValidationError
+from csframework.data import MAX_DATASET_LEN, make_loader
+from csframework.defaults.tiny import Clusters
+from csframework.errors import ConfigError, DataError, DataTimeoutError, PluginError, ValidationError
 
 import fixtures
-from fixtures import compose
+from fixtures import compose, one_line
 from numbered import N, write_conf
 from stalling import BOUND_S, TIMEOUT_S, hung_pid, stalling, survivors, worker_pids
 
@@ -306,3 +316,134 @@ def test_the_timeout_reaches_the_loader_only_with_workers():
     assert with_workers.train_loader.timeout == 7 and with_workers.val_loader.timeout == 7
     assert csf.Run(compose("data.num_workers=0", "data.timeout_s=7")).train_loader.timeout == 0
     assert DataConfig().timeout_s == 600
+
+
+# -- dataset lengths (issue 27, item 6) ---------------------------------------------------------------------
+class Sized(Clusters):
+    """``Clusters`` whose ``__len__`` returns ``length`` as it is."""
+
+    def __init__(self, length, **kwargs):
+        super().__init__(**kwargs)
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+
+def beyond_maxsize(**kwargs):
+    return Sized(sys.maxsize + 1, **kwargs)
+
+
+def beyond_limit(**kwargs):
+    return Sized(MAX_DATASET_LEN + 1, **kwargs)
+
+
+def negative(**kwargs):
+    return Sized(-3, **kwargs)
+
+
+def fractional(**kwargs):
+    return Sized(3.5, **kwargs)
+
+
+def textual(**kwargs):
+    return Sized("128", **kwargs)
+
+
+@pytest.mark.parametrize("key", ["data.train", "data.val"])
+@pytest.mark.parametrize("factory, value, why", [
+    (beyond_maxsize, str(sys.maxsize + 1), f"more than the {MAX_DATASET_LEN} samples (2**40) a sampler can index"),
+    (beyond_limit, str(MAX_DATASET_LEN + 1), f"more than the {MAX_DATASET_LEN} samples"),
+    (negative, "-3", "which is no number of samples; it must return an int from 0 up"),
+    (fractional, "3.5", "which is no number of samples"),
+    (textual, "'128'", "which is no number of samples"),
+], ids=["beyond-maxsize", "beyond-limit", "negative", "float", "str"])
+def test_a_dataset_length_that_is_no_sample_count_is_refused_naming_the_key_and_value(runner, key, factory, value,
+                                                                                    why):
+    result = runner.run([f"{key}._target_={__name__}.{factory.__name__}"])
+    assert result.exit_code == 2 and isinstance(result.error, ConfigError), result.error
+    assert one_line(result.error).startswith(f"{key}: Sized.__len__ returned {value}, {why}"), result.error
+
+
+def test_a_dataset_at_the_length_limit_is_sampled_as_usual():
+    loader = make_loader(Sized(MAX_DATASET_LEN), 4, shuffle=False, seed=0, num_workers=0, drop_last=True)
+    assert len(loader) == MAX_DATASET_LEN // 4  # the order is made only when a pass starts
+
+
+# -- collate_fn and __getbatch__ results (issue 27, item 6) -------------------------------------------------
+def collate_none(samples):
+    return None
+
+
+class ShortLabels(Clusters):
+    """A ``__getbatch__`` whose points are right and whose labels miss the last row: the model would train
+    on misaligned rows or fail far away."""
+
+    def __getbatch__(self, indices):
+        points, labels = super().__getbatch__(indices)
+        return [points, labels[:-1]]
+
+
+class KeyedNumpy(Clusters):
+    def __getbatch__(self, indices):
+        points, labels = super().__getbatch__(indices)
+        return {"x": points, "y": labels.numpy()}
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("overrides, message", [
+    ([f"+data.collate_fn._target_={__name__}.collate_none"],
+     f"data.train: data.collate_fn ({__name__}.collate_none) returned None for 16 samples; it must return the batch"),
+    ([f"data.train._target_={__name__}.ShortLabels"],
+     "data.train: ShortLabels.__getbatch__ returned 15 rows for 16 indices; it must return one row per index, in "
+     "their order (batch[1])"),
+    ([f"data.val._target_={__name__}.ShortLabels"],
+     "data.val: ShortLabels.__getbatch__ returned 15 rows for 16 indices"),
+    ([f"data.train._target_={__name__}.KeyedNumpy"],
+     "data.train: KeyedNumpy.__getbatch__ returned NumPy arrays (batch['y'])"),
+], ids=["collate-none", "getbatch-short-second-tensor", "val-getbatch", "getbatch-numpy-in-a-dict"])
+def test_a_batch_that_is_no_batch_is_named_with_its_key_and_function(runner, overrides, message, workers):
+    result = runner.run([*overrides, f"data.num_workers={workers}"])
+    assert result.exit_code == 1 and isinstance(result.error, DataError), result.error
+    assert one_line(result.error).startswith(message), result.error
+
+
+def test_a_collate_fn_is_used_as_before():
+    from torch.utils.data import default_collate
+
+    loader = make_loader(Clusters(n=8), 4, shuffle=False, seed=0, num_workers=0, drop_last=True,
+                         collate_fn=default_collate)
+    batches = list(loader)
+    assert len(batches) == 2 and torch.equal(batches[0][0], Clusters(n=8).points[:4])
+
+
+# -- the command line: one line, no traceback (issue 27, item 6) --------------------------------------------
+@pytest.mark.slow
+def test_the_command_line_prints_each_as_one_line_without_a_traceback(tmp_path, runner):
+    (tmp_path / "dotted_section.py").write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+        import csframework as csf
+
+        @dataclass
+        class Section:
+            value: int = 0
+
+        @csf.hookimpl
+        def csframework_config_sections():
+            return {"a.b": Section}
+    '''))
+    env = {"PYTHONPATH": fixtures.pythonpath(str(tmp_path))}
+    cases = [
+        (["plugins.enable=[dotted_section]"], 2, "plugin 'dotted_section' declares config section 'a.b'"),
+        ([f"data.train._target_={__name__}.negative"], 2, "data.train: Sized.__len__ returned -3"),
+        ([f"+data.collate_fn._target_={__name__}.collate_none", "data.num_workers=1"], 1,
+         f"data.train: data.collate_fn ({__name__}.collate_none) returned None"),
+        ([f"data.train._target_={__name__}.ShortLabels", "data.num_workers=1"], 1,
+         "data.train: ShortLabels.__getbatch__ returned 15 rows for 16 indices"),
+    ]
+    for overrides, code, message in cases:
+        result = runner.cli(overrides, env=env)
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == code, result.stderr[-2000:]
+        assert lines[-1].startswith(f"csframework: error: {message}"), result.stderr[-2000:]
+        assert "Traceback" not in result.stderr

@@ -29,7 +29,9 @@ import os
 import sys
 import textwrap
 import types
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -40,6 +42,8 @@ from csframework.backends.eager import EagerPlugin
 from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
 from csframework.errors import ConfigError, PluginError
 from csframework.plugins import Hooks, backend_specs, build_manager
+from csframework.testing import TINY_RUN
+from fixtures import one_line
 from forkrun import run_chains
 
 from twin_backend import plugin as twin
@@ -578,3 +582,99 @@ def test_each_misbehaviour_exits_with_its_status_in_one_line(tmp_path, cli_env):
             assert checkpoint_names(run_dir) == checkpoints, module
             assert summary(run_dir)["status"] == "failed", module
             assert summary(run_dir)["global_step"] == (4 if module == "state_plugin" else 3), module
+
+
+# -- plugin config sections (issue 27, item 6) --------------------------------------------------------------
+@dataclass
+class Plain:
+    value: int = 0
+
+
+def section_plugin(section, schema=Plain):
+    """A plugin object named ``sections`` declaring config section ``section`` as ``schema``."""
+    class Sections:
+        name = "sections"
+
+        @csf.hookimpl
+        def csframework_config_sections(self):
+            return {section: schema}
+
+    return Sections()
+
+
+@pytest.mark.parametrize("section", ["a.b", "_target_", "_self_", "hydra", "defaults", "1st", "class", "selected",
+                                     "a b", "ünï", "line\nbreak", "", 3])
+def test_a_section_with_a_reserved_or_invalid_name_is_refused_naming_plugin_and_section(tmp_path, section):
+    with pytest.raises(ConfigError) as caught:
+        csf.Run([*TINY_RUN], plugins=[section_plugin(section)], output_dir=tmp_path / "run")
+    message = one_line(caught.value)
+    assert caught.value.exit_code == 2
+    assert message.startswith(f"plugin 'sections' declares config section {section!r}, which "), message
+    assert message.endswith("the plugin must name its section differently")
+    assert not (tmp_path / "run").exists(), "nothing was written"
+
+
+def test_a_valid_section_name_still_composes(tmp_path):
+    run = csf.Run([*TINY_RUN, "my_section2.value=4"], plugins=[section_plugin("my_section2")], output_dir=tmp_path)
+    assert run.config.my_section2.value == 4
+
+
+@dataclass
+class WrongDefault:
+    count: int = "three"  # type: ignore[assignment]
+
+
+@dataclass
+class NoneForInt:
+    count: int = None  # type: ignore[assignment]
+
+
+@dataclass
+class SetField:
+    tags: set = field(default_factory=set)
+
+
+@dataclass
+class ListFromInt:
+    names: List[str] = 3  # type: ignore[assignment]
+
+
+@dataclass
+class Inner:
+    rate: float = "fast"  # type: ignore[assignment]
+
+
+@dataclass
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+
+
+@dataclass(frozen=True)
+class Frozen:
+    value: int = 0
+
+
+@dataclass(slots=True)
+class Slotted:
+    value: int = 0
+
+
+@pytest.mark.parametrize("schema, detail", [
+    (WrongDefault, "as WrongDefault, whose field 'count' has a default its declared type cannot hold (Value 'three' "
+                   "of type 'str' could not be converted to Integer)"),
+    (NoneForInt, "as NoneForInt, whose field 'count' has a default its declared type cannot hold (Incompatible "
+                 "value 'None' for field of type 'int')"),
+    (SetField, "as SetField, whose field 'tags' has a default its declared type cannot hold (Unexpected type "
+               "annotation: set)"),
+    (ListFromInt, "as ListFromInt, whose field 'names' has a default its declared type cannot hold"),
+    (Outer, "as Outer, whose field 'rate' of Inner has a default its declared type cannot hold"),
+    (Frozen, "as Frozen, a frozen or slots dataclass; declare a plain @dataclass"),
+    (Slotted, "as Slotted, a frozen or slots dataclass; declare a plain @dataclass"),
+], ids=["str-for-int", "none-for-int", "set", "int-for-list", "nested", "frozen", "slots"])
+def test_a_section_whose_defaults_its_types_cannot_hold_is_refused_naming_plugin_section_and_field(
+        tmp_path, schema, detail):
+    with pytest.raises(ConfigError) as caught:
+        csf.Run([*TINY_RUN], plugins=[section_plugin("mine", schema)], output_dir=tmp_path)
+    message = one_line(caught.value)
+    assert caught.value.exit_code == 2
+    assert message.startswith(f"mine: plugin 'sections' declares config section 'mine' {detail}"), message

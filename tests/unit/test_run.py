@@ -1,15 +1,21 @@
-"""Run, in process: hook order, plugins failing, resume, stages, precision, clipping, epochs, config
-errors and the run directory's logs (issue 2). Every run is the tiny Blobs/MLP config of ``fixtures``."""
+"""``csframework.run``, ``Run`` in process: hook order, plugins failing, resume, stages, precision, clipping, epochs, config
+errors and the run directory's logs (issue 2); ``run.request_stop`` called in a loader worker, where the run
+never sees it, is a ``WrongProcessError``; a plugin's forked child never finishes the run. Every run is the
+tiny Blobs/MLP config of ``fixtures``."""
 import json
 import os
 import shutil
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 import csframework as csf
 import fixtures
 from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
+from csframework.defaults.tiny import Clusters
+from csframework.errors import WrongProcessError
+from fixtures import one_line
 
 
 def fit(tmp_path, *overrides, plugins=()):
@@ -382,3 +388,50 @@ def test_a_plugins_forked_child_does_not_run_the_runs_failure_or_completion_path
     assert summary["status"] == on_disk["status"] == "completed" and on_disk["global_step"] == 4
     events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert "fit_failed" not in events and events.count("fit_end") == 1
+
+
+# -- request_stop from a loader worker (issue 27, item 6) ---------------------------------------------------
+class Stopping(Dataset):
+    """A dataset that asks its run to stop when it reads a sample (``HandsRun`` gives it the run)."""
+
+    run = None
+
+    def __init__(self, **kwargs):
+        self.data = Clusters(**kwargs)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        if Stopping.run is not None:
+            Stopping.run.request_stop("enough data")
+        return self.data[i]
+
+
+class HandsRun:
+    name = "hands_run"
+
+    @csf.hookimpl
+    def on_fit_start(self, run):
+        Stopping.run = run
+
+
+@pytest.fixture
+def stopping():
+    yield [f"data.train._target_={__name__}.Stopping"]
+    Stopping.run = None
+
+
+def test_request_stop_in_a_loader_worker_is_refused_naming_it(runner, stopping):
+    result = runner.run([*stopping, "data.num_workers=1"], plugins=[HandsRun()])
+    assert result.exit_code == 1 and isinstance(result.error, WrongProcessError), result.error
+    message = one_line(result.error)
+    assert message.startswith("run.request_stop('enough data') was called in process ")
+    assert "(a data-loader worker or another child process), where the run would never see it" in message
+    assert result.summary.get("status") == "failed" and "stop_reason" not in result.summary
+
+
+def test_request_stop_in_the_runs_process_still_stops_it(runner, stopping):
+    result = runner.run([*stopping, "data.num_workers=0"], plugins=[HandsRun()])
+    assert result.exit_code == 0, result.error
+    assert result.summary["stop_reason"] == "enough data" and result.summary["global_step"] == 1
