@@ -1,4 +1,6 @@
-"""Sharded (``strategy=fsdp``) checkpoints are never executable and list only DCP's own files; what fsdp
+"""``csframework.backends.fsdp``, in process.
+
+Sharded (``strategy=fsdp``) checkpoints are never executable and list only DCP's own files; what fsdp
 cannot do here is refused before launch (issue 13 item 2). Training and resuming: e2e/test_fsdp.py."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for the CB16 (cbfloat16) numeric emulation."""
+"""``csframework.backends.csx.cbfloat16``: the CB16 (cbfloat16) numeric emulation."""
 
 import importlib.util
 import math

@@ -1,4 +1,6 @@
-"""The output collector (``loop.collect``, issue 13 item 1) in one process; across ranks see
+"""``csframework.collect``.
+
+The output collector (``loop.collect``, issue 13 item 1) in one process; across ranks see
 e2e/test_distributed.py, the example's use of it e2e/test_collect_example.py."""
 from __future__ import annotations
 

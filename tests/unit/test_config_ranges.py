@@ -1,4 +1,6 @@
-"""Hostile numbers in the config: every numeric setting is range-checked (NaN and infinities included)
+"""``csframework.config.ranges`` and the schemas' numeric fields.
+
+Hostile numbers in the config: every numeric setting is range-checked (NaN and infinities included)
 before anything is built, and the problem names the key; torch never gets to raise its own error.
 
 In-process cases merge the values into a config Hydra composed once per group choice (fast); the CLI cases

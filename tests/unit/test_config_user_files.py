@@ -1,4 +1,6 @@
-"""Hostile config text: interpolation cycles, unset environment variables, unknown or failing resolvers
+"""``csframework.config.user_files`` and composition's interpolation errors.
+
+Hostile config text: interpolation cycles, unset environment variables, unknown or failing resolvers
 are one error naming the key; a user's YAML file that expands beyond a sane size (an alias bomb) is refused
 in moments naming the file, through ``compose(config_dir=...)``, ``hydra.searchpath`` and the CLI."""
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The CSX emulator behind ``device=csx`` (issue 3): static-graph semantics, parity with eager CPU, tracing
+"""``csframework.backends.csx.backend`` (with the tracer, graph and compiler it drives).
+
+The CSX emulator behind ``device=csx`` (issue 3): static-graph semantics, parity with eager CPU, tracing
 and compile errors, step closures, compile_only / validate_only, cbfloat16."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The CSX train step compiled with TorchInductor (``backend.graph_compiler=inductor``): the same numbers as
+"""``csframework.backends.csx.inductor``.
+
+The CSX train step compiled with TorchInductor (``backend.graph_compiler=inductor``): the same numbers as
 the interpreted graph, the compile cache across runs, retrace mode, the fallback with its one-line warning,
 exact cbfloat16 rounding. Inductor compiles are slow (seconds per graph): the tests that compile are few, on
 the tiny Blobs MLP, and marked ``slow``."""

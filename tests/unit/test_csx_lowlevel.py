@@ -1,4 +1,6 @@
-"""The low-level API mirroring ``cerebras.pytorch``: ``csf.csx.backend``, ``csf.csx.compile``, ``@csf.csx.trace``,
+"""``csframework.backends.csx.lowlevel``.
+
+The low-level API mirroring ``cerebras.pytorch``: ``csf.csx.backend``, ``csf.csx.compile``, ``@csf.csx.trace``,
 ``@csf.csx.step_closure`` (issue 3, items 4, 5, 8, 9)."""
 from __future__ import annotations
 

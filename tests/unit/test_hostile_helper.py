@@ -1,4 +1,6 @@
-"""The hostile-directory helper (tests/support/hostile.py) can fail: it sees a victim file written through a
+"""Not a csframework module: the test helper ``tests/support/hostile.py``.
+
+The hostile-directory helper (tests/support/hostile.py) can fail: it sees a victim file written through a
 planted link, a file created through a dangling link, a removed or re-permissioned victim file, a hang, a
 traceback, two error lines and an error line that names something else."""
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The import structure: no circle among csframework's modules (function-local imports count), the tracer
+"""The package as a whole (``csframework/**``), and the ``csframework.csx`` shim.
+
+The import structure: no circle among csframework's modules (function-local imports count), the tracer
 is imported only when CSX is used, and the moved CSX names still work with a warning."""
 import ast
 import subprocess

@@ -1,4 +1,4 @@
-"""``clean_process_state``: what a job changes process-wide is put back when it ends."""
+"""``csframework.process_state.clean_process_state``: what a job changes process-wide is put back when it ends."""
 import logging
 import random
 

@@ -1,7 +1,7 @@
-"""``csframework.run``, ``Run`` in process: hook order, plugins failing, resume, stages, precision, clipping, epochs, config
-errors and the run directory's logs (issue 2); ``run.request_stop`` called in a loader worker, where the run
-never sees it, is a ``WrongProcessError``; a plugin's forked child never finishes the run. Every run is the
-tiny Blobs/MLP config of ``fixtures``."""
+"""``csframework.run``, ``Run`` in process: hook order, plugins failing, resume, stages, precision,
+clipping, epochs, config errors and the run directory's logs (issue 2); ``run.request_stop`` called in a
+loader worker, where the run never sees it, is a ``WrongProcessError``; a plugin's forked child never
+finishes the run. Every run is the tiny Blobs/MLP config of ``fixtures``."""
 import json
 import os
 import shutil

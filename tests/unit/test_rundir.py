@@ -1,4 +1,6 @@
-"""One writer per run directory (issue 9, item 2): a second run on a directory in use exits 2 naming the
+"""``csframework.rundir``.
+
+One writer per run directory (issue 9, item 2): a second run on a directory in use exits 2 naming the
 first, which completes untouched; the lock goes with its holder however that ends."""
 from __future__ import annotations
 

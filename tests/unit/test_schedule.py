@@ -1,5 +1,6 @@
-"""Any optimizer and learning-rate scheduler by ``_target_``: built with the arguments it takes, checked
-before launch, stepped per optimizer step or per epoch, resumed exactly; on CSX only preinitialisable ones."""
+"""``csframework.schedule``: the built-in learning-rate schedules, and any optimizer and learning-rate
+scheduler by ``_target_``: built with the arguments it takes, checked before launch, stepped per optimizer
+step or per epoch, resumed exactly; on CSX only preinitialisable ones."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""``RunState``: the loop's position, stop request and pending outputs, written through its methods."""
+"""``csframework.state.RunState``: the loop's position, stop request and pending outputs, written through its methods."""
 import torch
 
 from csframework.state import POSITION, RunState
