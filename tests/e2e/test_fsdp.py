@@ -1,6 +1,6 @@
 """``backend.strategy=fsdp`` (issue 13 item 2): FSDP2 training that matches DDP, sharded checkpoints written
 by every rank with torch.distributed.checkpoint, resumed after SIGKILL and with another number of ranks
-(read through the restricted reader; its refusals: unit/test_fsdp_checkpoint.py)."""
+(read through the restricted reader; its refusals: unit/test_backends_fsdp.py)."""
 from __future__ import annotations
 
 import json
