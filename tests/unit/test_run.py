@@ -457,3 +457,15 @@ def test_logged_means_are_float32_means_of_every_window():
     assert window_means([loss, accuracy, count]) == expected
     assert window_means([loss, accuracy[:3], count]) == [expected[0], float(torch.stack(accuracy[:3]).float().mean()),
                                                           expected[2]]
+
+
+def test_run_takes_a_run_config_and_says_how_to_make_one():
+    """Composition is api's (csf.compose): Run is handed its result, not overrides to compose itself."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    for given, advice in ((["loop.max_steps=2"], "csf.compose"), (None, "csf.compose"),
+                          (OmegaConf.create({"loop": {}}), "csframework.api.to_run_config")):
+        with pytest.raises(TypeError, match=f"Run takes a RunConfig, not .*: make one with {re.escape(advice)}"):
+            csf.Run(given)
