@@ -83,7 +83,7 @@ def csframework_register_configs(config_store: ConfigStore) -> None:
 
 
 @hookspec
-def csframework_config_sections() -> dict[str, type]:
+def csframework_config_sections() -> dict[str, type] | None:
     """Return ``{section_name: dataclass_type}``: config sections of this plugin's own.
 
     Each section becomes a top-level key of the composed config holding the dataclass's defaults, set
@@ -97,7 +97,7 @@ def csframework_config_sections() -> dict[str, type]:
 
 
 @hookspec
-def csframework_device_types() -> list[str]:
+def csframework_device_types() -> list[str] | None:
     """The device types this plugin supplies a backend for (upper case, e.g. ``["CSX"]``); every plugin's
     list is joined. Asked before composition (entry points and built-ins), like ``csframework_backend``."""
 
@@ -115,7 +115,7 @@ def csframework_backend(device_type: str) -> BackendSpec | None:
 
 
 @hookspec
-def csframework_named_backends() -> list[BackendSpec]:
+def csframework_named_backends() -> list[BackendSpec] | None:
     """Backends chosen by name rather than by device type: each ``BackendSpec`` has ``name`` (``backend=<name>``
     selects it, e.g. ``backend=cerebras``) and runs an existing device type (``device_type``, e.g. ``CSX``)
     beside that type's own backend, which ``device=<type>`` keeps choosing. Its ``backend/<name>.yaml`` sets
@@ -213,7 +213,7 @@ def on_train_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
 
 
 @hookspec
-def on_train_batch_end(run: RunProtocol, batch: Any, outputs: dict, batch_idx: int) -> None:
+def on_train_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], batch_idx: int) -> None:
     """After each training batch. ``outputs`` is the model's output dict with tensors detached (still on the
     device: read them with ``float()`` only when needed, since that synchronises). On the last batch of a
     step this runs after the optimizer step, the metric logging and the evaluation of that step.
@@ -226,7 +226,7 @@ def on_train_batch_end(run: RunProtocol, batch: Any, outputs: dict, batch_idx: i
 
 
 @hookspec
-def on_train_step_end(run: RunProtocol, step: int, outputs: dict) -> None:
+def on_train_step_end(run: RunProtocol, step: int, outputs: dict[str, Any]) -> None:
     """After each optimizer step, once, whatever ``loop.grad_accum_steps`` is: after the step's last
     ``on_train_batch_end`` and after the metric logging and the evaluation of that step (so a plugin here sees
     the step's ``val/*`` metrics in ``run.metrics``). The built-in checkpoint plugin saves here, after every
@@ -287,7 +287,7 @@ def on_eval_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
 
 
 @hookspec
-def on_eval_batch_end(run: RunProtocol, batch: Any, outputs: dict, batch_idx: int) -> None:
+def on_eval_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], batch_idx: int) -> None:
     """After each evaluation batch; ``outputs`` as in ``on_train_batch_end``.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -337,7 +337,7 @@ def on_log_metrics(run: RunProtocol, metrics: dict[str, float], step: int) -> No
 
 
 @hookspec
-def on_checkpoint_save(run: RunProtocol, state: dict) -> None:
+def on_checkpoint_save(run: RunProtocol, state: dict[str, Any]) -> None:
     """A checkpoint is being written. Put JSON values (dicts with string keys, lists, strings, numbers,
     booleans, ``None``) into ``state[your_plugin_name]``; they come back in ``on_checkpoint_load`` on
     resume, as ``json`` reads them (tuples as lists; NaN and infinities as themselves).
@@ -354,7 +354,7 @@ def on_checkpoint_save(run: RunProtocol, state: dict) -> None:
 
 
 @hookspec
-def on_checkpoint_load(run: RunProtocol, state: dict) -> None:
+def on_checkpoint_load(run: RunProtocol, state: dict[str, Any]) -> None:
     """A checkpoint was loaded; ``state`` is the mapping that ``on_checkpoint_save`` filled.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
