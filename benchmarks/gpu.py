@@ -142,14 +142,24 @@ def hand_written(model: str, precision: str, steps: int, marks: list | None = No
 
 # -- the framework ------------------------------------------------------------------------------------------------
 class WallTimer:
-    """First batch to the end of the last step, the device synchronised at both ends."""
+    """First batch (or the end of step ``skip``: a compiled run's first steps compile) to the end of the last
+    step, the device synchronised at both ends."""
 
     name = "wall_timer"
+
+    def __init__(self, skip: int = 0):
+        self.skip = skip
 
     @csf.hookimpl(tryfirst=True)
     def on_train_start(self):
         synchronize()
         self.start = time.perf_counter()
+
+    @csf.hookimpl(tryfirst=True)
+    def on_train_step_end(self, step):
+        if step == self.skip:
+            synchronize()
+            self.start = time.perf_counter()
 
     @csf.hookimpl(tryfirst=True)
     def on_train_end(self):
@@ -166,15 +176,23 @@ class StepMarks:
         self.marks = marks
 
     @csf.hookimpl(tryfirst=True)
-    def on_train_batch_end(self):
+    def on_train_step_end(self):
         self.marks.append(time.perf_counter())
 
 
+#: ``--compile MODE``: the framework contestant with ``backend.compile=true backend.compile_mode=MODE``, timed
+#: after its first COMPILE_SKIP steps (the compiles; their cost is in summary.json's compile block)
+COMPILE_SKIP = 10
+
+
 def framework(model: str, precision: str, steps: int, workdir: str,
-              marks: list | None = None) -> tuple[float, float]:
-    """``Run.fit()`` on ``device=gpu`` with the default plugins; returns (wall seconds, last logged loss)."""
+              marks: list | None = None, compile_mode: str | None = None) -> tuple[float, float]:
+    """``Run.fit()`` on ``device=gpu`` with the default plugins; returns (wall seconds per timed step times
+    ``steps``, last logged loss)."""
     batch_size = MODELS[model][1]
     common = [f"device={DEVICE}", f"precision={precision}"]
+    if compile_mode:
+        common += ["backend.compile=true", f"backend.compile_mode={compile_mode}"]
     if model == "mlp2":
         os.environ["CSF_BENCH_MODEL"] = "mlp2"
         cfg = loop_overhead.framework_config("premade", steps, batch_size, extra=tuple(common))
@@ -183,12 +201,13 @@ def framework(model: str, precision: str, steps: int, workdir: str,
             f"loop.max_steps={steps}", "loop.eval_every=null", f"loop.log_every={LOG_EVERY}",
             f"data.batch_size={batch_size}", "data.shuffle=true", f"seed={SEED}"])
         cfg.data.val = None
-    timer = WallTimer()
+    skip = COMPILE_SKIP if compile_mode and steps > 2 * COMPILE_SKIP else 0
+    timer = WallTimer(skip)
     plugins = [timer] if marks is None else [timer, StepMarks(marks)]
     run = csf.Run(cfg, plugins=plugins, output_dir=tempfile.mkdtemp(dir=workdir))
     summary = run.fit()
     assert summary["status"] == "completed" and summary["global_step"] == steps, summary
-    return timer.seconds, summary["metrics"]["train/loss"]
+    return timer.seconds * steps / (steps - skip), summary["metrics"]["train/loss"]
 
 
 def contestant(args) -> dict:
@@ -200,8 +219,8 @@ def contestant(args) -> dict:
     with (tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir, contextlib.redirect_stderr(io.StringIO()),
           contextlib.redirect_stdout(io.StringIO())):
         def once(n):
-            return timed(args.model, args.precision, n) if timed else framework(args.model, args.precision, n,
-                                                                               workdir)
+            return timed(args.model, args.precision, n) if timed else framework(
+                args.model, args.precision, n, workdir, compile_mode=args.compile)
         once(warmup)
         seconds, loss = once(steps)
     return {"ms_per_step": 1e3 * seconds / steps, "loss": loss}
@@ -296,6 +315,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=0, help="timed steps (0: the model's default)")
     parser.add_argument("--only", choices=list(MODELS), help="one model's figures")
     parser.add_argument("--profile", action="store_true", help="where a step's time goes (one process)")
+    parser.add_argument("--compile", choices=["default", "reduce-overhead", "max-autotune"],
+                        help="the framework contestant with backend.compile=true and this compile_mode")
     args = parser.parse_args(argv)
     if args.contestant:
         print(json.dumps(contestant(args)))

@@ -16,7 +16,7 @@ An exception raised inside an implementation becomes a ``PluginError`` naming th
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pluggy
 
@@ -50,6 +50,10 @@ class Hooks:
         for name in dir(pm.hook):
             if not name.startswith("_"):
                 setattr(self, name, _caller(pm, name, getattr(pm.hook, name)))
+
+    if TYPE_CHECKING:
+        # each hook of the manager is an attribute set in __init__: a function of keyword arguments
+        def __getattr__(self, hook_name: str) -> Callable[..., Any]: ...
 
     def each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
         """Call the implementations of ``hook_name`` one at a time, in pluggy's order, yielding

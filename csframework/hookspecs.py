@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from .backends.base import BackendSpec
     from .config import RunConfig
-    from .run import Run
+    from .protocol import RunProtocol
 
 PROJECT = "csframework"
 #: Marks a hook specification (this module's functions, or a plugin's own ``add_hookspecs`` module).
@@ -83,7 +83,7 @@ def csframework_register_configs(config_store: ConfigStore) -> None:
 
 
 @hookspec
-def csframework_config_sections() -> dict[str, type]:
+def csframework_config_sections() -> dict[str, type] | None:
     """Return ``{section_name: dataclass_type}``: config sections of this plugin's own.
 
     Each section becomes a top-level key of the composed config holding the dataclass's defaults, set
@@ -97,7 +97,7 @@ def csframework_config_sections() -> dict[str, type]:
 
 
 @hookspec
-def csframework_device_types() -> list[str]:
+def csframework_device_types() -> list[str] | None:
     """The device types this plugin supplies a backend for (upper case, e.g. ``["CSX"]``); every plugin's
     list is joined. Asked before composition (entry points and built-ins), like ``csframework_backend``."""
 
@@ -115,7 +115,7 @@ def csframework_backend(device_type: str) -> BackendSpec | None:
 
 
 @hookspec
-def csframework_named_backends() -> list[BackendSpec]:
+def csframework_named_backends() -> list[BackendSpec] | None:
     """Backends chosen by name rather than by device type: each ``BackendSpec`` has ``name`` (``backend=<name>``
     selects it, e.g. ``backend=cerebras``) and runs an existing device type (``device_type``, e.g. ``CSX``)
     beside that type's own backend, which ``device=<type>`` keeps choosing. Its ``backend/<name>.yaml`` sets
@@ -149,7 +149,7 @@ def csframework_validate(config: RunConfig) -> list[str] | None:
 
 # -- fit ------------------------------------------------------------------------------------------------
 @hookspec
-def on_fit_start(run: Run) -> None:
+def on_fit_start(run: RunProtocol) -> None:
     """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.mode`` is ``"fit"`` or ``"validate"``,
     ``run.status`` ``"running"`` or ``"validating"``), after the model, data and optimizer are built. The
     built-in checkpoint plugin loads ``checkpoint.resume`` first, so ``run.global_step`` already tells where
@@ -160,7 +160,7 @@ def on_fit_start(run: Run) -> None:
 
 
 @hookspec
-def on_fit_end(run: Run) -> None:
+def on_fit_end(run: RunProtocol) -> None:
     """Once, when ``run.fit()`` or ``run.validate()`` finished without error (``run.status == "completed"``).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -168,7 +168,7 @@ def on_fit_end(run: Run) -> None:
 
 
 @hookspec
-def on_train_start(run: Run) -> None:
+def on_train_start(run: RunProtocol) -> None:
     """At the start of each stage's training (``run.stage`` names it), before the first epoch.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -176,7 +176,7 @@ def on_train_start(run: Run) -> None:
 
 
 @hookspec
-def on_train_end(run: Run) -> None:
+def on_train_end(run: RunProtocol) -> None:
     """At the end of each stage's training, after its last step (and the final evaluation, if any).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -184,7 +184,7 @@ def on_train_end(run: Run) -> None:
 
 
 @hookspec
-def on_train_epoch_start(run: Run, epoch: int) -> None:
+def on_train_epoch_start(run: RunProtocol, epoch: int) -> None:
     """Before the first batch of training epoch ``epoch`` (0-based, counted across the stage).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -193,7 +193,7 @@ def on_train_epoch_start(run: Run, epoch: int) -> None:
 
 
 @hookspec
-def on_train_epoch_end(run: Run, epoch: int) -> None:
+def on_train_epoch_end(run: RunProtocol, epoch: int) -> None:
     """After the last batch of epoch ``epoch``, or when the stage ends inside the epoch.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -202,7 +202,7 @@ def on_train_epoch_end(run: Run, epoch: int) -> None:
 
 
 @hookspec
-def on_train_batch_start(run: Run, batch: Any, batch_idx: int) -> None:
+def on_train_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
     """Before the forward pass of each training batch. ``batch`` is on the run's device;
     ``batch_idx`` counts batches within the epoch.
 
@@ -213,7 +213,7 @@ def on_train_batch_start(run: Run, batch: Any, batch_idx: int) -> None:
 
 
 @hookspec
-def on_train_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> None:
+def on_train_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], batch_idx: int) -> None:
     """After each training batch. ``outputs`` is the model's output dict with tensors detached (still on the
     device: read them with ``float()`` only when needed, since that synchronises). On the last batch of a
     step this runs after the optimizer step, the metric logging and the evaluation of that step.
@@ -226,7 +226,7 @@ def on_train_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> N
 
 
 @hookspec
-def on_train_step_end(run: Run, step: int, outputs: dict) -> None:
+def on_train_step_end(run: RunProtocol, step: int, outputs: dict[str, Any]) -> None:
     """After each optimizer step, once, whatever ``loop.grad_accum_steps`` is: after the step's last
     ``on_train_batch_end`` and after the metric logging and the evaluation of that step (so a plugin here sees
     the step's ``val/*`` metrics in ``run.metrics``). The built-in checkpoint plugin saves here, after every
@@ -240,7 +240,7 @@ def on_train_step_end(run: Run, step: int, outputs: dict) -> None:
 
 # -- evaluation -----------------------------------------------------------------------------------------
 @hookspec
-def on_eval_start(run: Run) -> None:
+def on_eval_start(run: RunProtocol) -> None:
     """Before an evaluation pass over ``data.val`` (the model is in eval mode).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -248,7 +248,7 @@ def on_eval_start(run: Run) -> None:
 
 
 @hookspec
-def on_eval_end(run: Run, metrics: dict[str, float]) -> None:
+def on_eval_end(run: RunProtocol, metrics: dict[str, float]) -> None:
     """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats; ``run.eval_outputs``
     holds the outputs named in ``loop.collect`` (name -> CPU tensor, every sample once in dataset order;
     complete on global rank 0, empty elsewhere; possibly memory-mapped, valid during this hook).
@@ -259,7 +259,7 @@ def on_eval_end(run: Run, metrics: dict[str, float]) -> None:
 
 
 @hookspec
-def on_eval_epoch_start(run: Run, epoch: int) -> None:
+def on_eval_epoch_start(run: RunProtocol, epoch: int) -> None:
     """Before the first evaluation batch; ``epoch`` is the current training epoch.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -268,7 +268,7 @@ def on_eval_epoch_start(run: Run, epoch: int) -> None:
 
 
 @hookspec
-def on_eval_epoch_end(run: Run, epoch: int) -> None:
+def on_eval_epoch_end(run: RunProtocol, epoch: int) -> None:
     """After the last evaluation batch.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -277,7 +277,7 @@ def on_eval_epoch_end(run: Run, epoch: int) -> None:
 
 
 @hookspec
-def on_eval_batch_start(run: Run, batch: Any, batch_idx: int) -> None:
+def on_eval_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
     """Before the forward pass of each evaluation batch.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -287,7 +287,7 @@ def on_eval_batch_start(run: Run, batch: Any, batch_idx: int) -> None:
 
 
 @hookspec
-def on_eval_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> None:
+def on_eval_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], batch_idx: int) -> None:
     """After each evaluation batch; ``outputs`` as in ``on_train_batch_end``.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -299,7 +299,7 @@ def on_eval_batch_end(run: Run, batch: Any, outputs: dict, batch_idx: int) -> No
 
 # -- inside the step ------------------------------------------------------------------------------------
 @hookspec
-def on_before_backward(run: Run, loss: torch.Tensor) -> None:
+def on_before_backward(run: RunProtocol, loss: torch.Tensor) -> None:
     """Before ``backward`` of each batch; ``loss`` is the (unscaled) loss tensor.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -308,7 +308,7 @@ def on_before_backward(run: Run, loss: torch.Tensor) -> None:
 
 
 @hookspec
-def on_after_backward(run: Run) -> None:
+def on_after_backward(run: RunProtocol) -> None:
     """After ``backward`` of each batch; gradients may still be loss-scaled and are accumulated.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -316,7 +316,7 @@ def on_after_backward(run: Run) -> None:
 
 
 @hookspec
-def on_before_optimizer_step(run: Run, optimizer: torch.optim.Optimizer) -> None:
+def on_before_optimizer_step(run: RunProtocol, optimizer: torch.optim.Optimizer) -> None:
     """Once per step, before gradient clipping and ``optimizer.step()``; gradients are unscaled.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -326,7 +326,7 @@ def on_before_optimizer_step(run: Run, optimizer: torch.optim.Optimizer) -> None
 
 # -- logging, checkpoints, errors -----------------------------------------------------------------------
 @hookspec
-def on_log_metrics(run: Run, metrics: dict[str, float], step: int) -> None:
+def on_log_metrics(run: RunProtocol, metrics: dict[str, float], step: int) -> None:
     """Metrics to record: ``metrics`` maps names (``train/loss``, ``lr``, ``val/loss`` ...) to floats at
     global step ``step``. Logger plugins (CSV, TensorBoard, W&B ...) implement this.
 
@@ -337,7 +337,7 @@ def on_log_metrics(run: Run, metrics: dict[str, float], step: int) -> None:
 
 
 @hookspec
-def on_checkpoint_save(run: Run, state: dict) -> None:
+def on_checkpoint_save(run: RunProtocol, state: dict[str, Any]) -> None:
     """A checkpoint is being written. Put JSON values (dicts with string keys, lists, strings, numbers,
     booleans, ``None``) into ``state[your_plugin_name]``; they come back in ``on_checkpoint_load`` on
     resume, as ``json`` reads them (tuples as lists; NaN and infinities as themselves).
@@ -354,7 +354,7 @@ def on_checkpoint_save(run: Run, state: dict) -> None:
 
 
 @hookspec
-def on_checkpoint_load(run: Run, state: dict) -> None:
+def on_checkpoint_load(run: RunProtocol, state: dict[str, Any]) -> None:
     """A checkpoint was loaded; ``state`` is the mapping that ``on_checkpoint_save`` filled.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
@@ -363,7 +363,7 @@ def on_checkpoint_load(run: Run, state: dict) -> None:
 
 
 @hookspec
-def on_exception(run: Run, error: BaseException) -> None:
+def on_exception(run: RunProtocol, error: BaseException) -> None:
     """The run is stopping on ``error`` (any exception, including ``KeyboardInterrupt``). Clean up here;
     the error propagates after all implementations ran. An implementation that raises is logged
     (``on_exception_failed``, naming the plugin); the others still run and ``error`` is what propagates.

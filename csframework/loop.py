@@ -23,11 +23,11 @@ from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .protocol import RunProtocol
     from .state import RunState
 
 
-def fit(run: Run) -> str:
+def fit(run: RunProtocol) -> str:
     """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end; returns
     the run's final status (``completed``, or a backend's dry run's: CSX ``compiled`` / ``validated``)."""
     for index in range(run.stage_index, len(run.stages)):
@@ -49,7 +49,7 @@ def _stage_done(state: RunState, loop) -> bool:
     return state.epoch >= loop.max_epochs
 
 
-def train_stage(run: Run) -> None:
+def train_stage(run: RunProtocol) -> None:
     """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
     hooks, loop, state = run.hooks, run.stage_config.loop, run.state
     state.clear_pending()
@@ -75,7 +75,7 @@ def train_stage(run: Run) -> None:
     hooks.on_train_end(run=run)
 
 
-def train_epoch(run: Run, epoch: int) -> bool:
+def train_epoch(run: RunProtocol, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
@@ -97,7 +97,7 @@ def train_epoch(run: Run, epoch: int) -> bool:
     return True
 
 
-def end_step(run: Run, batch, outputs: dict, batch_idx: int) -> None:
+def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``), in this order: the
     schedule advances, the step's outputs are kept for the next log, a loss not finite on the host stops the
     run, the metrics are logged (``loop.log_every``), the evaluation runs (``loop.eval_every``), a stop
@@ -127,7 +127,7 @@ def end_step(run: Run, batch, outputs: dict, batch_idx: int) -> None:
         raise Interrupted(state.stop_signal, state.global_step)
 
 
-def _drop_partial_step(run: Run, accum: int) -> None:
+def _drop_partial_step(run: RunProtocol, accum: int) -> None:
     """A stage ends at a step boundary: the gradients of micro-batches after the last step (``max_epochs``
     with epochs that ``grad_accum_steps`` does not divide) are dropped, not carried into the next stage or
     a later run (a checkpoint does not hold gradients, so a resumed run could not carry them)."""
@@ -140,7 +140,7 @@ def _drop_partial_step(run: Run, accum: int) -> None:
                                 "to use every batch")
 
 
-def log_train_metrics(run: Run) -> None:
+def log_train_metrics(run: RunProtocol) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
     pending = run.state.pending
     if not pending.get("loss"):
@@ -177,7 +177,7 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
-def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor | None:
+def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.Tensor | None:
     """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
 
     Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale
@@ -206,7 +206,7 @@ def check_finite(run: Run, losses: torch.Tensor | None = None) -> torch.Tensor |
     return finite if first_bad is not None else None
 
 
-def evaluate(run: Run) -> dict:
+def evaluate(run: RunProtocol) -> dict:
     """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*``: the mean over
     samples of every scalar output (each batch's value weighted by its samples, so a short last batch
     counts for what it holds; an output that only some batches return is averaged over those).
@@ -230,7 +230,7 @@ def evaluate(run: Run) -> dict:
     return metrics
 
 
-def _evaluate(run: Run) -> dict:
+def _evaluate(run: RunProtocol) -> dict:
     hooks, backend = run.hooks, run.backend
     loop = run.stage_config.loop
     limit = loop.eval_steps

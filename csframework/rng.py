@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,10 +23,10 @@ def seed_batch(seed: int, size: int, first_tagged: int) -> None:
     seed_everything(((seed * 1_000_003 + epoch) * 1_000_003 + first) % 2**63)
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     """The state of every generator, as tensors and plain values (``torch.load(weights_only=True)``)."""
-    numpy_state = np.random.get_state()
-    state = {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
+    numpy_state: Any = np.random.get_state()  # the legacy tuple (legacy=True); numpy types it tuple | dict
+    state: dict[str, Any] = {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
              "numpy": torch.from_numpy(numpy_state[1].astype(np.int64)),
              "numpy_pos": int(numpy_state[2]), "numpy_gauss": [int(numpy_state[3]), float(numpy_state[4])],
              "torch": torch.get_rng_state()}

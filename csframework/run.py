@@ -9,14 +9,14 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable
 
 import structlog
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from . import api, loop
+from . import loop
 from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
@@ -76,16 +76,16 @@ class Run:
 
     backend: Backend | None = None
 
-    def __init__(self, config: RunConfig | DictConfig | Sequence[str] | None = None,
-                 plugins: Iterable[Any] = (), output_dir: str | os.PathLike | None = None):
+    def __init__(self, config: RunConfig, plugins: Iterable[Any] = (),
+                 output_dir: str | os.PathLike | None = None):
+        if not isinstance(config, RunConfig):  # composition is api's: one way in
+            made = ("csf.compose([...])" if config is None or isinstance(config, (list, tuple))
+                    else "csframework.api.to_run_config(cfg)" if isinstance(config, DictConfig) else "csf.compose(...)")
+            raise TypeError(f"Run takes a RunConfig, not {type(config).__name__}: make one with {made}")
         plugins = list(plugins)
-        if config is None or isinstance(config, (list, tuple)):
-            config = api.compose(config or (), plugins=plugins)
-        elif isinstance(config, DictConfig):
-            config = api.to_run_config(config, plugins=plugins)
-        else:  # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
-            config = copy.deepcopy(config)
-        self.config: RunConfig = config
+        # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
+        self.config: RunConfig = copy.deepcopy(config)
+        config = self.config
         manager = build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable)
         check_sections(manager, config)
         self.hooks = Hooks(manager)
@@ -451,3 +451,10 @@ def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:
         problems += found
     return problems
 
+
+
+if TYPE_CHECKING:  # the type checker verifies that Run is what hooks, the step and backends are typed against
+    from .protocol import RunProtocol
+
+    def _is_a_run(run: Run) -> RunProtocol:
+        return run

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 #: Signals that ask a run to stop, and the exit status the CLI uses for each (128 + the signal number).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_STATUS: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def signal_name(signum: int) -> str:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .protocol import RunProtocol
 
 
 class PrecisionOps(Protocol):
@@ -68,7 +68,7 @@ def detached(outputs: dict) -> dict:
     return {k: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v for k, v in outputs.items()}
 
 
-def micro_batch(run: Run, ops: PrecisionOps, module: torch.nn.Module, batch: Any, accum: int) -> dict:
+def micro_batch(run: RunProtocol, ops: PrecisionOps, module: torch.nn.Module, batch: Any, accum: int) -> dict:
     """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs."""
     hooks = run.hooks
     with ops.autocast():
@@ -82,7 +82,7 @@ def micro_batch(run: Run, ops: PrecisionOps, module: torch.nn.Module, batch: Any
     return outputs
 
 
-def apply_gradients(run: Run, ops: PrecisionOps, max_grad_norm: float | None) -> None:
+def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | None) -> None:
     """The end of a step: unscale, ``on_before_optimizer_step``, clip, optimizer step, scale update,
     ``zero_grad``."""
     optimizer = run.optimizer
@@ -95,7 +95,7 @@ def apply_gradients(run: Run, ops: PrecisionOps, max_grad_norm: float | None) ->
     optimizer.zero_grad(set_to_none=True)
 
 
-def train_step(run: Run, ops: PrecisionOps, module: torch.nn.Module, batches: Iterable[Any],
+def train_step(run: RunProtocol, ops: PrecisionOps, module: torch.nn.Module, batches: Iterable[Any],
                max_grad_norm: float | None) -> dict:
     """A whole step over its micro-batches at once; returns the outputs of the last one (detached)."""
     batches = list(batches)

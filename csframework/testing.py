@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pytest
 
@@ -40,9 +40,9 @@ class RunResult:
 
     exit_code: int
     output_dir: Path
-    summary: dict = field(default_factory=dict)
-    events: list = field(default_factory=list)
-    metrics: list = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
     error: BaseException | None = None
     stdout: str = ""
     stderr: str = ""
@@ -52,9 +52,11 @@ class RunResult:
         return [(row["step"], row["value"]) for row in self.metrics if row["name"] == name]
 
     @classmethod
-    def read(cls, exit_code: int, output_dir: Path, **extra) -> "RunResult":
+    def read(cls, exit_code: int, output_dir: Path, **extra: Any) -> RunResult:
         output_dir = Path(output_dir)
-        summary, events, metrics = {}, [], []
+        summary: dict[str, Any] = {}
+        events: list[dict[str, Any]] = []
+        metrics: list[dict[str, Any]] = []
         with contextlib.suppress(OSError, ValueError):
             summary = json.loads((output_dir / "summary.json").read_text(encoding="utf-8"))
         with contextlib.suppress(OSError):
@@ -65,7 +67,7 @@ class RunResult:
         return cls(exit_code, output_dir, summary, events, metrics, **extra)
 
 
-def _set_env(values: dict[str, str | None]) -> None:
+def _set_env(values: Mapping[str, str | None]) -> None:
     for key, value in values.items():
         if value is None:
             os.environ.pop(key, None)
@@ -74,7 +76,7 @@ def _set_env(values: dict[str, str | None]) -> None:
 
 
 @contextlib.contextmanager
-def _env(changes: dict[str, str | None]):
+def _env(changes: Mapping[str, str | None]) -> Iterator[None]:
     """``os.environ`` with ``changes`` (``None``: unset) while active."""
     saved = {key: os.environ.get(key) for key in changes}
     _set_env(changes)
@@ -84,7 +86,7 @@ def _env(changes: dict[str, str | None]):
         _set_env(saved)
 
 
-def _autoload_env(autoload: Iterable[str] | None) -> dict[str, str | None]:
+def _autoload_env(autoload: Iterable[str] | None) -> dict[str, str]:
     from .plugins import AUTOLOAD_ENV
 
     return {} if autoload is None else {AUTOLOAD_ENV: ",".join(autoload) or "0"}
@@ -93,17 +95,17 @@ def _autoload_env(autoload: Iterable[str] | None) -> dict[str, str | None]:
 class CsfRunner:
     """Runs tiny fits in run directories under ``root`` (``run-1``, ``run-2`` ... unless given)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.count = 0
 
-    def _dir(self, output_dir) -> Path:
+    def _dir(self, output_dir: str | Path | None) -> Path:
         if output_dir is not None:
             return Path(output_dir)
         self.count += 1
         return self.root / f"run-{self.count}"
 
-    def run(self, overrides: Sequence[str] = (), plugins: Iterable[Any] = (), output_dir=None,
+    def run(self, overrides: Sequence[str] = (), plugins: Iterable[Any] = (), output_dir: str | Path | None = None,
             autoload: Iterable[str] | None = None, config_dir: str | None = None) -> RunResult:
         """Compose ``TINY_RUN + overrides`` (plugin sections included) and run it in this process as
         ``mode`` says (``fit`` by default) with ``plugins`` added; errors become ``exit_code``/``error``.
@@ -112,7 +114,8 @@ class CsfRunner:
         from .signals import exit_status
 
         output_dir = self._dir(output_dir)
-        error, code = None, 0
+        error: BaseException | None = None
+        code = 0
         with _env(_autoload_env(autoload)):
             try:
                 config = csf.compose([*TINY_RUN, *overrides], config_dir=config_dir)
@@ -130,7 +133,7 @@ class CsfRunner:
                 error, code = e, 1
         return RunResult.read(code, output_dir, error=error)
 
-    def cli(self, args: Sequence[str] = (), output_dir=None, autoload: Iterable[str] | None = None,
+    def cli(self, args: Sequence[str] = (), output_dir: str | Path | None = None, autoload: Iterable[str] | None = None,
             env: dict[str, str] | None = None, nproc: int = 1, timeout: float = 300) -> RunResult:
         """``python -m csframework TINY_RUN + args`` in a subprocess, in ``output_dir`` (with ``-m``, the
         sweep directory: one numbered job directory each). ``nproc > 1``: under ``torchrun`` with that many
@@ -176,7 +179,7 @@ class HookRecorder:
 
     name = "csf_hook_recorder"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[str, ...]]] = []
 
     def names(self) -> list[str]:
@@ -196,13 +199,13 @@ def _add_recording_hooks() -> None:
         args = tuple(inspect.signature(spec).parameters)
         # pluggy passes a hook implementation the arguments its code names, so each one is real code
         source = f"def {hook}(self, {', '.join(args)}):\n    self.calls.append(({hook!r}, {args!r}))\n"
-        namespace: dict = {}
+        namespace: dict[str, Any] = {}
         exec(source, namespace)  # noqa: S102 - built from the hook specs only
         setattr(HookRecorder, hook, hookimpl(namespace[hook]))
 
 
 @pytest.fixture
-def csf_runner(tmp_path) -> CsfRunner:
+def csf_runner(tmp_path: Path) -> CsfRunner:
     """Runs a tiny fit: ``csf_runner.run(overrides=[...], plugins=[...])`` -> ``RunResult``."""
     return CsfRunner(tmp_path / "csf-runs")
 

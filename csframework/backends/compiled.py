@@ -271,6 +271,9 @@ class CompiledStep:
         """``compiled`` timed while it compiles, its recompilations and graph breaks recorded, and the eager
         function run instead once compiling has failed."""
         eager = getattr(self, f"_{name}")
+        # CUDA graphs (reduce-overhead) reuse their output buffers at the next replay: a new step is marked
+        # and the forward's outputs, which the loop keeps until the next log, are copied out of them
+        graphed = self.mode == "reduce-overhead" and self.device.type == "cuda" and name != "update"
 
         def call(*args):
             if self.failed is not None:
@@ -278,7 +281,11 @@ class CompiledStep:
             graphs = self.recorder.graphs
             start = time.perf_counter()
             try:
-                out = compiled(*args)
+                if graphed:
+                    torch.compiler.cudagraph_mark_step_begin()
+                    out = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in compiled(*args).items()}
+                else:
+                    out = compiled(*args)
             except Exception as e:
                 reason = _failure(e)
                 if reason is None:

@@ -14,14 +14,14 @@ def describe_error(error: BaseException, prefix: str = "") -> str:
     (``stages.<name>.``). An unknown key gets the nearest known one ("did you mean"); a key of an open
     map that does not exist (``stages.b.loop.max_steps=3`` without a stage ``b``) gets Hydra's ``+`` form."""
     append = re.search(r"To append to your config use (\S+)", str(error))
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         found = _describe_known(seen)
         if found:
             return found
         if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
             msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
-            key = prefix + seen.full_key
+            key = prefix + str(seen.full_key)
             if append and getattr(seen, "object_type", None) is dict:
                 return f"{key}: not in the config; to add it, write {append.group(1)}"
             hint = next((h for text, h in _INTERPOLATION_HINTS.items() if text in msg), "")

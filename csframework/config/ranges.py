@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 #: Steps, epochs, batch sizes and other counts: exact as float64 (metrics, JSON) and far from int64 overflow.
 MAX_COUNT = 2**53
@@ -20,8 +21,8 @@ MAX_SCALE = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 MAX_GROWTH_INTERVAL = 2**31 - 1
 
 
-def check_range(key: str, value, low=None, high=None, *, open_low: bool = False, open_high: bool = False,
-                hint: str = "") -> list[str]:
+def check_range(key: str, value: Any, low: float | None = None, high: float | None = None, *,
+                open_low: bool = False, open_high: bool = False, hint: str = "") -> list[str]:
     """``[]`` when ``value`` is ``None`` (not set) or a finite number within the bounds (``open_*``: the
     bound itself excluded), else the problem line naming ``key``. Finiteness is tested first: every
     comparison with NaN is false, so a bare ``value < low`` would let NaN through."""

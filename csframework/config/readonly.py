@@ -11,6 +11,7 @@ A copy (``copy.deepcopy(run.config)``, pickling) is mutable again, with plain di
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ReadonlyConfigError
@@ -19,6 +20,7 @@ from ..errors import ReadOnlyConfigError
 
 _FROZEN = "_csf_read_only"  # instance attribute of a frozen dataclass: (root label, path of the node)
 _FLAG = "csframework_run_config"  # OmegaConf flag of the read-only dicts of a frozen config
+_T = TypeVar("_T")
 
 
 def _refuse(root: str, key: str) -> ReadOnlyConfigError:
@@ -26,7 +28,7 @@ def _refuse(root: str, key: str) -> ReadOnlyConfigError:
                                f"the config ({key}=...), or adjust it in a csframework_configure hook")
 
 
-def _join(path: str, key) -> str:
+def _join(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
@@ -35,11 +37,11 @@ class ReadOnly:
 
     __slots__ = ()
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         self._check_writable(name)
         object.__setattr__(self, name, value)
 
-    def __delattr__(self, name):
+    def __delattr__(self, name: str) -> None:
         self._check_writable(name)
         object.__delattr__(self, name)
 
@@ -48,31 +50,32 @@ class ReadOnly:
         if frozen is not None:
             raise _refuse(frozen[0], _join(frozen[1], name))
 
-    def __getstate__(self):  # copies and pickles are mutable, with plain dicts and lists as before freezing
+    def __getstate__(self) -> dict[str, Any]:  # copies and pickles are mutable, with plain dicts and lists as before freezing
         return {k: _thaw(v) for k, v in self.__dict__.items() if k != _FROZEN}
 
 
-def _thaw(value):
-    if isinstance(value, (DictConfig, ListConfig)) and value._metadata.flags.get(_FLAG) is not None:
+def _thaw(value: Any) -> Any:
+    if isinstance(value, (DictConfig, ListConfig)) and (value._metadata.flags or {}).get(_FLAG) is not None:
         return OmegaConf.to_container(value)
     return value
 
 
-def _read_only_container(value: dict | list, path: str) -> DictConfig | ListConfig:
+def _read_only_container(value: dict[str, Any] | list[Any], path: str) -> DictConfig | ListConfig:
     """``value`` as a read-only OmegaConf container whose keys OmegaConf names from the config's root
     (``model.net.hidden``): created inside its parents' keys, then taken out."""
     parts = path.split(".") if path else []
-    wrapped = value
+    wrapped: Any = value
     for part in reversed(parts):
         wrapped = {part: wrapped}
-    node = OmegaConf.create(wrapped, flags={"allow_objects": True})
+    node: Any = OmegaConf.create(wrapped, flags={"allow_objects": True})
     for part in parts:
         node = node[part]
     # The path is kept on the node, for the error: OmegaConf.structured(run.config) re-parents the node,
     # after which OmegaConf's own full_key no longer starts at the config's root.
     node._metadata.flags[_FLAG] = path
     OmegaConf.set_readonly(node, True)
-    return node
+    container: DictConfig | ListConfig = node
+    return container
 
 
 def read_only_error(error: BaseException) -> ReadOnlyConfigError | None:
@@ -91,13 +94,14 @@ def read_only_error(error: BaseException) -> ReadOnlyConfigError | None:
     return None
 
 
-def freeze(config, root: str = "run.config"):
+def freeze(config: _T, root: str = "run.config") -> _T:
     """Make ``config`` (a schema dataclass instance) read-only in place, with everything in it; ``root``
     names it in the error. Returns it."""
-    return _freeze(config, root, "")
+    frozen: _T = _freeze(config, root, "")
+    return frozen
 
 
-def _freeze(value, root: str, path: str):
+def _freeze(value: Any, root: str, path: str) -> Any:
     if isinstance(value, ReadOnly) and dataclasses.is_dataclass(value):
         if _FROZEN not in value.__dict__:
             for f in dataclasses.fields(value):

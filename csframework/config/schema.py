@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import fields
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .readonly import ReadOnly
 from .run import RunConfig
 
-_types: dict[tuple, type] = {}
+_types: dict[tuple[tuple[str, type], ...], type] = {}
 
 
 def run_config_type(sections: Mapping[str, type] | None = None) -> type:
@@ -38,7 +38,7 @@ def _read_only(schema: type) -> type:
     return dataclasses.make_dataclass(schema.__name__, [], bases=(ReadOnly, schema))
 
 
-def plugin_sections(config) -> tuple[str, ...]:
+def plugin_sections(config: Any) -> tuple[str, ...]:
     """The config sections plugins added to ``config`` (a stage may set them too)."""
     builtin = {f.name for f in fields(RunConfig)}
     return tuple(f.name for f in fields(config) if f.name not in builtin)
@@ -57,7 +57,7 @@ def disabled_section(key: str, disabled: Iterable[str], sections: Mapping[str, t
 def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
     """``RunConfig`` (with the plugins' ``sections``) as Hydra composes it: typed, except the ``backend``
     node, which takes any key until ``to_run_config`` types it with the schema of its device type."""
-    schema = OmegaConf.structured(run_config_type(sections))
+    schema: DictConfig = OmegaConf.structured(run_config_type(sections))
     with open_dict(schema):
         schema.backend = {"type": "CPU"}
     OmegaConf.set_struct(schema.backend, False)
@@ -80,12 +80,12 @@ def cached_schema(sections: Mapping[str, type] | None = None) -> DictConfig:
     return _schemas[kind]
 
 
-def flat_config(config) -> dict:
+def flat_config(config: Any) -> dict[str, Any]:
     """A run config as ``{"dotted.key": value}`` (plain values: enums as their value, lists as lists),
     e.g. for loggers that record parameters."""
-    flat: dict = {}
+    flat: dict[str, Any] = {}
 
-    def walk(node, prefix: str) -> None:
+    def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict) and node:
             for key, value in node.items():
                 walk(value, f"{prefix}{key}.")

@@ -1,7 +1,7 @@
 """Stages: each stage's config is the run's merged with the stage's partial config."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -13,7 +13,7 @@ from .schema import plugin_sections
 from .typed import device_types_upper
 
 
-def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
+def stage_config(base: RunConfig, name: str, partial: Any) -> RunConfig:
     """The config of stage ``name``: ``base`` merged with the stage's partial config."""
     partial = OmegaConf.create(partial if partial is not None else {})
     if not isinstance(partial, DictConfig):
@@ -21,14 +21,14 @@ def stage_config(base: RunConfig, name: str, partial) -> RunConfig:
     allowed = STAGE_KEYS + plugin_sections(base)
     for key in partial:
         if key not in allowed:
-            raise ConfigError(f"stages.{name}.{key}: a stage may only set {', '.join(allowed)}")
+            raise ConfigError(f"stages.{name}.{key!s}: a stage may only set {', '.join(allowed)}")
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
         partial.device = {"type": partial.device}
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(base), partial)
+        merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(base), partial))
         merged.stages = {}
         device_types_upper(merged)
-        return OmegaConf.to_object(merged)
+        return cast(RunConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e, prefix=f"stages.{name}.")) from e
 

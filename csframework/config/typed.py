@@ -3,7 +3,7 @@ device type (or its named backend)."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,21 +40,21 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
     named = named or {}
     try:
         # a copy of the node without ``hydra`` (copying Hydra's own config would cost more than the rest)
-        cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+        cfg = OmegaConf.masked_copy(cfg, [str(key) for key in cfg if key != "hydra"])
         OmegaConf.set_struct(cfg, False)
         if "backend" in selected and "device" not in selected:
             chosen = named.get(cfg.backend.get("name"))
             cfg.device.type = chosen[0] if chosen is not None else cfg.backend.type
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = OmegaConf.merge(cached_schema(sections), OmegaConf.to_container(cfg, resolve=False))
+        typed = cast(DictConfig, OmegaConf.merge(cached_schema(sections), OmegaConf.to_container(cfg, resolve=False)))
         device_types_upper(typed)
-        run = OmegaConf.to_object(typed)  # resolves, naming the key of a failing interpolation
+        run = cast(RunConfig, OmegaConf.to_object(typed))  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
         disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
         problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
         raise ConfigError(problem or describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends, named)
-    run.selected = tuple(selected)
+    run.selected = tuple(selected)  # type: ignore[misc]  # this run's groups, over the ClassVar's default (not a field: never composed)
     return run
 
 
@@ -66,14 +66,15 @@ def device_types_upper(cfg: DictConfig) -> None:
             node.type = node.type.upper()
 
 
-def _typed_backend(values: dict, device_type: str, backends: Mapping[str, type],
-                   named: Mapping[str, tuple[str, type]]):
+def _typed_backend(values: Any, device_type: str, backends: Mapping[str, type],
+                   named: Mapping[str, tuple[str, type]]) -> Any:
     """``values`` (the ``backend`` node) as an instance of its schema: its named backend's (``name``), else
     its type's."""
     known = ", ".join(f"device={t.lower()}" for t in backends)
     problems = []
     if device_type not in backends:
         problems.append(f"device.type: '{device_type}' is not a device type; use {known}")
+    schema: type | None
     name = values.get("name")
     if name is not None:
         if name not in named:

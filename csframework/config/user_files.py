@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..errors import ConfigError
 
@@ -52,7 +52,7 @@ def check_config_files(dirs: Iterable[str]) -> None:
                                       f"may be ({MAX_CONFIG_BYTES:,}); keep data out of config files")
                 sizes: dict[int, int] = {}
 
-                def size(node, depth: int = 0) -> int:
+                def size(node: Any, depth: int = 0) -> int:
                     if depth > MAX_CONFIG_DEPTH:
                         raise RecursionError
                     if id(node) not in sizes:
@@ -76,7 +76,7 @@ def check_config_files(dirs: Iterable[str]) -> None:
                                       "nodes (an alias bomb?); a config file must stay below that")
 
 
-def _compose_yaml(path: str, yaml):
+def _compose_yaml(path: str, yaml: Any) -> Any:
     """The node graph of the YAML file at ``path``, by libyaml where PyYAML has it (fast). libyaml refuses
     nesting beyond its own limit as a syntax error; the pure-Python parser, which Hydra uses, then decides:
     a syntax error again (``YAMLError``), or a ``RecursionError``."""

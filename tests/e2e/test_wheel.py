@@ -40,6 +40,9 @@ def test_wheel_installs_and_trains_from_anywhere(tmp_path):
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert "csframework/conf/config.yaml" in names and "csframework/conf/optimizer/adamw.yaml" in names
     assert not any(n.startswith("tests/") for n in names)
+    # PEP 561: without the marker, plugin authors' type checkers ignore csframework's annotations
+    assert "csframework/py.typed" in names
+    assert "csframework/builtin/checkpoint/plugin.py" in names  # every subpackage is listed in pyproject
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv], timeout=120)

@@ -435,3 +435,15 @@ def test_request_stop_in_the_runs_process_still_stops_it(runner, stopping):
     result = runner.run([*stopping, "data.num_workers=0"], plugins=[HandsRun()])
     assert result.exit_code == 0, result.error
     assert result.summary["stop_reason"] == "enough data" and result.summary["global_step"] == 1
+
+
+def test_run_takes_a_run_config_and_says_how_to_make_one():
+    """Composition is api's (csf.compose): Run is handed its result, not overrides to compose itself."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    for given, advice in ((["loop.max_steps=2"], "csf.compose"), (None, "csf.compose"),
+                          (OmegaConf.create({"loop": {}}), "csframework.api.to_run_config")):
+        with pytest.raises(TypeError, match=f"Run takes a RunConfig, not .*: make one with {re.escape(advice)}"):
+            csf.Run(given)

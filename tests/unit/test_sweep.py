@@ -2,7 +2,7 @@
 planted in a sweep directory (links, hard links, FIFOs, directories for files, damaged tables) deletes,
 overwrites, hangs or misleads nothing, and everything outside the sweep directory stays byte-identical
 (``hostile.Hostile``). The jobs' side: test_sweep_job.py; the table: test_sweep_table.py; the CLI multiruns
-over such directories: tests/e2e/test_sweep_hostile.py."""
+over such directories: tests/e2e/test_sweep_hostile_runs.py."""
 from __future__ import annotations
 
 import os

@@ -188,7 +188,8 @@ def _nbytes(val) -> int:
 def analyse(gm: GraphModule, input_kinds: Sequence[tuple[str, bool]]) -> dict:
     """Op counts by kind and by op, and memory: state bytes by kind and a liveness-based activation peak."""
     nodes = list(gm.graph.nodes)
-    by_op, by_kind = Counter(), Counter()
+    by_op: Counter[str] = Counter()
+    by_kind: Counter[str] = Counter()
     in_place = 0
     for node in nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -198,7 +199,7 @@ def analyse(gm: GraphModule, input_kinds: Sequence[tuple[str, bool]]) -> dict:
         if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
             in_place += 1
 
-    memory = Counter()
+    memory: Counter[str] = Counter()
     placeholders = [n for n in nodes if n.op == "placeholder"]
     for node, (kind, trainable) in zip(placeholders, input_kinds):
         size = _nbytes(node.meta.get("val"))
@@ -212,7 +213,8 @@ def analyse(gm: GraphModule, input_kinds: Sequence[tuple[str, bool]]) -> dict:
     for i, node in enumerate(nodes):
         for used in node.all_input_nodes:
             last_use[used] = i
-    live, peak, frees = 0, 0, Counter()
+    live, peak = 0, 0
+    frees: Counter[int] = Counter()
     for i, node in enumerate(nodes):
         if node.op == "call_function" and node.target is not operator.getitem:
             target = node.target

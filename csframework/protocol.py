@@ -1,0 +1,182 @@
+"""The contracts on the lowest floor: what a hook, the step and a backend may read and call on a run
+(``RunProtocol``), and what the loop and the run call on a backend (``Backend``).
+
+Hooks (``hookspecs``), the step sequence (``step``), the loop and the backends are typed against these, not
+against ``run.Run``, so nothing below ``run.py`` imports it, not even for the type checker; ``run.Run``
+satisfies ``RunProtocol`` (checked by the type checker in ``run.py``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+    from .files import SafeDir
+    from .hooks import Hooks
+    from .state import RunState
+
+
+class RunProtocol(Protocol):
+    """A run as plugins, the step and backends see it (``run.Run`` is the implementation)."""
+
+    config: RunConfig
+    """The run's config (read-only once validated)."""
+    hooks: Hooks
+    """Calls hooks: ``run.hooks.on_x(run=run, ...)``."""
+    backend: Backend | None
+    """The current stage's backend."""
+    model: torch.nn.Module
+    """The model (unwrapped)."""
+    module: torch.nn.Module
+    """What the steps call: the model, or its DDP/FSDP wrapper."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    """The learning-rate schedule (``csframework.schedule``)."""
+    state: RunState
+    """The position, stop requests and metrics, written by the loop."""
+    log: Any
+    """A bound structlog logger: ``run.log.info("event", key=value)`` lands in ``events.jsonl``."""
+    output_dir: Path
+    run_id: str
+    device_type: str
+    """``"CPU"``, ``"GPU"``, ``"CSX"``, or a plugin's device type."""
+    mode: str
+    """``"fit"`` or ``"validate"``."""
+    status: str
+    summary_extra: dict[str, Any]
+    """Entries a plugin adds to ``summary.json``."""
+    eval_outputs: dict[str, torch.Tensor]
+    """During ``on_eval_end``: the outputs named in ``loop.collect``."""
+    stages: list[tuple[str, RunConfig]]
+    train_loader: Any
+    val_loader: Any
+
+    @property
+    def stage(self) -> str: ...
+    @property
+    def stage_config(self) -> RunConfig: ...
+    @property
+    def files(self) -> SafeDir: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def global_step(self) -> int: ...
+    @property
+    def stage_index(self) -> int: ...
+    @property
+    def stage_step(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def batch_in_epoch(self) -> int: ...
+    @property
+    def metrics(self) -> dict[str, float]: ...
+    @property
+    def stop_reason(self) -> str | None: ...
+
+    def request_stop(self, reason: str) -> None:
+        """End training after the current step, as at a normal end."""
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """Report metrics (``on_log_metrics``) at the current step."""
+
+    def summary(self) -> dict: ...
+
+    def total_steps(self, cfg: RunConfig) -> int: ...
+
+    def enter_stage(self, index: int) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def flush_metrics(self) -> None: ...
+
+    def check_finite(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Executes a run's steps on one device type. Built per stage by ``BackendSpec.create(run)``."""
+
+    device_type: str
+    """The device type it runs (``"CPU"``, ``"CSX"`` ...)."""
+    rank: int
+    """This process's rank among ``world_size`` data-parallel processes (0 and 1 when not distributed)."""
+    world_size: int
+    sharded: bool
+    """Whether the model and optimizer state are sharded over the ranks (``strategy=fsdp``): every rank then
+    takes part in checkpointing, through ``save_sharded``, ``load_sharded`` and ``read_shard_metadata``; when
+    ``False`` they are saved whole in the checkpoint's ``state.pt`` (``Run.state_dict``)."""
+    host_group: Any
+    """The process group of host-side (CPU tensor) collectives: a gloo group beside NCCL, ``None`` for the
+    default group."""
+    dry_run: str | None
+    """``None`` to train; else the final status of a run that only prepares each stage (CSX
+    ``compile_only`` -> ``"compiled"``), for which the loop calls ``dry_stage`` instead of training."""
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model to the device; returns the module the steps call (e.g. a DDP wrapper)."""
+
+    def attach(self, run: RunProtocol) -> None:
+        """Called once the stage's model, optimizer and schedule exist (before any step)."""
+
+    def to_device(self, batch: Any) -> Any:
+        """The batch on the device."""
+
+    def train_batch(self, run: RunProtocol, batch: Any, last: bool) -> dict:
+        """One micro-batch of the step (``last``: the step's final one, after which the optimizer steps, see
+        ``csframework.step``); returns the outputs (detached tensors), or ``{}`` if it has none yet."""
+
+    def eval_batch(self, run: RunProtocol, batch: Any) -> dict:
+        """The outputs of one evaluation batch (detached tensors). The loop calls it under
+        ``torch.inference_mode()``, or ``torch.no_grad()`` with ``loop.inference_mode=false``."""
+
+    def dry_stage(self, run: RunProtocol) -> None:
+        """Prepare the current stage without training (only called when ``dry_run`` is set)."""
+
+    def loss_scale(self) -> float | None:
+        """The current dynamic loss scale, or ``None`` without dynamic loss scaling."""
+
+    def any_rank_signal(self, signum: int | None) -> int | None:
+        """The stop signal any rank had received by the previous step boundary (``signum`` when alone: the
+        loop does not ask a backend whose ``world_size`` is 1)."""
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+
+    def all_ranks_agree(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (collective: every rank calls it; ``flag`` when alone)."""
+
+    def finish(self) -> None:
+        """The stage or fit ended (however): wait, bounded, for collectives still in flight."""
+
+    def state_dict(self) -> dict:
+        """The backend's part of a checkpoint (tensors and plain values)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def save_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """Only when ``sharded``: every rank writes its shards of the model and optimizer state into
+        ``directory`` (collective). The checkpoint plugin then lists and checksums the files there, which
+        must be ``.metadata`` and ``__<rank>_<n>.distcp`` (the names DCP writes)."""
+
+    def load_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+                     files: set[str]) -> None:
+        """Only when ``sharded``: load the shards ``save_sharded`` wrote in ``directory`` into ``model`` and
+        ``optimizer`` (collective; possibly written by another number of ranks). ``files``: the names the
+        checkpoint lists, checked against their checksums; no other file may be read. Runs no code from the
+        files; raises ``ValueError``, ``KeyError`` or ``RuntimeError`` when they do not fit the model."""
+
+    def read_shard_metadata(self, path: Path) -> None:
+        """Only when ``sharded``: check ``path`` (a sharded checkpoint's ``sharded/.metadata``) is this
+        backend's metadata, reading it without running code from it; raises (anything) when it is not, and the
+        checkpoint is then treated as damaged (resume falls back to an older one)."""
+
+    def summary(self) -> dict:
+        """Extra entries of ``summary.json``."""
