@@ -1,4 +1,5 @@
-"""``csframework.loop``: evaluation and where a resumed run picks up.
+"""``csframework.loop``: the step boundary (``on_train_step_end`` once per optimizer step), evaluation, log
+windows, and where a resumed run picks up.
 
 Evaluation (``loop.evaluate``): the batches run under ``torch.inference_mode()``, or ``torch.no_grad()``
 with ``loop.inference_mode=false``; the ``val/*`` means are the same either way, and the same as a
@@ -353,3 +354,27 @@ def test_logged_means_are_float32_means_of_every_window():
     assert window_means([loss, accuracy, count]) == expected
     assert window_means([loss, accuracy[:3], count]) == [expected[0], float(torch.stack(accuracy[:3]).float().mean()),
                                                           expected[2]]
+
+
+# -- the step boundary --------------------------------------------------------------------------------------
+def test_on_train_step_end_fires_once_per_optimizer_step_after_its_batches(tmp_path):
+    import csframework as csf
+    import fixtures
+
+    calls = []
+
+    class Steps:
+        name = "steps"
+
+        @csf.hookimpl
+        def on_train_batch_end(self, run, batch_idx):
+            calls.append(("batch", batch_idx, run.global_step))
+
+        @csf.hookimpl
+        def on_train_step_end(self, run, step, outputs):
+            calls.append(("step", step, float(outputs["loss"]) > 0))
+
+    csf.Run(fixtures.compose("loop.max_steps=2", "loop.grad_accum_steps=3"), plugins=[Steps()],
+            output_dir=tmp_path).fit()
+    assert calls == [("batch", 0, 0), ("batch", 1, 0), ("batch", 2, 1), ("step", 1, True),
+                     ("batch", 3, 1), ("batch", 4, 1), ("batch", 5, 2), ("step", 2, True)]

@@ -1,0 +1,114 @@
+"""``csframework.hooks``, hook dispatch in one place: plain implementations are called directly, in pluggy's
+order with pluggy's results; wrappers and a traced or monitored manager go through pluggy; a failing
+implementation is named; a ``firstresult`` hook returns its first result; no private pluggy name is used."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import csframework as csf
+from csframework.backends.eager import EagerPlugin
+from csframework.errors import PluginError
+from csframework.plugins import Hooks, build_manager
+
+
+def _Recorder(name, calls, result=None, **marks):
+    """A plugin on on_train_batch_end that records the order it is called in and returns ``result``."""
+    def on_train_batch_end(batch_idx, outputs):
+        calls.append((name, batch_idx, outputs))
+        return result
+
+    return types.SimpleNamespace(name=name, on_train_batch_end=csf.hookimpl(**marks)(on_train_batch_end))
+
+
+def _manager(*plugins):
+    pm = build_manager([])
+    for plugin in plugins:
+        pm.register(plugin, name=plugin.name)
+    return pm
+
+
+def test_plain_implementations_are_called_as_pluggy_calls_them():
+    """The direct call of plain implementations: pluggy's order (tryfirst first, the last registered before
+    the earlier ones, trylast last), only the arguments each names, the results that are not None."""
+    pm_calls, direct_calls = [], []
+    for calls in (pm_calls, direct_calls):
+        plugins = [_Recorder("a", calls, 1), _Recorder("b", calls), _Recorder("first", calls, 3, tryfirst=True),
+                   _Recorder("last", calls, 4, trylast=True), _Recorder("c", calls, 2)]
+        pm = _manager(*plugins)
+        kwargs = dict(run=None, batch=None, outputs={"loss": 1}, batch_idx=7)
+        results = (pm.hook if calls is pm_calls else Hooks(pm)).on_train_batch_end(**kwargs)
+        assert results == [3, 2, 1, 4]
+    assert direct_calls == pm_calls == [(n, 7, {"loss": 1}) for n in ("first", "c", "b", "a", "last")]
+
+
+def test_a_wrapper_or_a_monitored_manager_goes_through_pluggy():
+    calls, seen = [], []
+
+    class Wrapper:
+        name = "wrapper"
+
+        @csf.hookimpl(wrapper=True)
+        def on_train_batch_end(self):
+            results = yield
+            seen.append(("wrapped", results))
+            return results
+
+    hooks = Hooks(_manager(_Recorder("a", calls, 1), Wrapper()))
+    assert hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0) == [1]
+    assert seen == [("wrapped", [1])]
+
+    pm = _manager(_Recorder("a", calls, 1))
+    hooks = Hooks(pm)
+    undo = pm.add_hookcall_monitoring(lambda name, impls, kwargs: seen.append(("before", name)),
+                                      lambda outcome, name, impls, kwargs: seen.append(("after", name)))
+    hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
+    assert seen[1:] == [("before", "on_train_batch_end"), ("after", "on_train_batch_end")]
+    undo()
+    hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
+    assert len(seen) == 3 and len(calls) == 3  # not monitored any more, called all the same
+
+
+def test_a_failing_plain_implementation_is_named_and_stops_the_call():
+    calls = []
+
+    class Broken:
+        name = "broken"
+
+        @csf.hookimpl
+        def on_train_batch_end(self, batch_idx):
+            raise ValueError(f"bad batch {batch_idx}")
+
+    hooks = Hooks(_manager(_Recorder("a", calls), Broken()))  # Broken is called first (registered last)
+    with pytest.raises(PluginError, match=r"plugin 'broken' in hook 'on_train_batch_end' failed: ValueError: "
+                                          r"bad batch 3"):
+        hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=3)
+    assert calls == []  # as in pluggy: the implementations after the failing one are not called
+
+
+def test_a_firstresult_hook_returns_the_first_result_directly():
+    class Mine:
+        name = "mine"
+
+        @csf.hookimpl
+        def csframework_backend(self, device_type):
+            return "mine" if device_type == "TPU" else None
+
+    hooks = Hooks(_manager(Mine(), EagerPlugin()))
+    assert hooks.csframework_backend(device_type="TPU") == "mine"
+    assert hooks.csframework_backend(device_type="XLA") is None
+    assert hooks.csframework_backend(device_type="CPU") is not None
+
+
+def test_no_private_pluggy_name_is_used_anywhere_in_the_package():
+    """Dispatch is on pluggy's public API only: an upgrade of pluggy cannot break every run."""
+    import re
+    from pathlib import Path
+
+    import csframework
+
+    private = re.compile(r"pluggy\._|from pluggy\.\w*_|\._(?:inner_hookexec|hookexec|multicall|plugin2hookcallers)\b")
+    found = [f"{path.name}:{n}" for path in Path(csframework.__file__).parent.rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert found == []
