@@ -38,7 +38,7 @@ class RunProtocol(Protocol):
     state: RunState
     """The position, stop requests and metrics, written by the loop."""
     log: Any
-    """A bound structlog logger: ``run.log.info("event", key=value)`` lands in ``events.jsonl``."""
+    """A bound structlog logger: ``run.log.info(<event name>, key=value)`` lands in ``events.jsonl``."""
     output_dir: Path
     run_id: str
     device_type: str

@@ -5,7 +5,6 @@ victim tree beside the sweep directory stays byte-identical (``hostile.Hostile``
 the sweep directory's own files: tests/unit/test_sweep_hostile.py."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,15 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import CONF, TINY
+from fixtures import needs, CONF, TINY
 from hostile import SWEEP_TIMEOUT, Hostile, assert_bounded, assert_sweep_outcome, strict_json
 from sweep_plugin import descendants
 
 BASE = ["-m", "--config-dir", CONF, *[o for o in TINY if not o.startswith("optimizer.lr")], "loop.eval_steps=2"]
-
-
-def needs(module: str):
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
 @pytest.fixture

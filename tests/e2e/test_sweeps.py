@@ -4,7 +4,6 @@ modules: tests/unit/test_sweep.py, tests/unit/test_process_state.py)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,17 +15,12 @@ import pytest
 import torch
 import yaml
 
-from fixtures import CONF, TINY
+from fixtures import installed, needs, CONF, TINY
 
 from csframework.builtin.checkpoint import list_checkpoints, read_checkpoint
 
 FAIL_LR = "1e+30"  # a learning rate whose loss is not finite within a few steps: that job fails
 BASE = ["--config-dir", CONF, *[o for o in TINY if not o.startswith("optimizer.lr")], "loop.eval_steps=2"]
-
-
-def needs(module: str):
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                              reason=f"{module} is not installed (pip install -e '.[{module.split('_')[0]}]')")
 
 
 def sweep(sweep_dir: Path, *overrides: str, env: dict, check=None, timeout=300) -> subprocess.CompletedProcess:
@@ -118,7 +112,7 @@ def test_optuna_study_goes_on_after_a_failed_trial_and_returns_the_best(tmp_path
 def test_each_launcher_runs_a_two_job_sweep_of_the_default_model(launcher, tmp_path, cli_env):
     """Job 0 of the embedded default fails (its loss is not finite), job 1 completes, under each launcher."""
     plugin = {"submitit_local": "submitit"}.get(launcher, launcher)
-    if importlib.util.find_spec(f"hydra_plugins.hydra_{plugin}_launcher") is None:
+    if not installed(f"hydra_plugins.hydra_{plugin}_launcher"):
         pytest.skip(f"hydra-{plugin}-launcher is not installed: pip install -e '.[{plugin}]'")
     d = tmp_path / "sweep"
     r = subprocess.run([sys.executable, "-m", "csframework", "-m", f"hydra/launcher={launcher}", "optimizer=sgd",

@@ -154,3 +154,21 @@ def one_line(error: BaseException) -> str:
     text = str(error)
     assert "\n" not in text and "Traceback" not in text, text
     return text
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (a missing parent package, ``hydra_plugins``, counts as missing)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def needs(module: str):
+    """Skip a test when ``module`` (an optional extra's) is not installed."""
+    import pytest
+
+    return pytest.mark.skipif(not installed(module),
+                              reason=f"{module} is not installed (pip install -e '.[{module.split('.')[-1].split('_')[0]}]')")

@@ -477,11 +477,16 @@ def section_plugin(section, schema=Plain):
     return Sections()
 
 
+def built(plugin, output_dir, *overrides):
+    """A tiny run with ``plugin``, composed with it (its section) and then built."""
+    return csf.Run(csf.compose([*TINY_RUN, *overrides], plugins=[plugin]), plugins=[plugin], output_dir=output_dir)
+
+
 @pytest.mark.parametrize("section", ["a.b", "_target_", "_self_", "hydra", "defaults", "1st", "class", "selected",
                                      "a b", "ünï", "line\nbreak", "", 3])
 def test_a_section_with_a_reserved_or_invalid_name_is_refused_naming_plugin_and_section(tmp_path, section):
     with pytest.raises(ConfigError) as caught:
-        csf.Run([*TINY_RUN], plugins=[section_plugin(section)], output_dir=tmp_path / "run")
+        built(section_plugin(section), tmp_path / "run")
     message = one_line(caught.value)
     assert caught.value.exit_code == 2
     assert message.startswith(f"plugin 'sections' declares config section {section!r}, which "), message
@@ -490,7 +495,7 @@ def test_a_section_with_a_reserved_or_invalid_name_is_refused_naming_plugin_and_
 
 
 def test_a_valid_section_name_still_composes(tmp_path):
-    run = csf.Run([*TINY_RUN, "my_section2.value=4"], plugins=[section_plugin("my_section2")], output_dir=tmp_path)
+    run = built(section_plugin("my_section2"), tmp_path, "my_section2.value=4")
     assert run.config.my_section2.value == 4
 
 
@@ -549,7 +554,7 @@ class Slotted:
 def test_a_section_whose_defaults_its_types_cannot_hold_is_refused_naming_plugin_section_and_field(
         tmp_path, schema, detail):
     with pytest.raises(ConfigError) as caught:
-        csf.Run([*TINY_RUN], plugins=[section_plugin("mine", schema)], output_dir=tmp_path)
+        built(section_plugin("mine", schema), tmp_path)
     message = one_line(caught.value)
     assert caught.value.exit_code == 2
     assert message.startswith(f"mine: plugin 'sections' declares config section 'mine' {detail}"), message

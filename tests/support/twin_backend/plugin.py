@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import csframework as csf
 from csframework import step
 from csframework.backends.base import BackendBase, BackendSpec
+from csframework.precision import FLOAT32
 
 
 @dataclass
@@ -14,10 +15,6 @@ class TwinConfig:
     type: str = "A"
     """The backend's own kind (``A`` or ``B``), not the device type."""
     lr_scale: float = 1.0
-
-
-class Plain:
-    plain = True
 
 
 class TwinBackend(BackendBase):
@@ -31,9 +28,9 @@ class TwinBackend(BackendBase):
         return model
 
     def train_batch(self, run, batch, last):
-        outputs = step.micro_batch(run, Plain(), run.module, batch, self.accum)
+        outputs = step.micro_batch(run, FLOAT32, run.module, batch, self.accum)
         if last:
-            step.apply_gradients(run, Plain(), self.max_grad_norm)
+            step.apply_gradients(run, FLOAT32, self.max_grad_norm)
         return step.detached(outputs)
 
     def eval_batch(self, run, batch):

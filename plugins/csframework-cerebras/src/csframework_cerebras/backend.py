@@ -23,6 +23,7 @@ import torch
 from csframework import step
 from csframework.backends.base import BackendBase
 from csframework.errors import ConfigError
+from csframework.precision import FLOAT32
 
 from .data import input_fn, loader_args
 from .errors import cluster_problem, translate
@@ -100,7 +101,7 @@ class CerebrasBackend(BackendBase):
     # -- steps ------------------------------------------------------------------------------------------
     def _step(self, batch):
         self.traces += 1
-        return step.train_step(self.run, _PLAIN, self.run.module, [batch], self.max_grad_norm)
+        return step.train_step(self.run, FLOAT32, self.run.module, [batch], self.max_grad_norm)
 
     def _device_batch(self, run, batch):
         """``batch`` through cstorch's DataLoader and DataExecutor (on the device, inside the executor's step)."""
@@ -173,14 +174,6 @@ class _Compiled(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         return self._forward(*args, **kwargs)
-
-
-class _Plain:
-    """float32, no loss scaling: ``csframework.step`` calls ``loss.backward()`` and ``optimizer.step()``."""
-    plain = True
-
-
-_PLAIN = _Plain()
 
 
 def cluster_config(cstorch, cfg):
