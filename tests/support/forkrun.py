@@ -20,14 +20,12 @@ import traceback
 from pathlib import Path
 
 
-def _child(argv: list[str], env: dict, out: str, err: str) -> None:
+def run_cli_and_exit(argv: list[str], setup=lambda: None) -> None:
+    """In a forked child: ``setup()`` (redirections, environment), then the CLI's ``main()`` with ``argv``,
+    then leave with the exit status the interpreter would give (an uncaught error's traceback printed, 1)."""
     code = 1
     try:
-        os.environ.update(env)
-        for fd, path in ((1, out), (2, err)):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
+        setup()
         sys.argv = ["csframework", *argv]
         from csframework.__main__ import main
 
@@ -45,6 +43,17 @@ def _child(argv: list[str], env: dict, out: str, err: str) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _child(argv: list[str], env: dict, out: str, err: str) -> None:
+    def setup():
+        os.environ.update(env)
+        for fd, path in ((1, out), (2, err)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+
+    run_cli_and_exit(argv, setup)
 
 
 def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[dict]]:

@@ -251,8 +251,9 @@ def _serve() -> None:
 
 
 def _child(req: dict) -> None:
-    code = 1
-    try:
+    from forkrun import run_cli_and_exit
+
+    def setup():
         os.setsid()
         os.chdir(req["cwd"])
         os.environ.clear()
@@ -263,25 +264,8 @@ def _child(req: dict) -> None:
             os.dup2(target, fd)
             os.close(target)
         sys.stdin = open(0, closefd=False)
-        sys.argv = ["csframework", *req["argv"]]
-        from csframework.__main__ import main
 
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:  # noqa: BLE001 - what the interpreter prints for an uncaught error
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    run_cli_and_exit(req["argv"], setup)
 
 
 def _wait(pid: int, timeout: float) -> tuple[int | None, str]:
