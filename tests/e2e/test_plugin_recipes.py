@@ -59,7 +59,8 @@ def test_ci_installs_and_tests_the_plugin_packages_as_the_readme_says():
     step = "pip install -q ./plugins/csframework-* && python -m pytest -q plugins"
     assert len(ci) == 1 and ci[0].endswith(step) and ci[0] in (ROOT / "README.md").read_text().splitlines()
     packages = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
-    assert packages == ["csframework-early-stopping", "csframework-mlflow", "csframework-tensorboard"]
+    assert packages == ["csframework-cerebras", "csframework-early-stopping", "csframework-mlflow",
+                        "csframework-tensorboard"]
     for name in packages:
         assert f"plugins/{name}" in (ROOT / "README.md").read_text()
         assert list((ROOT / "plugins" / name / "tests").glob("test_*.py"))
