@@ -89,8 +89,17 @@ class CheckpointWriteError(CsfError):
     """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
 
 
-class DamagedCheckpoint(ValueError):
-    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+class DamagedCheckpoint(CsfError, ValueError):
+    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data. The
+    message names the checkpoint and the file."""
+
+
+class CheckpointNotFound(CsfError, FileNotFoundError):
+    """``csf.load_checkpoint``: the path is no checkpoint, checkpoints/ or run directory, or the run has no
+    checkpoint that ``which`` names (none yet, no best kept, no such step). The message names the path and
+    what it holds."""
+
+    exit_code = 2
 
 
 class UnreadableCheckpoints(ConfigError):
