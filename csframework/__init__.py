@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from .errors import (CheckpointWriteError, CompileError, ConfigError, CsfError, NonFiniteLossError, PluginError,
-                     TracingError, ValidationError)
+from .errors import (CheckpointWriteError, CompileError, ConfigError, CsfError, ModelError, NonFiniteLossError,
+                     PluginError, TracingError, ValidationError)
 from .hookspecs import hookimpl, hookspec
 
 #: Public names loaded on first use: name -> module.
@@ -25,7 +25,7 @@ _MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
 
 __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
            "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
-           "CheckpointWriteError", "Interrupted", "csx", "__version__"]
+           "ModelError", "CheckpointWriteError", "Interrupted", "csx", "__version__"]
 
 
 def __getattr__(name: str):
