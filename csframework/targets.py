@@ -64,10 +64,13 @@ def call(key: str, path: str, function: Callable, *args: Any, **kwargs: Any) -> 
 
 
 def _targets(node: Any, key: str) -> Iterator[tuple[str, str]]:
-    """``(key, dotted path)`` of every ``_target_`` string in ``node``, outermost first."""
+    """``(key, dotted path)`` of every ``_target_`` string in ``node`` that Hydra would build, outermost first
+    (not below ``_recursive_: false``: the target builds those itself, if at all)."""
     if isinstance(node, dict):
         if isinstance(node.get("_target_"), str):
             yield key, node["_target_"]
+            if node.get("_recursive_") is False:
+                return
         for name, value in node.items():
             yield from _targets(value, f"{key}.{name}")
     elif isinstance(node, list):

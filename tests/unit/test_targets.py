@@ -71,3 +71,9 @@ def test_a_misspelled_primary_config_gets_did_you_mean(tmp_path):
         csf.compose(config_dir=str(tmp_path), config_name="mien")
     assert str(caught.value) == ("--config-name: no primary config 'mien' in the config search path (available: "
                                  "config, mine); did you mean `--config-name mine`?")
+
+
+def test_targets_below_recursive_false_are_left_to_the_target():
+    built = targets.build({"_target_": "collections.OrderedDict", "_recursive_": False,
+                           "inner": {"_target_": "csf_no_such_module.Thing"}}, "model")
+    assert built == {"inner": {"_target_": "csf_no_such_module.Thing"}}  # never imported, as Hydra leaves it
