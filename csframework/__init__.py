@@ -16,7 +16,7 @@ import importlib
 import warnings
 
 from .errors import (CheckpointNotFound, CheckpointWriteError, CompileError, ConfigError, CsfError, DamagedCheckpoint,
-                     NonFiniteLossError, PluginError, TracingError, ValidationError)
+                     ModelError, NonFiniteLossError, PluginError, TracingError, ValidationError)
 from .hookspecs import hookimpl, hookspec
 
 #: Public names loaded on first use: name -> module.
@@ -27,8 +27,8 @@ _MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
 
 __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
            "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
-           "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "Interrupted", "load_checkpoint",
-           "Checkpoint", "csx", "__version__"]
+           "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "Interrupted",
+           "load_checkpoint", "Checkpoint", "csx", "__version__"]
 
 
 def __getattr__(name: str):

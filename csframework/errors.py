@@ -81,6 +81,14 @@ class CompileError(CsfError):
     """CSX: the graph changed between iterations, or the step cannot be compiled."""
 
 
+class ModelError(CsfError):
+    """``model.forward`` returned a loss that cannot be trained on (a vector, an integer, a number, one
+    outside the autograd graph): found when its backward fails (the first step), named ``model.forward``
+    with what it returned. Exit status 2, as a bad config's: the user's code is to change."""
+
+    exit_code = 2
+
+
 class NonFiniteLossError(CsfError):
     """The loss became NaN or infinite; the message names the step."""
 

@@ -17,11 +17,10 @@ def loader_args(run) -> tuple[dict, int, int, int]:
 
 def input_fn(data: dict, seed: int, epoch: int, start: int) -> Any:
     """csframework's training batches of ``epoch`` from batch ``start`` on (one process's share)."""
-    from hydra.utils import instantiate
-
     from csframework.data import build_collate, epoch_batches, make_loader
+    from csframework.targets import build
 
-    train = instantiate(data["train"], _convert_="all")
+    train = build(data["train"], "data.train")
     loader = make_loader(train, data["batch_size"], shuffle=data["shuffle"], drop_last=data["drop_last"], seed=seed,
                          num_workers=0, collate_fn=build_collate(data.get("collate_fn")),
                          batched_fetch=data.get("batched_fetch", True), role="data.train")
