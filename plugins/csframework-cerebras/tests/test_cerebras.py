@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("cerebras.pytorch", reason="cerebras-pytorch is not installed (it has its own venv: see README)")
 
-from conftest import BRIDGE, COMPARED, cli  # noqa: E402
+from bridge_runs import BRIDGE, COMPARED, cli  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TINY = ["loop.eval_every=4"]

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("cerebras.pytorch", reason="cerebras-pytorch is not installed (it has its own venv: see README)")
 
-from conftest import BRIDGE, EMULATOR, HERE, cli  # noqa: E402
+from bridge_runs import BRIDGE, EMULATOR, HERE, cli  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REAL_TRACER = ["backend=cerebras", "backend.compile_only=true"]
