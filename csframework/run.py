@@ -357,10 +357,15 @@ class Run:
         data = self._data_state()
         # a short last batch made the dataset's iterator end: its state is already the next pass's
         pass_ended = data is not None and self.train_loader.dataset.pass_ended
+        whole: dict[str, Any]
+        if sharded:
+            whole = {"sharded": True}
+        else:
+            model, optimizer = self.backend.checkpoint_state(self.model, self.optimizer)
+            whole = {"model": model, "optimizer": plain_rates(optimizer)}
         return {
             "version": STATE_VERSION,
-            **({"sharded": True} if sharded else {"model": self.model.state_dict(),
-                                                  "optimizer": plain_rates(self.optimizer.state_dict())}),
+            **whole,
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),

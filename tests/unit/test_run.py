@@ -186,6 +186,20 @@ def test_resume_auto_extends_a_completed_run(tmp_path):
         torch.testing.assert_close(resumed["model"][name], value, msg=name)
 
 
+def test_a_checkpoint_holds_the_state_the_backend_hands_out(tmp_path, monkeypatch):
+    """``Backend.checkpoint_state``: a backend whose state lives on a device that hands it out only at some
+    steps (the Cerebras bridge's checkpoint closure) gives the checkpoint the state it fetched there."""
+    from csframework.backends.eager import EagerBackend
+
+    def fetched(self, model, optimizer):
+        return {k: torch.full_like(v, 7.0) for k, v in model.state_dict().items()}, optimizer.state_dict()
+
+    monkeypatch.setattr(EagerBackend, "checkpoint_state", fetched, raising=False)
+    fit(tmp_path, "loop.max_steps=2")
+    state, _ = read_checkpoint(list_checkpoints(tmp_path / "checkpoints")[-1])
+    assert state["model"] and all(bool((v == 7.0).all()) for v in state["model"].values())
+
+
 # -- 8. stages, precision, clipping, epochs, check --------------------------------------------------------------
 class StageWatcher:
     name = "stage_watcher"
