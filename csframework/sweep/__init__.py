@@ -21,6 +21,7 @@ from ..files import SafeDir
 from ..signals import exit_status, signal_name
 from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, describe, exit_status_of, handling_stop_signals,
                   mark_interrupted, reset_stop, run_sweep_job)
+from .plot import PLOT, PLOT_SVG
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, load_rows, locked, read_rows, rebuild_rows, record_row,
                     row_overrides, write_table)
 
@@ -32,7 +33,7 @@ _OBJECTIVE = "val/loss"
 #: What Hydra writes in the sweep directory itself (with ``OmegaConf.save``: following links, truncating).
 MULTIRUN_YAML, OPTUNA_RESULTS = "multirun.yaml", "optimization_results.yaml"
 #: Files csframework or Hydra write in the sweep directory: a directory in their place is refused.
-_FILES = (MULTIRUN_YAML, OPTUNA_RESULTS, TABLE_JSON, TABLE_CSV, "sweep.png", LOCK, INTERRUPTED, REFUSED)
+_FILES = (MULTIRUN_YAML, OPTUNA_RESULTS, TABLE_JSON, TABLE_CSV, PLOT, PLOT_SVG, LOCK, INTERRUPTED, REFUSED)
 
 
 class SweepCallback(Callback):

@@ -7,6 +7,12 @@ signal finishes the step, checkpoints, marks the sweep interrupted (``.interrupt
 directory, which later jobs see and do not start) and returns too, also when it came after the job's
 last step (during its final checkpoint). Either way the job's row is added to the sweep table as it ends.
 
+A failed job's directory holds its failure as a run's does: a job that failed before its run wrote anything
+(its model, data or backend could not be built, its config was refused) gets a ``fit_failed`` event in
+``events.jsonl`` and a ``summary.json`` with ``status: failed`` and the error, unless an earlier run's
+``summary.json`` is there (a rerun refused before it began must not overwrite it) or another run holds
+the directory.
+
 Under ``checkpoint.resume=auto`` a job counts as completed before only when its ``summary.json`` is
 well-formed, says ``completed`` and agrees with the job's own checkpoints (the newest is at the summary's
 ``global_step``); anything else is run again (resuming from its checkpoints) with a one-line note.
@@ -27,12 +33,15 @@ import signal
 import sys
 import threading
 import time
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import structlog
 
-from ..errors import CsfError, UnsafePathError, printable
+from ..errors import CsfError, RunDirInUse, UnsafePathError, one_line, printable
 from ..files import SafeDir
+from ..jsonout import dumps
 from ..process_state import clean_process_state
 from ..signals import Interrupted, caught_stop_signal, exit_status, forget_stop_signals, signal_name
 from .table import (make_row, override_columns, read_rows, read_summary, record_row,
@@ -307,7 +316,7 @@ def _run_sweep_job(cfg, run_job) -> float | None:
         if why:
             _say(f"{describe(num, overrides)}: {why}; running it again (from its checkpoints, if any)")
 
-    status, started = "failed", time.time()
+    status, started, failure = "failed", time.time(), None
     forget_stop_signals()
     _job_caught.clear()
     try:
@@ -341,12 +350,58 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             _say(f"{describe(num, overrides)} interrupted by {signal_name(stop)}: {message}")
         else:
             _say(f"{describe(num, overrides)} failed: {message}")
+            failure = e
     finally:
         summary, _ = read_summary(job, since=started)
+        if failure is not None and summary is None and not isinstance(failure, (RunDirInUse, UnsafePathError)):
+            summary = _record_failure(job, cfg, failure, started, num, sweep_dir)
         _record(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
     if status != "completed":
         return None
     return _objective(num, overrides, summary, objective)
+
+
+def _record_failure(job: SafeDir, cfg, error: BaseException, started: float, num: int,
+                    sweep_dir: Path) -> dict | None:
+    """A failed job whose run did not record its failure (it failed before its run wrote anything: its
+    model could not be built, say) gets what a failed run leaves: a ``<mode>_failed`` event appended to
+    ``events.jsonl`` (unless its run logged since ``started``: then it logged its failure itself) and a
+    ``summary.json`` with ``status: failed`` and the error on one line, unless one is there already (an
+    earlier run's stays). Returns the summary written, else None; a directory that refuses costs one line."""
+    from ..builtin.metrics import command_line
+
+    mode = "validate" if str(cfg.get("mode", "fit")) == "validate" else "fit"
+    stage = next(iter(cfg.get("stages") or {}), "main")
+    run_id = uuid.uuid4().hex[:12]
+    message = f"{type(error).__name__}: {one_line(error)}"
+    try:
+        if not _written_since(job, "events.jsonl", started):
+            event = {"event": f"{mode}_failed", "level": "error",
+                     "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),  # as structlog's
+                     "run_id": run_id, "stage": stage,
+                     "step": 0, "job": num, "sweep_dir": str(sweep_dir), "error": message}
+            with job.append("events.jsonl") as f:
+                f.write(dumps(event, where=f"event {event['event']!r}") + "\n")
+        if job.kind("summary.json") is not None:
+            return None
+        summary: dict = {"status": "failed", "mode": mode, "global_step": 0,
+                   "device_type": str(cfg.get("device", {}).get("type", "")).upper(), "stage": stage,
+                   "metrics": {}, "run_id": run_id, "command_line": command_line(), "error": message}
+        job.write("summary.json", dumps(summary, indent=2, where="summary.json"))
+        return summary
+    except (OSError, CsfError) as e:
+        _say(f"job {num}: its failure is not recorded in {printable(str(job.path))}: "
+             f"{printable(' '.join(str(e).split()))}")
+        return None
+
+
+def _written_since(job: SafeDir, name: str, since: float) -> bool:
+    """Whether ``name`` in the job's directory was written at or after ``since`` (a time.time())."""
+    try:
+        with job.opened(create=False) as fd:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime >= since
+    except FileNotFoundError:
+        return False
 
 
 def _signal_seen() -> int | None:
