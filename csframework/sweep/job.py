@@ -44,12 +44,13 @@ from ..files import SafeDir
 from ..jsonout import dumps
 from ..process_state import clean_process_state
 from ..signals import Interrupted, caught_stop_signal, exit_status, forget_stop_signals, signal_name
-from .table import (make_row, override_columns, read_rows, read_summary, record_row,
+from .table import (locked, make_row, override_columns, read_rows, read_summary, record_row,
                     row_overrides)
 
 INTERRUPTED = ".interrupted"
 REFUSED = ".refused"  # jobs of this multirun not run because their run directory belongs to another sweep
 JOBS = ".jobs"  # one file per job process running now (its pid), for the parent to forward signals to
+SAID = ".said"  # the warnings a job of this multirun has shown on the console, one key a line
 PARENT_ENV = "CSFRAMEWORK_SWEEP_PARENT"  # the pid of the multirun's parent, inherited by worker processes
 #: How often a worker's watchdog looks for the multirun's parent, and how long a running job then has to
 #: save its checkpoint before the worker exits anyway.
@@ -57,6 +58,8 @@ WATCHDOG_POLL_S = 0.5
 WATCHDOG_GRACE_S = 10.0
 
 _stopped: list[int] = []  # the stop signal this process saw during this multirun (if .interrupted is lost)
+_sweep_of_job: list[Path] = []  # the sweep directory of the job running in this process, while it runs
+_MAX_SAID_BYTES = 1 << 16
 _job_caught: list[int] = []  # the stop signals the running job's set-up caught (``_job_signals``)
 
 
@@ -100,6 +103,29 @@ def objective_of(summary: dict | None, objective: str) -> float | None:
     """The objective's value in a well-formed summary (``"NaN"`` and the infinities as floats)."""
     value = (summary or {}).get("metrics", {}).get(objective)
     return float(value) if value is not None else None
+
+
+def first_in_sweep(key: str) -> bool:
+    """Whether the job running in this process is the first of its multirun to show the warning ``key`` on
+    the console: a warning every job would repeat (a default too long for a short run, say) is shown once
+    per sweep, and recorded in every job's ``events.jsonl``. Kept in the sweep directory's ``.said``, under
+    the table's lock, so jobs in other processes (joblib, submitit, Ray) see it too. True outside a sweep
+    job, and whenever the record cannot be read or written (a warning shown twice beats one lost)."""
+    if not _sweep_of_job:
+        return True
+    sweep_dir = _sweep_of_job[-1]
+    try:
+        with locked(sweep_dir):
+            sweep = SafeDir(sweep_dir)
+            said = sweep.read(SAID, _MAX_SAID_BYTES).decode("utf-8", "replace").splitlines() \
+                if sweep.kind(SAID) is not None else []
+            if key in said:
+                return False
+            with sweep.append(SAID) as f:
+                f.write(key + "\n")
+        return True
+    except (OSError, ValueError, CsfError):
+        return True
 
 
 def describe(num: int, overrides: list[str]) -> str:
@@ -325,7 +351,11 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             threads = default_threads(hc)
             if threads and not cfg.backend.get("threads"):
                 torch.set_num_threads(threads)
-            run_job(cfg, overrides)
+            _sweep_of_job.append(sweep_dir)
+            try:
+                run_job(cfg, overrides)
+            finally:
+                _sweep_of_job.clear()
         status = "completed"
         late = _signal_seen()
         if late is not None:  # it came after the last step: fit saved and completed, the sweep still stops
@@ -443,6 +473,6 @@ def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
     return 1 if refused or any(r.get("status") != "completed" for r in rows) else 0
 
 
-__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "completed_before", "describe",
+__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "SAID", "completed_before", "describe", "first_in_sweep",
            "exit_status_of", "handling_stop_signals", "interrupted_by", "job_dir", "mark_interrupted",
            "run_sweep_job", "start_watchdog"]
