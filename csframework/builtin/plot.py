@@ -55,8 +55,9 @@ def _tick(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e6 else f"{value:.3g}"
 
 
-def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "", *, x: int = 0, x_label: str = "step",
-              y_label: str = "", lines: bool = True, log_x: bool = False, categories: list[str] | None = None) -> str:
+def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "", *, x: int = 0,
+              x_label: str = "step", y_label: str = "", lines: bool = True, log_x: bool = False,
+              categories: list[str] | None = None) -> str:
     """The one SVG writer (curves.svg, sweep.svg): a chart of each series (``{name: [(x, value), ...]}``) as an
     ``<svg>`` element ``x`` pixels from the left of its document (alone, a document itself), with axis ranges,
     labels and a legend. ``lines=False`` draws markers only (a scatter); ``log_x`` a log10 x axis (positive
@@ -94,7 +95,8 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = 
     else:
         log = " (log)" if log_x else ""
         parts += [f'<text x="{PAD}" y="{HEIGHT - PAD + 16}">{label(x0)}</text>',
-                  f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">{x_label}{log} {label(x1)}</text>']
+                  f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">'
+                  f'{x_label}{log} {label(x1)}</text>']
     for i, (name, values) in enumerate(sorted(series.items())):
         colour = COLOURS[i % len(COLOURS)]
         if lines:

@@ -53,7 +53,8 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
     except OmegaConfBaseException as e:
         disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
         problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
-        raise ConfigError(problem or describe_missing_interpolation(e, cfg, choices, overridden) or describe_error(e)) from e
+        raise ConfigError(problem or describe_missing_interpolation(e, cfg, choices, overridden)
+                          or describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends, named)
     run.selected = tuple(selected)  # type: ignore[misc]  # this run's groups, over the ClassVar's default (not a field: never composed)
     return run
@@ -70,7 +71,8 @@ def composition_record(cfg: DictConfig) -> tuple[dict[str, Any], set[str]]:
         hydra = HydraConfig.get() if HydraConfig.initialized() else None
     choices = OmegaConf.select(hydra, "runtime.choices", default=None) if hydra is not None else None
     task = OmegaConf.select(hydra, "overrides.task", default=None) if hydra is not None else None
-    typed = cast("list[str]", OmegaConf.to_container(task, resolve=False)) if task is not None else []  # `${...}` unresolved
+    # as typed: an override's `${...}` is not resolved
+    typed = cast("list[str]", OmegaConf.to_container(task, resolve=False)) if task is not None else []
     overridden = {str(o).split("=", 1)[0].lstrip("+~") for o in typed}
     return dict(choices or {}), overridden
 

@@ -406,17 +406,16 @@ def _record_failure(job: SafeDir, cfg, error: BaseException, started: float, num
     message = f"{type(error).__name__}: {one_line(error)}"
     try:
         if not _written_since(job, "events.jsonl", started):
-            event = {"event": f"{mode}_failed", "level": "error",
-                     "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),  # as structlog's
-                     "run_id": run_id, "stage": stage,
-                     "step": 0, "job": num, "sweep_dir": str(sweep_dir), "error": message}
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # as the logging plugin writes it
+            event = {"event": f"{mode}_failed", "level": "error", "timestamp": now, "run_id": run_id,
+                     "stage": stage, "step": 0, "job": num, "sweep_dir": str(sweep_dir), "error": message}
             with job.append("events.jsonl") as f:
                 f.write(dumps(event, where=f"event {event['event']!r}") + "\n")
         if job.kind("summary.json") is not None:
             return None
         summary: dict = {"status": "failed", "mode": mode, "global_step": 0,
-                   "device_type": str(cfg.get("device", {}).get("type", "")).upper(), "stage": stage,
-                   "metrics": {}, "run_id": run_id, "command_line": command_line(), "error": message}
+                         "device_type": str(cfg.get("device", {}).get("type", "")).upper(), "stage": stage,
+                         "metrics": {}, "run_id": run_id, "command_line": command_line(), "error": message}
         job.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         return summary
     except (OSError, CsfError) as e:

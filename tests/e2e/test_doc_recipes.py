@@ -269,7 +269,8 @@ def toy_backend(work: Path) -> dict:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
     group = points["project"]["entry-points"]["csframework.plugins"]
-    (info / "entry_points.txt").write_text("[csframework.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in group.items()))
+    (info / "entry_points.txt").write_text("[csframework.plugins]\n"
+                                           + "".join(f"{k} = {v}\n" for k, v in group.items()))
     return {"PYTHONPATH": fixtures.pythonpath(str(work / "site")), "CSFRAMEWORK_PLUGINS_AUTOLOAD": ",".join(group)}
 
 
