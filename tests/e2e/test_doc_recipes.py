@@ -144,6 +144,13 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("README.md", "# csframework-target/tests/test_target.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
     ("README.md", "conf/                 config.yaml"): NotARecipe("the project's layout"),
+    ("README.md", "csframework: error: model._target_: brokenmd.MLP: no module "): Elsewhere(
+        "tests/e2e/test_user_code_errors.py", "the CLI prints these lines (checked against the README there)"),
+    ("README.md", "cd examples/classify"): Elsewhere(
+        "tests/e2e/test_weights_out.py", "trained as written"),
+    ("README.md", "import torch"): Elsewhere(
+        "tests/e2e/test_weights_out.py",
+        "run as written after that training"),
     ("README.md", "python -m csframework backend.compile=true "): Run(skip={"device=gpu": GPU}),
     ("docs/architecture.md", "__main__.py (CLI)"): NotARecipe("the modules and what each does"),
     ("docs/architecture.md", "for each micro-batch"): NotARecipe("pseudo-code of one optimizer step"),
