@@ -159,6 +159,11 @@ class Backend(Protocol):
     def finish(self) -> None:
         """The stage or fit ended (however): wait, bounded, for collectives still in flight."""
 
+    def fused_optimizer(self, model: torch.nn.Module) -> bool:
+        """Whether the stage's built-in optimizer is built with torch's fused implementation (asked before it
+        is built; the eager backend under dynamic loss scaling, so that an overflowing step is skipped on the
+        device)."""
+
     def checkpoint_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """The model's and the optimizer's state dicts as a whole (not ``sharded``) checkpoint holds them:
         host tensors and plain values (``Run.state_dict``). A backend whose state lives on a device that

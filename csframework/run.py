@@ -183,7 +183,8 @@ class Run:
         self.module = self.backend.prepare_model(self.model)
         self.train_loader, self.val_loader = self._loaders(cfg)
         try:
-            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
+            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer,
+                                             fused=self.backend.fused_optimizer(self.model))
         except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
             raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))

@@ -136,16 +136,16 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, tota
     return Schedule(optimizer, cfg, total_steps)
 
 
-def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg``: the class of ``_target_``, or the built-in one ``cfg.name`` names."""
+def build_optimizer(params, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg``: the class of ``_target_``, or the built-in one ``cfg.name`` names (torch's
+    fused implementation with ``fused``: ``precision.FUSED_SKIPPING``)."""
     if cfg._target_:
         cls, kwargs = optimizer_spec(cfg)
         return call("optimizer", cfg._target_, cls, params, **kwargs)
     name = getattr(cfg.name, "value", cfg.name)
+    kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
     if name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               momentum=cfg.momentum or 0.0, nesterov=bool(cfg.nesterov))
-    kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, momentum=cfg.momentum or 0.0, nesterov=bool(cfg.nesterov), **kwargs)
     if cfg.betas is not None:
         kwargs["betas"] = tuple(cfg.betas)
     if cfg.eps is not None:

@@ -11,7 +11,7 @@ them, TorchInductor generates their code):
   not a recompilation; built-in optimizers run their ``foreach`` path with ``capturable`` state (the fastest
   compiled update measured: docs/performance.md). Under dynamic loss scaling the update runs eagerly, through
   ``GradScaler.step`` (torch's optimizers run fused there and skip an overflowing step on the device:
-  ``precision.skip_on_device``);
+  ``precision.FUSED_SKIPPING``);
 * ``evaluate``: evaluation's forward and loss.
 
 Zeroing the gradients (``set_to_none``) is no operation. Plugin hooks run between the compiled functions, as

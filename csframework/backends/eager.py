@@ -218,11 +218,13 @@ class EagerBackend(BackendBase):
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
+    def fused_optimizer(self, model: torch.nn.Module) -> bool:
+        """Under dynamic loss scaling: so that no step waits for the device (``precision.FUSED_SKIPPING``)."""
+        return self.precision.fused_optimizer(model)
+
     def attach(self, run) -> None:
-        """Fit the precision policy to the stage's optimizer (``Precision.prepare``); under ``backend.compile``
-        set up the compiled step (it needs that optimizer)."""
-        self.trained = (run.optimizer, run.model)
-        self.precision.prepare(*self.trained)
+        """Under ``backend.compile``: set up the compiled step (it needs the stage's optimizer)."""
+        self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
         if self.compile:
             self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                          sharded=self.sharded, **self.compile_settings)
