@@ -125,12 +125,12 @@ def finished(run: RunProtocol) -> bool:
 
 def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
-    last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's outputs are kept for the next log, a loss
-    not finite on the host stops the run, the metrics are logged (``loop.log_every``, and the final step),
-    the evaluation runs (``loop.eval_every``, and the final step), a stop signal makes this step the last,
-    ``on_train_batch_end`` fires for the batch and ``on_train_step_end`` for the step (the checkpoint plugin
-    saves there, after that evaluation: a checkpoint holds the metrics of its step's evaluation), and a
-    stopped run ends (``Interrupted``)."""
+    last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
+    outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
+    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every``, and the final step),
+    a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
+    ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
+    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``)."""
     state, loop = run.state, run.stage_config.loop
     run.scheduler.step()
     state.add_outputs(outputs)

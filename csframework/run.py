@@ -250,7 +250,7 @@ class Run:
             self.hooks.on_fit_start(run=self)
             if not self.backend.dry_run and loop.finished(self):  # resumed from the checkpoint of its end
                 self.already_complete, self.status = True, "completed"
-                self.log.info("already_complete", step=self.global_step)
+                self.log.info("already_complete")
             else:
                 self.status = loop.fit(self)
             _leave_if_forked(owner)
