@@ -3,6 +3,7 @@
     import csframework as csf
     cfg = csf.compose(["device=csx", "loop.max_steps=50"])
     summary = csf.Run(cfg, plugins=[MyPlugin()]).fit()
+    model.load_state_dict(csf.load_checkpoint("outputs/my-run", which="best").model)
 
 Importing the package loads only the errors and the hook markers; ``Run``, ``compose``, the rest and even
 ``__version__`` load on first use, so ``csframework.config`` (the schemas) can be imported without the
@@ -14,18 +15,20 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from .errors import (CheckpointWriteError, CompileError, ConfigError, CsfError, NonFiniteLossError, PluginError,
-                     TracingError, ValidationError)
+from .errors import (CheckpointNotFound, CheckpointWriteError, CompileError, ConfigError, CsfError, DamagedCheckpoint,
+                     ModelError, NonFiniteLossError, PluginError, TracingError, ValidationError)
 from .hookspecs import hookimpl, hookspec
 
 #: Public names loaded on first use: name -> module.
 _LAZY = {"Run": ".run", "compose": ".api", "RunConfig": ".config", "RunState": ".state",
-         "Interrupted": ".signals"}
+         "Interrupted": ".signals", "load_checkpoint": ".weights",
+         "Checkpoint": ".weights"}
 _MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
 
 __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
            "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
-           "CheckpointWriteError", "Interrupted", "csx", "__version__"]
+           "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "Interrupted",
+           "load_checkpoint", "Checkpoint", "csx", "__version__"]
 
 
 def __getattr__(name: str):

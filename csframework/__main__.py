@@ -15,7 +15,8 @@ with the parents this process created for it when nothing was written there (``m
 run, a torchrun rank other than 0, which writes into rank 0's directory).
 
 Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
-rejected run or a plugin whose hooks match no hook (nothing trained, no checkpoint); 130 stopped by SIGINT
+rejected run, a plugin whose hooks match no hook, a ``_target_`` that does not import or build, or a loss
+``model.forward`` returns that cannot be trained on (nothing trained, no checkpoint); 130 stopped by SIGINT
 and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
 ``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
 failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
@@ -71,13 +72,15 @@ def precompose(argv: list[str], found) -> Path | None:
         if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
             for job, swept in sweep_samples(args.overrides):
                 try:
-                    to_run_config(hydra_session.compose_dict(job, args.config_dir, name, sections=found.sections),
+                    to_run_config(hydra_session.compose_dict(job, args.config_dir, name, sections=found.sections,
+                                                             disabled=found.disabled),
                                   explicit_groups(job), backends=found.schemas, sections=found.sections,
                                   named=found.named)
                 except ConfigError as e:
                     raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
         return None
-    cfg = hydra_session.compose_dict(args.overrides, args.config_dir, name, sections=found.sections)
+    cfg = hydra_session.compose_dict(args.overrides, args.config_dir, name, sections=found.sections,
+                                     disabled=found.disabled)
     to_run_config(cfg, explicit_groups(args.overrides), backends=found.schemas, sections=found.sections,
                   named=found.named)
     return Path(hydra_session.resolve_run_dir(cfg)).absolute()
@@ -210,7 +213,8 @@ def main() -> None:
         found = api.command_line_composition(args.overrides if args is not None else [])
         if is_single_run(args):
             composed = hydra_session.compose_run(args.overrides, args.config_dir, args.config_name or "config",
-                                                 backends=found.schemas, sections=found.sections, named=found.named)
+                                                 backends=found.schemas, sections=found.sections, named=found.named,
+                                                 disabled=found.disabled)
         if composed is None:
             run_dir = precompose(sys.argv[1:], found)
         check_run_dir(Path(composed.run_dir) if composed is not None else run_dir)

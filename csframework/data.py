@@ -195,20 +195,14 @@ def build_collate(spec: Any, key: str = "data.collate_fn"):
     keys are bound as keyword arguments) or a class (built with them; its instances are called)."""
     if spec is None:
         return None
-    from hydra.utils import instantiate
-
-    from .errors import ConfigError
-    from .hydra_session import locate
     from .schedule import plain
+    from .targets import build, locate
 
     spec = {"_target_": spec} if isinstance(spec, str) else plain(spec)
     target = spec.pop("_target_", None)
-    try:
-        found = locate(target)
-        made = instantiate({"_target_": target, **spec}) if isinstance(found, type) else (
-            functools.partial(found, **spec) if spec else found)
-    except Exception as e:
-        raise ConfigError(f"{key}: could not build '{target}': " + " ".join(str(e).split())) from e
+    found = locate(target, f"{key}._target_")
+    made = build({"_target_": target, **spec}, key) if isinstance(found, type) else (
+        functools.partial(found, **spec) if spec else found)
     if not callable(made):
         raise ConfigError(f"{key}: '{target}' built a {type(made).__name__}, which is not callable")
     return made

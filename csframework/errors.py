@@ -81,6 +81,14 @@ class CompileError(CsfError):
     """CSX: the graph changed between iterations, or the step cannot be compiled."""
 
 
+class ModelError(CsfError):
+    """``model.forward`` returned a loss that cannot be trained on (a vector, an integer, a number, one
+    outside the autograd graph): found when its backward fails (the first step), named ``model.forward``
+    with what it returned. Exit status 2, as a bad config's: the user's code is to change."""
+
+    exit_code = 2
+
+
 class NonFiniteLossError(CsfError):
     """The loss became NaN or infinite; the message names the step."""
 
@@ -89,8 +97,17 @@ class CheckpointWriteError(CsfError):
     """A checkpoint could not be written (disk full, permissions ...); the previous ones are intact."""
 
 
-class DamagedCheckpoint(ValueError):
-    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data."""
+class DamagedCheckpoint(CsfError, ValueError):
+    """A checkpoint directory is incomplete, fails its checksums, or holds something other than data. The
+    message names the checkpoint and the file."""
+
+
+class CheckpointNotFound(CsfError, FileNotFoundError):
+    """``csf.load_checkpoint``: the path is no checkpoint, checkpoints/ or run directory, or the run has no
+    checkpoint that ``which`` names (none yet, no best kept, no such step). The message names the path and
+    what it holds."""
+
+    exit_code = 2
 
 
 class UnreadableCheckpoints(ConfigError):

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .config import (RunConfig, cached_schema, check_config_files, describe_error, disabled_section,
                      explicit_groups, to_run_config, user_config_dirs)
+from .config.describe import closest
 from .errors import ConfigError
 
 #: csframework's own configs (``conf/``, shipped as ``csframework.conf``): what ``@hydra.main``'s
@@ -96,19 +97,27 @@ def main_app(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
     return hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")(task)
 
 
-def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, from_shell: bool):
-    """The one composition: checks the user's config files (``check_config_files``), creates the Hydra
+def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, from_shell: bool,
+             sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()):
+    """The one composition: checks the overrides (a setting of a ``disabled`` plugin's section, which is
+    gone: not among ``sections``) and the user's config files (``check_config_files``), creates the Hydra
     instance (``GlobalHydra`` set) searching ``config_dir`` and then csframework's configs, as the CLI's
     ``--config-dir`` does, and composes ``config_name`` with ``overrides`` for a run. Returns
     ``(hydra, cfg)``, ``cfg`` with its ``hydra`` node; ``from_shell``: the overrides came from a command
     line (the command line's run: Hydra's logging configured too). Raises ``ConfigError`` (one line naming
-    the key or file) with ``GlobalHydra`` cleared."""
+    the key or file; a primary config that is not there, with the ones that are) with ``GlobalHydra``
+    cleared."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import MissingConfigException
     from hydra.types import RunMode
 
+    for item in overrides:
+        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
+        if problem:
+            raise ConfigError(problem)
     check_config_files(user_config_dirs(overrides, config_dir))
     search_path = create_config_search_path(CONFIG_PATH)  # what @hydra.main's config_path gives
     if config_dir is not None:
@@ -119,9 +128,24 @@ def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, 
     GlobalHydra.instance().clear()
     with _composition_errors():
         hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=search_path)  # sets GlobalHydra
-        cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN,
-                                   with_log_configuration=from_shell, from_shell=from_shell)
+        try:
+            cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN,
+                                       with_log_configuration=from_shell, from_shell=from_shell)
+        except MissingConfigException as e:
+            if e.missing_cfg_file != config_name:
+                raise
+            raise ConfigError(_missing_primary(config_name, hydra)) from e
         return hydra, cfg
+
+
+def _missing_primary(config_name: str, hydra) -> str:
+    """The error for a primary config (``--config-name``) that is not in the search path: the ones that
+    are, and the closest ("did you mean", as for a group's options)."""
+    found = [n for n in hydra.config_loader.get_group_options("") if not n.startswith("_") and n != SCHEMA_NAME]
+    close = closest(config_name, found)
+    hint = f"; did you mean `--config-name {close}`?" if close else ""
+    return (f"--config-name: no primary config '{config_name}' in the config search path (available: "
+            f"{', '.join(found) or 'none'}){hint}")
 
 
 @contextlib.contextmanager
@@ -156,15 +180,18 @@ def resolve_run_dir(cfg: DictConfig) -> str:
 
 
 def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
-                 config_files: Iterable[str] = (), sections: Mapping[str, type] | None = None) -> DictConfig:
+                 config_files: Iterable[str] = (), sections: Mapping[str, type] | None = None,
+                 disabled: Iterable[str] = ()) -> DictConfig:
     """The composed ``DictConfig`` (with the ``hydra`` node, its run directory checked), searching
-    ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does. Raises ``ConfigError``."""
+    ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does; ``disabled``: the
+    disabled plugins, whose sections are gone (setting one says so). Raises ``ConfigError``."""
     from hydra.core.global_hydra import GlobalHydra
 
     register_schemas(sections)
     register_config_files(config_files)
     try:
-        _, cfg = _compose(list(overrides), config_dir, config_name, from_shell=False)
+        _, cfg = _compose(list(overrides), config_dir, config_name, from_shell=False, sections=sections,
+                          disabled=disabled)
         with _composition_errors():
             resolve_run_dir(cfg)
         return cfg
@@ -186,11 +213,8 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     contributions.)
     """
     overrides = list(overrides)
-    for item in overrides:
-        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
-        if problem:
-            raise ConfigError(problem)
-    cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections)
+    cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections,
+                       disabled=disabled)
     return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections, named=named)
 
 
@@ -213,13 +237,14 @@ class ComposedRun:
 
 def compose_run(overrides: Sequence[str], config_dir: str | None, config_name: str, *,
                 backends: Mapping[str, type], sections: Mapping[str, type] | None = None,
-                named: Mapping[str, tuple[str, type]] | None = None) -> ComposedRun | None:
+                named: Mapping[str, tuple[str, type]] | None = None,
+                disabled: Iterable[str] = ()) -> ComposedRun | None:
     """Compose a command line's single run once, as Hydra's run would, with the Hydra instance that will run
     it; ``None`` when the config itself asks for a sweep (``hydra.mode``), which is left to ``@hydra.main``.
     ``hydra.run.dir`` is resolved (``${now:...}`` once, here) to an absolute path, and the config typed as
     inside the job (``hydra.job.env_set`` applied); ``backends``, ``sections``, ``named`` as in
-    ``config.to_run_config``. Raises ``ConfigError`` (one line naming the key or file) if it does not
-    compose."""
+    ``config.to_run_config``, ``disabled`` as in ``compose``. Raises ``ConfigError`` (one line naming the key
+    or file) if it does not compose."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import env_override
@@ -227,7 +252,7 @@ def compose_run(overrides: Sequence[str], config_dir: str | None, config_name: s
     from omegaconf import open_dict, read_write
 
     overrides = list(overrides)
-    hydra, cfg = _compose(overrides, config_dir, config_name, from_shell=True)
+    hydra, cfg = _compose(overrides, config_dir, config_name, from_shell=True, sections=sections, disabled=disabled)
     if cfg.hydra.mode == RunMode.MULTIRUN:
         GlobalHydra.instance().clear()
         return None

@@ -2,10 +2,12 @@
 
 The loop owns ``run.state`` (``RunState``): it alone advances the position and keeps the per-step outputs.
 The steps themselves are the backend's (``csframework.step``: one sequence for every backend); the loop
-steps the learning-rate schedule after each. The one host-device synchronisation is at ``loop.log_every``
-(and evaluation, and before a checkpoint), where the losses of the last steps are averaged; see
-``hookspecs`` for the order of hooks. A loss in host memory (CPU, the CSX emulator) is also checked at
-every step, which costs nothing there, so a run stops at the step whose loss is not finite.
+steps the learning-rate schedule after each. Nothing in a step reads a value from the device: the step's
+scalar outputs are kept there until a boundary, ``loop.log_every`` (where they are averaged and read at
+once, their losses checked), an evaluation (the losses checked first) or a checkpoint; a plugin that reads
+a value itself (``float(outputs["loss"])``) synchronises then. See ``hookspecs`` for the order of hooks. A
+loss in host memory (CPU, the CSX emulator) is also checked at every step, which costs nothing there, so a
+run stops at the step whose loss is not finite.
 """
 from __future__ import annotations
 
@@ -127,8 +129,9 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
-    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every``, and the final step),
-    a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
+    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every``, and the final step;
+    the losses since the last log are checked first, so a non-finite one stops the run before it is
+    evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``)."""
     state, loop = run.state, run.stage_config.loop
@@ -143,6 +146,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     if final or state.global_step % loop.log_every == 0:
         log_train_metrics(run)
     if (final or (loop.eval_every and state.stage_step % loop.eval_every == 0)) and run.val_loader is not None:
+        if state.pending.get("loss"):  # the evaluation synchronises anyway: a loss gone non-finite stops it here
+            check_finite(run)
         evaluate(run)
     # SIGINT/SIGTERM (under DDP: on any rank, asked only when there is another rank): this step is the last
     backend = run.backend
@@ -292,7 +297,8 @@ def _evaluate(run: RunProtocol) -> dict:
                     collector.add(outputs, counted)
         if run.world_size > 1:  # every rank evaluated its shard: average over all of them
             sums, counts = _all_reduce(sums, counts)
-        metrics = {f"val/{k}": float(v) / max(counts[k], 1) for k, v in sums.items()}
+        read = torch.stack(list(sums.values())).tolist() if sums else []  # one read of the device for all
+        metrics = {f"val/{k}": v / max(counts[k], 1) for k, v in zip(sums, read)}
         if collector is not None:
             run.eval_outputs = collector.finish()
             run.log.info("eval_outputs_collected", keys=list(run.eval_outputs), spilled=collector.spilled,

@@ -33,6 +33,12 @@ class Precision:
         elif scaling not in (None, "none"):
             self.fixed_scale = float(scaling)
 
+    def prepare(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+        """Under dynamic loss scaling, let the optimizer skip an overflowing step on the device (again after
+        a checkpoint is loaded, which brings back the saved settings): see ``skip_on_device``."""
+        if self.scaler is not None:
+            skip_on_device(optimizer, model)
+
     def autocast(self):
         if self.dtype is None:
             return NO_AUTOCAST
@@ -80,6 +86,10 @@ class Float32:
     name, dtype, scaler, fixed_scale = "float32", None, None, None
 
     @staticmethod
+    def prepare(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+        return None
+
+    @staticmethod
     def autocast():
         return NO_AUTOCAST
 
@@ -109,6 +119,43 @@ class Float32:
 
 
 FLOAT32 = Float32()
+
+#: torch's optimizers whose fused implementation takes ``GradScaler``'s overflow flag and skips the step itself
+FUSED_SKIPPING = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+def skip_on_device(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Run torch's SGD, Adam and AdamW fused where torch has fused kernels for the parameters' device, so that
+    dynamic loss scaling never waits for the device: ``GradScaler.step`` hands a fused optimizer the overflow
+    flag as a device tensor, and the kernel skips an overflowing step there (parameters, optimizer state and
+    step count unchanged). With any other optimizer ``GradScaler.step`` reads the flag on the host to decide
+    whether to call ``step()``: a synchronisation every step, as in a hand-written loop.
+
+    Left alone: other classes (a subclass's ``step`` may ignore the flag), an implementation the user chose
+    (``foreach``, ``fused=False``, ``differentiable``) and sparse gradients."""
+    groups = optimizer.param_groups
+    if (type(optimizer) not in FUSED_SKIPPING
+            or any(g.get("foreach") or g.get("differentiable") or g.get("fused") is False for g in groups)
+            or any(getattr(m, "sparse", False) is True for m in model.modules())):
+        return
+    try:  # the device types torch has fused optimizer kernels for (private, stable since torch 2.2)
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+        supported = _get_fused_kernels_supported_devices()
+    except ImportError:
+        supported = ["cuda"]
+    params = [p for g in groups for p in g["params"]]
+    if not params or not all(p.is_floating_point() and p.device.type in supported for p in params):
+        return
+    for group in groups:
+        group["fused"] = True
+    # what the constructor sets for fused=True: GradScaler.step then hands the overflow flag to step()
+    optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+    # a fused kernel keeps the step count in float32 beside its parameter (a checkpoint of an unfused run has
+    # it on the host)
+    for param, state in optimizer.state.items():
+        count = state.get("step") if isinstance(state, dict) else None
+        if isinstance(count, torch.Tensor) and (count.device != param.device or count.dtype != torch.float32):
+            state["step"] = count.to(param.device, torch.float32)
 
 
 def policy(cfg: PrecisionConfig, device_kind: str) -> Precision | Float32:

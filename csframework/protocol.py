@@ -158,6 +158,11 @@ class Backend(Protocol):
     def finish(self) -> None:
         """The stage or fit ended (however): wait, bounded, for collectives still in flight."""
 
+    def checkpoint_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """The model's and the optimizer's state dicts as a whole (not ``sharded``) checkpoint holds them:
+        host tensors and plain values (``Run.state_dict``). A backend whose state lives on a device that
+        hands it out only at certain steps returns what it fetched there."""
+
     def state_dict(self) -> dict:
         """The backend's part of a checkpoint (tensors and plain values)."""
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import structlog
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from . import loop
@@ -31,6 +30,7 @@ from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
 from .signals import stop_on_signals
 from .state import RunState
+from .targets import build
 
 #: The layout of ``state_dict()``; a checkpoint of another layout is refused on load.
 STATE_VERSION = 1
@@ -115,10 +115,7 @@ class Run:
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
-        try:
-            self.model: torch.nn.Module = instantiate(config.model, _convert_="all")
-        except Exception as e:
-            raise ConfigError(f"model: could not build {config.model.get('_target_')}: {one_line(e)}") from e
+        self.model: torch.nn.Module = build(config.model, "model")
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
         self.module = self.model
@@ -196,11 +193,8 @@ class Run:
 
     def _loaders(self, cfg: RunConfig):
         data = cfg.data
-        try:
-            train = instantiate(data.train, _convert_="all")
-            val = instantiate(data.val, _convert_="all") if data.val else None
-        except Exception as e:
-            raise ConfigError(f"data: could not build the datasets: {one_line(e)}") from e
+        train = build(data.train, "data.train")
+        val = build(data.val, "data.val") if data.val else None
         pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
                       pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
@@ -371,10 +365,15 @@ class Run:
         data = self._data_state()
         # a short last batch made the dataset's iterator end: its state is already the next pass's
         pass_ended = data is not None and self.train_loader.dataset.pass_ended
+        whole: dict[str, Any]
+        if sharded:
+            whole = {"sharded": True}
+        else:
+            model, optimizer = self.backend.checkpoint_state(self.model, self.optimizer)
+            whole = {"model": model, "optimizer": plain_rates(optimizer)}
         return {
             "version": STATE_VERSION,
-            **({"sharded": True} if sharded else {"model": self.model.state_dict(),
-                                                  "optimizer": plain_rates(self.optimizer.state_dict())}),
+            **whole,
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),

@@ -13,6 +13,7 @@ import torch
 from .config import OptimizerConfig
 from .config.optimizer import ScheduleName
 from .errors import ConfigError
+from .targets import call, locate
 
 #: Settings of the ``optimizer`` group a ``_target_`` optimizer receives when its constructor takes them.
 SHARED_SETTINGS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps")
@@ -155,10 +156,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, tota
     """The schedule of ``cfg.schedule`` for ``total_steps`` optimizer steps (stepped once per step)."""
     if cfg.schedule._target_:
         cls, kwargs = schedule_spec(cfg)
-        try:
-            scheduler = cls(optimizer, **kwargs)
-        except Exception as e:
-            raise ConfigError(f"optimizer.schedule._target_: could not build {cfg.schedule._target_}: {e}") from e
+        scheduler = call("optimizer.schedule", cfg.schedule._target_, cls, optimizer, **kwargs)
         return TargetSchedule(scheduler, getattr(cfg.schedule.interval, "value", cfg.schedule.interval) == "epoch")
     return Schedule(optimizer, cfg, total_steps)
 
@@ -167,10 +165,7 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """The optimizer of ``cfg``: the class of ``_target_``, or the built-in one ``cfg.name`` names."""
     if cfg._target_:
         cls, kwargs = optimizer_spec(cfg)
-        try:
-            return cls(params, **kwargs)
-        except Exception as e:
-            raise ConfigError(f"optimizer._target_: could not build {cfg._target_}: {e}") from e
+        return call("optimizer", cfg._target_, cls, params, **kwargs)
     name = getattr(cfg.name, "value", cfg.name)
     if name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -184,16 +179,9 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
 
 
 # -- classes by `_target_` ----------------------------------------------------------------------------------
-def locate(path: str, key: str) -> type:
+def locate_class(path: str, key: str) -> type:
     """The class at the dotted ``path``, or a ``ConfigError`` naming ``key``."""
-    from .hydra_session import locate
-
-    try:
-        found = locate(path)
-    except Exception as e:
-        cause = e.__cause__ or e
-        raise ConfigError(f"{key}: cannot import '{path}' ({type(cause).__name__}: {cause}); "
-                          "give the dotted path of a class") from e
+    found = locate(path, key)
     if not isinstance(found, type):
         raise ConfigError(f"{key}: '{path}' is a {type(found).__name__}, not a class")
     return found
@@ -256,7 +244,7 @@ def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     settings (``lr``, ``weight_decay``, ...) its constructor takes. A shared setting it does not take is
     left out while it is the built-in group's or schema's default, and an error naming it when set."""
     path = cfg._target_
-    cls = locate(path, "optimizer._target_")
+    cls = locate_class(path, "optimizer._target_")
     takes, required = _takes(cls)
     group, schema = _group_defaults(getattr(cfg.name, "value", cfg.name)), OptimizerConfig()
     kwargs = {}
@@ -280,7 +268,7 @@ def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``) are errors when set."""
     sched = cfg.schedule
     path = sched._target_
-    cls = locate(path, "optimizer.schedule._target_")
+    cls = locate_class(path, "optimizer.schedule._target_")
     group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
     schema = type(sched)()
     for key in ("name", "warmup_steps", "min_lr"):

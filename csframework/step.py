@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 import torch
 
+from .errors import ModelError
+
 if TYPE_CHECKING:
     from .protocol import RunProtocol
 
@@ -75,11 +77,32 @@ def micro_batch(run: RunProtocol, ops: PrecisionOps, module: torch.nn.Module, ba
         outputs = model_outputs(module(batch))
     loss = outputs["loss"]
     hooks.on_before_backward(run=run, loss=loss)
-    if accum > 1:
-        loss = loss / accum
-    ops.backward(loss)
+    try:
+        ops.backward(loss / accum if accum > 1 else loss)
+    except Exception as e:  # free until it fails: then say what model.forward returned, not torch's message
+        problem = loss_problem(loss)
+        if problem is None:
+            raise
+        model = type(run.model)
+        raise ModelError(f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) returned {problem}")\
+            from e
     hooks.on_after_backward(run=run)
     return outputs
+
+
+def loss_problem(loss: Any) -> str | None:
+    """What makes ``loss`` no loss to train on (and the fix), or ``None``."""
+    if not isinstance(loss, torch.Tensor):
+        return f"a loss of type {type(loss).__name__}, not a tensor; return the tensor (before any .item())"
+    what = f"shape {list(loss.shape)}, dtype {str(loss.dtype).removeprefix('torch.')}"
+    if loss.numel() != 1:
+        return f"a loss of {what}, not a scalar; reduce it to one number (e.g. loss.mean())"
+    if not loss.is_floating_point():
+        return f"a loss of {what}, not a floating-point number; compute it in floating point"
+    if not loss.requires_grad:
+        return (f"a loss of {what} that does not require grad: it is not computed from the model's parameters "
+                "(detached, or under torch.no_grad()); return it as computed")
+    return None
 
 
 def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | None) -> None:

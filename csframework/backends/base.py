@@ -51,6 +51,9 @@ class BackendBase:
     def finish(self) -> None:
         pass
 
+    def checkpoint_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        return model.state_dict(), optimizer.state_dict()
+
     def state_dict(self) -> dict:
         return {}
 

@@ -9,8 +9,9 @@ them, TorchInductor generates their code):
 * ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. The learning
   rates of ``torch.optim`` optimizers become tensors that the schedule fills in place, so a new rate is an input,
   not a recompilation; built-in optimizers run their ``foreach`` path with ``capturable`` state (the fastest
-  compiled update measured: docs/performance.md). Under dynamic loss scaling the scaler's overflow check needs
-  the host (``GradScaler.step`` reads it), so the update runs eagerly there;
+  compiled update measured: docs/performance.md). Under dynamic loss scaling the update runs eagerly, through
+  ``GradScaler.step`` (torch's optimizers run fused there and skip an overflowing step on the device:
+  ``precision.skip_on_device``);
 * ``evaluate``: evaluation's forward and loss.
 
 Zeroing the gradients (``set_to_none``) is no operation. Plugin hooks run between the compiled functions, as

@@ -133,6 +133,7 @@ class EagerBackend(BackendBase):
         self.compile_settings = dict(mode=backend.compile_mode, fullgraph=backend.compile_fullgraph)
         self.compiled: CompiledStep | None = None
         self.ops = self.precision  # the step's precision primitives (the compiled ones under backend.compile)
+        self.trained: tuple = ()  # (optimizer, model) of the stage, from attach
 
     def any_rank_signal(self, signum: int | None) -> int | None:
         """The stop signal any rank had received one step ago, the same on every rank (all ranks must stop
@@ -218,7 +219,10 @@ class EagerBackend(BackendBase):
         return model
 
     def attach(self, run) -> None:
-        """Under ``backend.compile``: set up the compiled step (it needs the stage's optimizer)."""
+        """Fit the precision policy to the stage's optimizer (``Precision.prepare``); under ``backend.compile``
+        set up the compiled step (it needs that optimizer)."""
+        self.trained = (run.optimizer, run.model)
+        self.precision.prepare(*self.trained)
         if self.compile:
             self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                          sharded=self.sharded, **self.compile_settings)
@@ -265,7 +269,10 @@ class EagerBackend(BackendBase):
 
     def load_state_dict(self, state: dict) -> None:
         self.precision.load_state_dict(state.get("precision", {}))
-        if self.compiled is not None and self.compiled.compiled_update:  # the loaded optimizer has the saved settings
+        # the loaded optimizer has the saved settings: fit them again
+        if self.trained:
+            self.precision.prepare(*self.trained)
+        if self.compiled is not None and self.compiled.compiled_update:
             prepare_optimizer(self.compiled.run.optimizer, self.device)
 
     def summary(self) -> dict:

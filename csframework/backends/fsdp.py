@@ -10,15 +10,21 @@ a checkpoint resumes with another number of ranks.
 """
 from __future__ import annotations
 
+import inspect
 import io
+import math
+import os
 import pathlib
 import pickle
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -60,6 +66,51 @@ def load(model: torch.nn.Module, optimizer, directory: Path, files: set[str]) ->
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, storage_reader=_SafeReader(directory, files), planner=_SafePlanner())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def read_model(directory: Path, files: set[str]) -> dict[str, Any]:
+    """The whole model of the shards in ``directory``, consolidated in this process with no process group
+    (``csf.load_checkpoint``): each tensor allocated at its full size from DCP's metadata, then filled by
+    ``dcp.load`` through the same reader and planner as ``load`` (no code run, only the listed ``files``
+    read). Metadata describing more tensor data than the shards hold, or a state of another shape, is
+    refused before anything is allocated (``ValueError``)."""
+    from torch.distributed.checkpoint._traverse import set_element
+
+    metadata = _SafeReader(directory, files).read_metadata()
+    entries = metadata.state_dict_metadata
+    paths = metadata.planner_data or {}  # each flattened key's path in the state ``save`` wrote
+    wanted: list[tuple[tuple, Any]] = []
+    total = 0
+    for key, item in entries.items():
+        path = tuple(paths.get(key) or key.split(".", 1))
+        if not path or path[0] != "model":  # the optimizer's state
+            continue
+        if len(path) < 2 or not all(type(p) is str or (type(p) is int and 0 <= p < len(entries)) for p in path):
+            raise ValueError(f"its metadata holds {key!r} at {path!r}, which is no place in a model state dict")
+        if isinstance(item, dcp_metadata.TensorStorageMetadata):
+            total += math.prod(item.size) * item.properties.dtype.itemsize
+        wanted.append((path, item))
+    held = sum(os.stat(directory / name, follow_symlinks=False).st_size for name in files)
+    if total > held:
+        raise ValueError(f"its metadata describes {total} bytes of model tensors, more than the {held} bytes "
+                         "of its shards")
+    state: dict = {"model": {}}
+    for path, item in wanted:  # non-tensor values (a module's extra state) are read into their place
+        set_element(state, path, torch.empty(item.size, dtype=item.properties.dtype)
+                    if isinstance(item, dcp_metadata.TensorStorageMetadata) else None)
+    reader, planner = _SafeReader(directory, files), _SafePlanner()
+    with warnings.catch_warnings():  # DCP's notes on how it loads (a single process, a deprecated spelling)
+        warnings.simplefilter("ignore")
+        try:
+            if "no_dist" in inspect.signature(dcp.load).parameters:
+                dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
+            else:  # an older torch (2.4): the same, under its older name
+                dcp.load_state_dict(state, reader, no_dist=True, planner=planner)
+        except CheckpointException as e:  # a BaseException wrapping what failed: say that instead
+            failure = next(iter(e.failures.values()), None)
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            raise ValueError(f"{type(cause).__name__}: {cause}" if cause is not None else str(e)) from e
+    return state["model"]
 
 
 # -- no code on load ------------------------------------------------------------------------------------

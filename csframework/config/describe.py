@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from typing import Iterable
 
 from omegaconf.errors import OmegaConfBaseException
 
@@ -31,6 +32,12 @@ def describe_error(error: BaseException, prefix: str = "") -> str:
     return prefix + (" ".join(lines[:3]) if lines else type(error).__name__)
 
 
+def closest(word: str, options: Iterable[str]) -> str | None:
+    """The option closest to ``word`` ("did you mean"), if one is close enough (``difflib``'s measure)."""
+    close = difflib.get_close_matches(word, [o for o in options if o != word], n=1)
+    return close[0] if close else None
+
+
 def _did_you_mean(error: OmegaConfBaseException, key: str) -> str:
     """``; did you mean `loop.max_steps`?`` for an unknown key of a schema, when one is close enough."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
@@ -40,8 +47,8 @@ def _did_you_mean(error: OmegaConfBaseException, key: str) -> str:
     if not (isinstance(error, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(schema)
             and isinstance(name, str) and key.endswith(name)):
         return ""
-    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(schema) if f.name != name], n=1)
-    return f"; did you mean `{key[:len(key) - len(name)]}{close[0]}`?" if close else ""
+    close = closest(name, [f.name for f in dataclasses.fields(schema)])
+    return f"; did you mean `{key[:len(key) - len(name)]}{close}`?" if close else ""
 
 
 #: What to do about OmegaConf's interpolation errors, found by their message.
@@ -64,8 +71,8 @@ def _describe_known(error: BaseException) -> str | None:
         missing = error.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
         if group and error.options is not None:
-            close = difflib.get_close_matches(option, error.options, n=1)
-            hint = f"; did you mean `{group.replace('/', '.')}={close[0]}`?" if close else ""
+            close = closest(option, error.options)
+            hint = f"; did you mean `{group.replace('/', '.')}={close}`?" if close else ""
             return (f"{group.replace('/', '.')}: no option '{option}' in config group '{group}' "
                     f"(available: {', '.join(error.options) or 'none'}){hint}")
         first = str(error).splitlines()[0].strip()

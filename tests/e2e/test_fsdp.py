@@ -62,12 +62,28 @@ def test_fsdp_trains_like_ddp_and_every_rank_writes_its_shards(tmp_path, cli_env
     done = torchrun(["--nproc_per_node=2"], [*COMMON, "backend.strategy=ddp", f"hydra.run.dir={ddp_dir}"], cli_env)
     assert done.returncode == 0, done.stderr[-3000:]
     ddp = torch.load(newest(ddp_dir) / "state.pt", weights_only=True)["model"]
+    csf.Run(fixtures.compose()).model.load_state_dict(csf.load_checkpoint(ddp_dir).model)  # DDP-wrapped: plain keys
     assert newest(fsdp_run).name == "step-00000020"
     assert sorted(p.name for p in (newest(fsdp_run) / "sharded").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert_same_params(sharded_params(newest(fsdp_run)), ddp, exact=False)
     summary = json.loads((fsdp_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == 20
+
+
+@pytest.mark.slow
+@needs_torchrun
+def test_load_checkpoint_consolidates_a_two_rank_checkpoint_into_the_plain_model(fsdp_run):
+    """``csf.load_checkpoint`` in this process (no torchrun, no process group): the whole model, plain
+    tensors, loading into a freshly built model, equal to what the restricted DCP reader above reads."""
+    ckpt = csf.load_checkpoint(fsdp_run)
+    assert ckpt.path == newest(fsdp_run) and ckpt.step == 20 and not torch.distributed.is_initialized()
+    assert all(type(t) is torch.Tensor for t in ckpt.model.values())  # whole tensors, no DTensor shards
+    model = csf.Run(fixtures.compose()).model
+    model.load_state_dict(ckpt.model)
+    assert_same_params(model.state_dict(), sharded_params(newest(fsdp_run)))
+    older = csf.load_checkpoint(fsdp_run, which="step-10")
+    assert_same_params(older.model, sharded_params(fsdp_run / "checkpoints" / "step-00000010"))
 
 
 @pytest.mark.slow

@@ -127,6 +127,50 @@ def test_evaluation_on_the_gpu_matches_the_cpu(tmp_path):
         assert gpu["metrics"][key] == pytest.approx(cpu["metrics"][key], rel=1e-4), key
 
 
+class NoSyncBetweenBoundaries:
+    """Runs every step whose neighbours are no boundary under ``torch.cuda.set_sync_debug_mode("error")``, from
+    the end of the step before (the batch's fetch and copy to the device included) to its ``on_train_step_end``:
+    a call there that makes the host wait for the device raises, naming its line. The first step (CUDA's
+    libraries and the optimizer's state are set up) and the boundaries (logs, evaluations, checkpoints) may
+    synchronise."""
+
+    name = "no_sync_between_boundaries"
+
+    def __init__(self, boundaries: set[int]):
+        self.boundaries = boundaries
+        self.checked: list[int] = []
+
+    @csf.hookimpl(trylast=True)
+    def on_train_step_end(self, step):
+        between = step not in self.boundaries and step + 1 not in self.boundaries
+        torch.cuda.set_sync_debug_mode("error" if between else "default")
+        if between:
+            self.checked.append(step + 1)
+
+    @csf.hookimpl(tryfirst=True)
+    def on_train_end(self):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("case, overrides", [
+    ("default", ["model=tiny_transformer", "data=stdlib_text", "optimizer=adamw"]),
+    ("default-bfloat16", ["model=tiny_transformer", "data=stdlib_text", "optimizer=adamw", "precision=bfloat16"]),
+    # dynamic loss scaling (AdamW fused: the overflow check stays on the device), the batched fetch, accumulation
+    ("float16", ["precision=float16", TENSORS, "optimizer=adamw", "loop.grad_accum_steps=2"]),
+    ("per-sample-loader", ["optimizer=sgd", "optimizer.momentum=0.9", "optimizer.max_grad_norm=1"]),
+])
+def test_no_step_between_the_boundaries_waits_for_the_device(tmp_path, case, overrides):
+    guard = NoSyncBetweenBoundaries(boundaries={8, 10, 12, 16})
+    try:
+        run = csf.Run(fixtures.compose("device=gpu", "loop.max_steps=16", "loop.log_every=8", "loop.eval_every=12",
+                                       "loop.eval_steps=2", "checkpoint.every_steps=10", *overrides),
+                      output_dir=tmp_path, plugins=[guard])
+        assert run.fit()["status"] == "completed"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert guard.checked == [2, 3, 4, 5, 6, 7, 14, 15]
+
+
 @pytest.mark.slow
 def test_the_cli_trains_the_embedded_default_on_the_gpu_in_bfloat16(tmp_path, cli_env):
     done = subprocess.run([sys.executable, "-m", "csframework", "device=gpu", "precision=bfloat16",

@@ -239,6 +239,16 @@ def test_a_disabled_plugin_has_no_section(installed, runner):
     assert off.exit_code == 0 and "greeter" not in off.summary
 
 
+@pytest.mark.slow
+def test_a_disabled_plugin_s_setting_on_the_command_line_says_so_as_the_api_does(runner, demo_site):
+    """Issue 29, item 5: the CLI said ``Key 'greeter' not in 'RunConfig'``."""
+    refused = cli(runner, demo_site, "plugins.disable=[greeter]", "greeter.times=2")
+    assert refused.exit_code == 2
+    assert [line for line in refused.stderr.splitlines() if line.strip()] == [
+        "csframework: error: greeter.times: plugin 'greeter' is disabled (plugins.disable), so its config section "
+        "is gone; remove the setting or enable the plugin"]
+
+
 # -- 2. registration -----------------------------------------------------------------------------------
 def test_entry_points_naming_a_class_a_module_and_an_instance(installed, runner, csf_hook_recorder):
     result = runner.run(["loop.max_steps=6"], plugins=[csf_hook_recorder])

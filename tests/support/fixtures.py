@@ -2,6 +2,7 @@
 PYTHONPATH)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -122,6 +123,19 @@ class StopAt:
     def on_train_batch_start(self, run):
         if run.global_step == self.step:
             run.state.request_stop(signal.SIGINT)
+
+
+class FinalParams:
+    """Writes the model's state dict as the fit ends to ``final_params.pt`` in the run directory
+    (``plugins.enable=[fixtures:FinalParams]``): what a CLI run ended with, to compare what is read back."""
+
+    name = "final_params"
+
+    @csf.hookimpl
+    def on_fit_end(self, run):
+        buffer = io.BytesIO()
+        torch.save(run.model.state_dict(), buffer)
+        run.files.write("final_params.pt", buffer.getvalue())
 
 
 class PoisonAt:

@@ -140,7 +140,8 @@ def test_loader_settings_are_validated(conf, tmp_path, overrides, message):
 @pytest.mark.parametrize("overrides, message", [
     (["loop.max_steps=null", "loop.max_epochs=1"], "loop.max_steps: data.train is an IterableDataset"),
     (["data.num_workers=1", "data.persistent_workers=true"], "data.persistent_workers: an IterableDataset"),
-    (["data.collate_fn._target_=builtins.nothing_here"], "data.collate_fn: could not build"),
+    (["data.collate_fn._target_=builtins.nothing_here"],
+     "data.collate_fn._target_: builtins.nothing_here: module 'builtins' has no 'nothing_here'"),
 ])
 def test_iterable_dataset_errors_name_the_key(conf, tmp_path, overrides, message):
     with pytest.raises(csf.ConfigError, match=message):

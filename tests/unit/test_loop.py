@@ -8,10 +8,15 @@ hand-written loop's; a model that needs autograd in evaluation has its escape ha
 A resumed run trains as the uninterrupted one where its checkpoint sits on a boundary: at the end of a
 stage (after its final evaluation), after a stop request's final evaluation, at the end of a stage that
 ended inside a gradient-accumulation step. Evaluation never changes training: it draws from generators of
-its own. (Mid-epoch and end-of-epoch positions: ``test_batched``.)"""
+its own. (Mid-epoch and end-of-epoch positions: ``test_batched``.)
+
+No value is read from the device inside a step (the accelerator's path taken on the CPU: the loss made to
+look like a device's): the finite check, the metric sums and the loss scaler's overflow check wait for the
+next log, evaluation or checkpoint, which a non-finite loss then stops, naming its step."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -441,3 +446,115 @@ def test_on_train_step_end_fires_once_per_optimizer_step_after_its_batches(tmp_p
             output_dir=tmp_path).fit()
     assert calls == [("batch", 0, 0), ("batch", 1, 0), ("batch", 2, 1), ("step", 1, True),
                      ("batch", 3, 1), ("batch", 4, 1), ("batch", 5, 2), ("step", 2, True)]
+
+
+# -- no host synchronisation between boundaries ------------------------------------------------------------------
+#: The ways a tensor's value reaches Python; on a GPU each waits for the device (a host synchronisation).
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+class OnDevice(torch.Tensor):
+    """A loss that is not in host memory, as on a GPU: the loop then checks it as an accelerator's (at the
+    boundaries), so a CPU run takes the GPU's path through the step."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
+
+
+class LossOnDevice(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch):
+        out = dict(self.model(batch))
+        out["loss"] = out["loss"].as_subclass(OnDevice)
+        return out
+
+
+class ReadsPerStep:
+    """Counts, per optimizer step, every read of a tensor's value made from the step's first hook to its
+    ``on_train_step_end``, by anyone (csframework, torch on its behalf, a plugin), with where it was made.
+    Not counted: torch's optimizers reading their step counters (``_get_value``), which torch keeps in host
+    memory on a GPU too (no synchronisation); the batch's fetch, from host memory, comes before the window."""
+
+    name = "reads_per_step"
+
+    def __init__(self, monkeypatch):
+        self.reads: dict[int, list[str]] = {}
+        self.step = None
+        for method in READS:
+            monkeypatch.setattr(torch.Tensor, method, self._counted(getattr(torch.Tensor, method), method))
+
+    def _counted(self, read, method):
+        def counted(tensor, *args, **kwargs):
+            if self.step is not None:
+                caller = sys._getframe(1)
+                if caller.f_code.co_name != "_get_value":
+                    where = f"{caller.f_code.co_filename.split('site-packages/')[-1]}:{caller.f_lineno}"
+                    self.reads.setdefault(self.step, []).append(f"{method} at {where}")
+            return read(tensor, *args, **kwargs)
+
+        return counted
+
+    @csf.hookimpl(tryfirst=True)
+    def on_train_batch_start(self, run):
+        self.step = run.global_step + 1
+
+    @csf.hookimpl(trylast=True)
+    def on_train_step_end(self):
+        self.step = None
+
+
+#: The embedded default transformer (smaller) and the tests' MLP, their losses on the "device"
+TRANSFORMER = {"_target_": "csframework.defaults.TinyTransformer", "block_size": 16, "d_model": 32, "n_layers": 1,
+               "n_heads": 2}
+MLP = {"_target_": "csframework.models.Supervised", "net": {"_target_": "fixtures.mlp"}}
+
+
+@pytest.mark.parametrize("case, overrides", [
+    # the embedded default's step (AdamW, clipping, a cosine warm-up), every built-in plugin on
+    pytest.param("default", ["model=tiny_transformer", "data=stdlib_text", "data.batch_size=4",
+                             "data.train.num_chars=20000", "data.val.num_chars=20000", "data.train.block_size=16",
+                             "data.val.block_size=16", "optimizer=adamw"], marks=pytest.mark.slow),
+    ("bfloat16", ["precision=bfloat16", "optimizer=adamw", "loop.grad_accum_steps=2"]),
+    # dynamic loss scaling: the overflow check and the skipped step stay on the device
+    ("float16", ["precision=float16", "optimizer=adamw", "loop.grad_accum_steps=2"]),
+    ("float16-sgd", ["precision=float16", "optimizer=sgd", "optimizer.momentum=0.9", "optimizer.max_grad_norm=1"]),
+])
+def test_no_tensor_is_read_between_the_boundaries_of_a_step(tmp_path, monkeypatch, case, overrides):
+    """No host synchronisation in a step unless a plugin asks for a value: the losses' finite check, the
+    metric sums and the loss scaler's overflow check wait for the next log, evaluation or checkpoint."""
+    counter = ReadsPerStep(monkeypatch)
+    cfg = fixtures.compose("loop.max_steps=13", "loop.log_every=4", "loop.eval_every=6", "loop.eval_steps=2",
+                           "checkpoint.every_steps=5", *overrides)
+    cfg.model = {"_target_": f"{__name__}.LossOnDevice", "model": TRANSFORMER if case == "default" else MLP}
+    summary = csf.Run(cfg, plugins=[counter], output_dir=tmp_path).fit()
+    assert summary["status"] == "completed"
+    boundaries = {4, 5, 6, 8, 10, 12, 13}  # logs, evaluations, checkpoints; the last step logs and evaluates
+    between = {step: reads for step, reads in counter.reads.items() if step not in boundaries}
+    assert between == {}, f"{case}: values read inside steps: {between}"
+    assert counter.reads, "the boundaries read the logged means: the counter sees reads"
+
+
+@pytest.mark.parametrize("boundary, overrides, stops_at", [
+    ("checkpoint", ["checkpoint.every_steps=2"], 4),
+    ("log", ["loop.log_every=5"], 5),
+    ("evaluation", ["loop.eval_every=4", "loop.eval_steps=1"], 4),
+])
+def test_a_nan_loss_on_an_accelerator_stops_the_run_at_the_next_boundary_naming_its_step(tmp_path, boundary,
+                                                                                          overrides, stops_at):
+    """A loss on the device is checked where the run synchronises anyway: the next log, evaluation or
+    checkpoint after the NaN of step 3. The error names step 3; no checkpoint or evaluation holds it."""
+    cfg = fixtures.compose("loop.max_steps=50", "loop.log_every=10", "checkpoint.keep_last=50", *overrides)
+    cfg.model = {"_target_": f"{__name__}.LossOnDevice", "model": MLP}
+    run = csf.Run(cfg, plugins=[fixtures.PoisonAt(3)], output_dir=tmp_path)
+    with pytest.raises(csf.NonFiniteLossError, match="the loss is nan at step 3;"):
+        run.fit()
+    assert run.global_step == stops_at
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))
+    assert saved == (["step-00000002"] if boundary == "checkpoint" else [])
+    assert "val/loss" not in run.metrics, "the NaN weights were not evaluated"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "step 3" in summary["error"]

@@ -186,6 +186,20 @@ def test_resume_auto_extends_a_completed_run(tmp_path):
         torch.testing.assert_close(resumed["model"][name], value, msg=name)
 
 
+def test_a_checkpoint_holds_the_state_the_backend_hands_out(tmp_path, monkeypatch):
+    """``Backend.checkpoint_state``: a backend whose state lives on a device that hands it out only at some
+    steps (the Cerebras bridge's checkpoint closure) gives the checkpoint the state it fetched there."""
+    from csframework.backends.eager import EagerBackend
+
+    def fetched(self, model, optimizer):
+        return {k: torch.full_like(v, 7.0) for k, v in model.state_dict().items()}, optimizer.state_dict()
+
+    monkeypatch.setattr(EagerBackend, "checkpoint_state", fetched, raising=False)
+    fit(tmp_path, "loop.max_steps=2")
+    state, _ = read_checkpoint(list_checkpoints(tmp_path / "checkpoints")[-1])
+    assert state["model"] and all(bool((v == 7.0).all()) for v in state["model"].values())
+
+
 # -- 8. stages, precision, clipping, epochs, check --------------------------------------------------------------
 class StageWatcher:
     name = "stage_watcher"
@@ -254,6 +268,54 @@ def test_half_precision_trains_on_cpu(tmp_path, precision):
         assert scaler is not None and scaler.is_enabled() and scaler.get_scale() > 1
     else:
         assert scaler is None
+
+
+def params_of(run) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+
+
+#: float16 with a first loss scale that overflows: the first 6 of 12 steps are skipped, the scale halving each time
+OVERFLOWING = ["precision=float16", "precision.init_scale=4194304", "loop.max_steps=12", "optimizer=adamw",
+               "optimizer.lr=0.01"]
+#: the same AdamW as ``optimizer=adamw``, but the user asked for its unfused implementation
+UNFUSED_ADAMW = ["optimizer._target_=torch.optim.AdamW", "+optimizer.args.fused=false"]
+
+
+def test_loss_scaling_skips_overflowing_steps_on_the_device_as_gradscaler_does_on_the_host(tmp_path):
+    """Under dynamic loss scaling torch's AdamW runs fused, and its kernel skips an overflowing step (no
+    synchronisation); trained like the unfused AdamW, whose step ``GradScaler`` skips after reading the flag."""
+    fused = csf.Run(fixtures.compose(*OVERFLOWING), output_dir=tmp_path / "fused")
+    assert fused.fit()["status"] == "completed"
+    host = csf.Run(fixtures.compose(*OVERFLOWING, *UNFUSED_ADAMW), output_dir=tmp_path / "host")
+    assert host.fit()["status"] == "completed"
+    assert all(g["fused"] for g in fused.optimizer.param_groups)
+    assert not any(g["fused"] for g in host.optimizer.param_groups), "fused=false is the user's choice: kept"
+    assert fused.backend.loss_scale() == host.backend.loss_scale() == 4194304 / 2 ** 6
+    for run in (fused, host):  # the skipped steps left the step counts alone: 6 steps were taken
+        assert {float(state["step"]) for state in run.optimizer.state.values()} == {6.0}
+    a, b = params_of(fused), params_of(host)
+    for name in a:  # the fused kernel rounds differently (about 1e-8 here)
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_loss_scaled_run_resumes_exactly_from_a_checkpoint_of_an_unfused_optimizer(tmp_path):
+    """A checkpoint written before the optimizer ran fused (its settings say ``fused: None``) resumes fused
+    and trains as the uninterrupted run."""
+    straight = csf.Run(fixtures.compose(*OVERFLOWING), output_dir=tmp_path / "straight")
+    straight.fit()
+    first = csf.Run(fixtures.compose(*OVERFLOWING[:-2], "loop.max_steps=6", "optimizer=adamw", "optimizer.lr=0.01"),
+                    output_dir=tmp_path / "first")
+    first.fit()
+    state = first.state_dict()
+    for group in state["optimizer"]["param_groups"]:
+        group["fused"] = None
+    resumed = csf.Run(fixtures.compose(*OVERFLOWING), output_dir=tmp_path / "resumed")
+    resumed.load_state_dict(state)
+    assert all(g["fused"] for g in resumed.optimizer.param_groups)
+    assert resumed.fit()["global_step"] == 12
+    a, b = params_of(straight), params_of(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.backend.loss_scale() == straight.backend.loss_scale()
 
 
 class ClipProbe:

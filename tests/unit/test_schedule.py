@@ -75,7 +75,8 @@ def test_resume_from_the_middle_is_exact(tmp_path, schedule):
 @pytest.mark.parametrize("overrides, message", [
     (RMSPROP + ["optimizer.betas=[0.5,0.5]"], "optimizer.betas: torch.optim.RMSprop does not take 'betas'"),
     (RMSPROP + ["optimizer.args.gamma=1"], "optimizer.args.gamma: torch.optim.RMSprop does not take 'gamma'"),
-    (["optimizer._target_=torch.optim.NoSuchOptimizer"], "optimizer._target_: cannot import"),
+    (["optimizer._target_=torch.optim.NoSuchOptimizer"],
+     "optimizer._target_: torch.optim.NoSuchOptimizer: module 'torch.optim' has no 'NoSuchOptimizer'"),
     (["optimizer.schedule._target_=torch.optim.lr_scheduler.StepLR"],
      "optimizer.schedule.args.step_size: torch.optim.lr_scheduler.StepLR needs it"),
     (STEP_LR + ["optimizer.schedule.warmup_steps=5"], "optimizer.schedule.warmup_steps: only the built-in"),

@@ -1,9 +1,10 @@
 """``csframework.step``: the order of hooks and work of one optimizer step, written once."""
 import contextlib
 
+import pytest
 import torch
 
-from csframework import step
+from csframework import ModelError, step
 
 
 class Recorder:
@@ -67,6 +68,27 @@ def test_the_model_contract():
         assert "dict with a 'loss' key" in str(e) and "['logits']" in str(e)
     else:
         raise AssertionError("no TypeError")
+
+
+@pytest.mark.parametrize("loss, problem", [
+    (lambda w: w * 2, "a loss of shape [3], dtype float32, not a scalar; reduce it to one number (e.g. loss.mean())"),
+    (lambda w: (w * 2).sum().long(), "a loss of shape [], dtype int64, not a floating-point number"),
+    (lambda w: (w * 2).sum().detach(), "a loss of shape [], dtype float32 that does not require grad"),
+    (lambda w: 3.0, "a loss of type float, not a tensor"),
+], ids=["vector", "integer", "detached", "number"])
+def test_a_loss_that_cannot_be_trained_on_names_model_forward_and_what_it_returned(loss, problem):
+    run, weight = FakeRun(), torch.ones(3, requires_grad=True)
+    with pytest.raises(ModelError) as caught:
+        step.micro_batch(run, run.hooks, lambda batch: {"loss": loss(weight)}, None, accum=2)
+    model = "torch.nn.modules.linear.Linear"
+    assert str(caught.value).startswith(f"model.forward: {model}.forward(batch) returned {problem}")
+    assert caught.value.exit_code == 2
+
+
+def test_a_one_element_loss_trains_as_a_scalar_one():
+    run, weight = FakeRun(), torch.ones(3, requires_grad=True)
+    step.micro_batch(run, run.hooks, lambda batch: {"loss": (weight * 2).sum().reshape(1)}, None, accum=1)
+    assert torch.equal(weight.grad, torch.full((3,), 2.0))
 
 
 def test_outputs_reach_hooks_out_of_the_graph_and_the_rest_as_the_model_made_them():

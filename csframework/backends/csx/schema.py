@@ -99,11 +99,11 @@ def optimizer_rules(cfg) -> list[str]:
     if not target:
         return []
     from ...errors import ConfigError
-    from ...schedule import locate
+    from ...schedule import locate_class
     from .optim import preinitialisable
 
     try:
-        cls = locate(target, "optimizer._target_")
+        cls = locate_class(target, "optimizer._target_")
     except ConfigError:
         return []
     if preinitialisable(cls):

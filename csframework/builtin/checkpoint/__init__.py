@@ -5,6 +5,8 @@
 - ``store``: the ``checkpoints/`` directory (which checkpoints it holds, its index, pruning, resume paths);
 - ``plugin``: ``CheckpointPlugin``, when to save, what to keep, how to resume.
 
+``csframework.weights`` (``csf.load_checkpoint``) reads a run's weights back through ``format`` and ``store``.
+
 Everything read from disk is data, never a path to obey (docs/durability.md, "Threat model"). This module
 only re-exports the names the rest of csframework, its tests and benchmarks import from it.
 """

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ...errors import ConfigError, UnreadableCheckpoints
+from ...errors import CheckpointNotFound, ConfigError, UnreadableCheckpoints
 from ...files import SafeDir
 from ...jsonout import dumps
 from .untrusted import read_json
@@ -97,23 +97,36 @@ def read_best(root: Path) -> dict | None:
     return None
 
 
-def resume_source(target: Path) -> tuple[Path, bool]:
-    """What ``checkpoint.resume=<target>`` names, resolved: ``(a checkpoint directory, False)``, or
-    ``(a checkpoints/ directory, True)`` whose newest good checkpoint is meant (for a run directory, its
-    ``checkpoints/``). ``ConfigError`` naming the path and what it lacks when it is neither."""
+def locate(target: Path) -> tuple[Path, bool]:
+    """What a user's path to a checkpoint names, resolved: ``(a checkpoint directory, False)``, or ``(a
+    checkpoints/ directory, True)`` to choose among (for a run directory, its ``checkpoints/``).
+    ``CheckpointNotFound`` naming the path and what it lacks when it is neither. The path itself is the
+    user's (trusted, so resolved); what lies in it is not."""
     target = Path(os.path.realpath(target))
+    if not target.exists():
+        raise CheckpointNotFound(f"{target} does not exist; give a checkpoint, checkpoints/ or run directory")
     if not target.is_dir():
-        raise ConfigError(f"checkpoint.resume: {target} is not a csframework checkpoint: it is a file, and a "
-                          "checkpoint is a directory holding meta.json, state.pt and config.yaml; give a "
-                          "checkpoint, checkpoints/ or run directory")
+        raise CheckpointNotFound(f"{target} is not a csframework checkpoint: it is a file, and a checkpoint is a "
+                                 "directory holding meta.json, state.pt and config.yaml; give a checkpoint, "
+                                 "checkpoints/ or run directory")
     if (target / "meta.json").exists() or (target / "state.pt").exists():
         return target, False
     if (target / "checkpoints").is_dir():
         return target / "checkpoints", True
     if not scan_checkpoints(target):
-        raise ConfigError(f"checkpoint.resume: {target} is not a csframework checkpoint: it holds no meta.json, "
-                          "no checkpoints/ and no step-NNNNNNNN/ checkpoint directories")
+        raise CheckpointNotFound(f"{target} is not a csframework checkpoint: it holds no meta.json, no "
+                                 "checkpoints/ and no step-NNNNNNNN/ checkpoint directories")
     return target, True
+
+
+def resume_source(target: Path) -> tuple[Path, bool]:
+    """What ``checkpoint.resume=<target>`` names (``locate``): ``(a checkpoint directory, False)``, or
+    ``(a checkpoints/ directory, True)`` whose newest good checkpoint is meant. ``ConfigError`` naming the
+    path and what it lacks when it is neither."""
+    try:
+        return locate(target)
+    except CheckpointNotFound as e:
+        raise ConfigError(f"checkpoint.resume: {e}") from e
 
 
 def write_index(root: Path, index: dict) -> None:

@@ -80,6 +80,12 @@ def test_log_dir_from_the_command_line_and_disable(csf_runner, tmp_path):
     refused = csf_runner.run(["plugins.disable=[tensorboard]", "tensorboard.flush_secs=5"], autoload=ONLY)
     assert refused.exit_code == 2
     assert "tensorboard.flush_secs: plugin 'tensorboard' is disabled" in str(refused.error)
+    on_the_command_line = csf_runner.cli(["plugins.disable=[tensorboard]", "tensorboard.flush_secs=10"],
+                                         autoload=ONLY)
+    assert on_the_command_line.exit_code == 2
+    assert on_the_command_line.stderr.strip().splitlines()[-1] == (
+        "csframework: error: tensorboard.flush_secs: plugin 'tensorboard' is disabled (plugins.disable), so its "
+        "config section is gone; remove the setting or enable the plugin")
 
 
 def test_under_ddp_only_rank_0_writes(csf_runner):

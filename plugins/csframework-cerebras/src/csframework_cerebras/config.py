@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 #: The optimizers with a cstorch.optim equivalent (the built-in names and their torch classes).
 OPTIMIZERS = {"torch.optim.SGD": "SGD", "torch.optim.Adam": "Adam", "torch.optim.AdamW": "AdamW"}
 #: What cstorch's ClusterConfig accepts as a job priority.
 PRIORITIES = ("p1", "p2", "p3")
-#: Precisions the bridge maps (cstorch.amp's half dtypes are not mapped yet).
-PRECISIONS = ("float32",)
+#: Precisions cstorch's CPU backend runs (its autocast refuses any other half dtype).
+CPU_PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclass
@@ -86,6 +87,10 @@ def rules(config) -> list[str]:
         problems.append(f"cerebras.job_time_sec: {c.job_time_sec} must be > 0 (or null: no limit)")
     problems += [f"cerebras.job_labels: '{label}' is not key=value (letters, digits, - _ .)"
                  for label in c.job_labels if not _LABEL.match(label)]
+    # cstorch's ClusterConfig mounts directories of this machine into the workers: it refuses missing ones
+    problems += [f"cerebras.{key}: {path} does not exist on this machine (cstorch mounts local directories into "
+                 "the cluster's workers); create it or remove it from the list"
+                 for key in ("mount_dirs", "python_paths") for path in getattr(c, key) if not Path(path).exists()]
     return problems + run_rules(config)
 
 
@@ -99,9 +104,10 @@ def run_rules(config) -> list[str]:
     if opt.schedule._target_:
         problems.append(f"optimizer.schedule._target_: {opt.schedule._target_} is not mapped onto "
                         "cstorch.optim.lr_scheduler; use optimizer.schedule.name=constant, linear or cosine")
-    if config.precision.name not in PRECISIONS:
-        problems.append(f"precision: {config.precision.name} is not mapped onto cstorch.amp by the bridge yet; "
-                        "use precision=float32")
+    if config.backend.type == "CPU" and config.precision.name not in CPU_PRECISIONS:
+        problems.append(f"precision: {config.precision.name} does not run on cstorch's CPU backend (its mixed "
+                        "precision is bfloat16 only); use precision=bfloat16 or float32 there, or "
+                        "backend.type=CSX")
     if config.loop.grad_accum_steps != 1:
         problems.append(f"loop.grad_accum_steps: {config.loop.grad_accum_steps} is not mapped (cstorch splits a "
                         "batch into micro-batches on the cluster itself); use loop.grad_accum_steps=1")

@@ -2,7 +2,7 @@
 rules of ``config.py`` refused everything else before launch)."""
 from __future__ import annotations
 
-from csframework.schedule import TargetSchedule
+import warnings
 
 from .config import OPTIMIZERS
 
@@ -24,8 +24,39 @@ def build_optimizer(cstorch, model, cfg):
     return getattr(cstorch.optim, name)(params, **kwargs)
 
 
-def build_schedule(cstorch, optimizer, cfg, total_steps: int) -> TargetSchedule:
-    """csframework's built-in schedule as ``cstorch.optim.lr_scheduler`` objects, stepped after every step.
+class InStepSchedule:
+    """The cstorch schedule behind csframework's schedule interface (``run.scheduler``). cstorch computes the
+    rate inside the traced step (in the graph, on CSX), so the bridge steps it there, after the optimizer
+    (``advance``); the loop's ``step`` after the step then has nothing left to do. Its state goes into
+    checkpoints as any schedule's."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def advance(self) -> None:
+        """Step the schedule (inside the traced step, after the optimizer step)."""
+        with warnings.catch_warnings():  # cstorch counts an optimizer step skipped by the grad scaler too
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
+
+    def step(self) -> None:
+        pass
+
+    def epoch_end(self) -> None:
+        pass
+
+    def get_last_lr(self) -> list:
+        return [float(v) for v in self.scheduler.get_last_lr()]
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+def build_schedule(cstorch, optimizer, cfg, total_steps: int) -> InStepSchedule:
+    """csframework's built-in schedule as ``cstorch.optim.lr_scheduler`` objects, stepped in every step.
 
     csframework's rate at step ``s`` (0-based) is ``lr * (s + 1) / warmup`` during the warm-up, then constant,
     or a linear or cosine decay reaching ``min_lr`` at the last step (``csframework.schedule.lr_factor``):
@@ -45,10 +76,10 @@ def build_schedule(cstorch, optimizer, cfg, total_steps: int) -> TargetSchedule:
         main = lrs.CosineDecayLR(optimizer, initial_learning_rate=lr, end_learning_rate=sched.min_lr,
                                  total_iters=decay_steps)
     if warmup <= 0:
-        return TargetSchedule(main, per_epoch=False)
+        return InStepSchedule(main)
     if warmup == 1:
         ramp = lrs.ConstantLR(optimizer, learning_rate=lr)
     else:
         ramp = lrs.LinearLR(optimizer, initial_learning_rate=lr / warmup, end_learning_rate=lr,
                             total_iters=warmup - 1)
-    return TargetSchedule(lrs.SequentialLR(optimizer, schedulers=[ramp, main], milestones=[warmup]), per_epoch=False)
+    return InStepSchedule(lrs.SequentialLR(optimizer, schedulers=[ramp, main], milestones=[warmup]))

@@ -30,5 +30,14 @@ class CerebrasPlugin:
         return {"cerebras": CerebrasConfig}
 
     @csf.hookimpl
+    def on_fit_start(self, run):
+        """Say what the backend found when it was built (before the run's log was open)."""
+        from .backend import CerebrasBackend  # no cstorch import: the backend module imports it when built
+
+        if isinstance(run.backend, CerebrasBackend):
+            for event, fields in run.backend.warnings:
+                run.log.warning(event, **fields)
+
+    @csf.hookimpl
     def csframework_validate(self, config) -> list[str]:
         return rules(config) if isinstance(config.backend, CerebrasBackendConfig) else []
