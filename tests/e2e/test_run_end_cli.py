@@ -68,7 +68,8 @@ def test_the_last_checkpoint_holds_the_final_evaluation_and_is_the_best(runs):
     meta = json.loads((run_dir / "checkpoints" / "step-00000040" / "meta.json").read_text())
     assert meta["metrics"]["val/loss"] == final, "the step-40 checkpoint holds step 30's evaluation"
     assert summary["best_checkpoint"] == {"path": "checkpoints/step-00000040", "metric": "val/loss", "value": final}
-    at_40 = [e["event"] for e in fixtures.events(run_dir) if e["step"] == 40 and e["event"] in ("eval", "checkpoint_saved")]
+    at_40 = [e["event"] for e in fixtures.events(run_dir)
+             if e["step"] == 40 and e["event"] in ("eval", "checkpoint_saved")]
     assert at_40 == ["eval", "checkpoint_saved"]
 
 
