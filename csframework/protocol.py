@@ -67,6 +67,9 @@ class RunProtocol(Protocol):
     @property
     def world_size(self) -> int: ...
     @property
+    def distribution(self) -> dict[str, Any]:
+        """Under torchrun: ``world_size``, ``strategy``, ``process_group`` (gloo/nccl); else empty."""
+    @property
     def global_step(self) -> int: ...
     @property
     def stage_index(self) -> int: ...

@@ -343,15 +343,29 @@ class Run:
         self.state.metrics.update(metrics)
         self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
+    @property
+    def distribution(self) -> dict[str, Any]:
+        """Under torchrun (a process group exists): ``world_size``, ``strategy`` (``ddp``, ``fsdp``) and
+        ``process_group`` (its backend: ``gloo``, ``nccl``), which the start line and ``summary.json`` show;
+        empty in a single process."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return {}
+        strategy = getattr(self.stage_config.backend, "strategy", None)
+        return {"world_size": self.world_size, "strategy": getattr(strategy, "value", strategy),
+                "process_group": str(dist.get_backend())}
+
     def summary(self) -> dict:
         """What ``fit`` and ``validate`` return and ``summary.json`` holds: ``status`` (``completed``,
         ``failed``, ``interrupted``; on CSX ``compiled``/``validated`` for a dry run), ``mode`` (``fit`` or
-        ``validate``), ``global_step``, ``device_type``, ``stage``, ``metrics`` (the latest value of every
+        ``validate``), ``global_step``, ``device_type``, ``stage``, under torchrun ``world_size``,
+        ``strategy`` and ``process_group`` (``distribution``), ``metrics`` (the latest value of every
         metric), ``run_id``, the backend's figures (on CSX: traces, executions, compile cache), what plugins
         put in ``summary_extra`` (e.g. ``best_checkpoint``) and, after ``request_stop``, ``stop_reason``."""
         summary = {"status": self.status, "mode": self.mode, "global_step": self.global_step,
-                   "device_type": self.device_type, "stage": self.stage, "metrics": dict(self.metrics),
-                   "run_id": self.run_id, **self.backend.summary(), **self.summary_extra}
+                   "device_type": self.device_type, "stage": self.stage, **self.distribution,
+                   "metrics": dict(self.metrics), "run_id": self.run_id, **self.backend.summary(),
+                   **self.summary_extra}
         if self.stop_reason is not None:
             summary["stop_reason"] = self.stop_reason
         return summary

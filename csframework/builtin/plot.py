@@ -8,6 +8,7 @@ import importlib.util
 import io
 import math
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from ..files import SafeDir
 
@@ -49,8 +50,21 @@ def read_series(metrics_csv: Path | SafeDir, names=("train/loss", "val/loss")) -
     return series
 
 
-def svg_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> str:
-    """Line plot of each series (step on x, value on y) with axis ranges and a legend."""
+def _tick(value: float) -> str:
+    """An axis label: a whole number as itself (a step), anything else to 3 significant digits."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e6 else f"{value:.3g}"
+
+
+def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "", *, x: int = 0,
+              x_label: str = "step", y_label: str = "", lines: bool = True, log_x: bool = False,
+              categories: list[str] | None = None) -> str:
+    """The one SVG writer (curves.svg, sweep.svg): a chart of each series (``{name: [(x, value), ...]}``) as an
+    ``<svg>`` element ``x`` pixels from the left of its document (alone, a document itself), with axis ranges,
+    labels and a legend. ``lines=False`` draws markers only (a scatter); ``log_x`` a log10 x axis (positive
+    x only); ``categories`` names the x positions 0, 1, ... (a key whose values are not numbers). A series of
+    one point is drawn as a marker. Text is escaped by the caller (``escape``)."""
+    if log_x:
+        series = {name: [(math.log10(px), v) for px, v in values] for name, values in series.items()}
     points = [p for values in series.values() for p in values]
     if not points:
         return ""
@@ -58,29 +72,54 @@ def svg_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> s
     y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
 
-    def xy(step, value):
-        return (PAD + (step - x0) / (x1 - x0) * (WIDTH - 2 * PAD),
+    def xy(px, value):
+        return (PAD + (px - x0) / (x1 - x0) * (WIDTH - 2 * PAD),
                 HEIGHT - PAD - (value - y0) / (y1 - y0) * (HEIGHT - 2 * PAD))
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
-             f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
+    def label(px):
+        return _tick(10 ** px if log_x else px)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" x="{x}" width="{WIDTH}" height="{HEIGHT}" '
+             f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
              f'<text x="{PAD}" y="20">{title}</text>',
              f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="black"/>',
              f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="black"/>',
-             f'<text x="{PAD}" y="{HEIGHT - PAD + 16}">{x0}</text>',
-             f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">step {x1}</text>',
              f'<text x="{PAD - 4}" y="{HEIGHT - PAD}" text-anchor="end">{y0:.3g}</text>',
              f'<text x="{PAD - 4}" y="{PAD + 4}" text-anchor="end">{y1:.3g}</text>']
+    if y_label:
+        parts.append(f'<text x="{PAD}" y="{PAD - 8}">{y_label}</text>')
+    if categories is not None:
+        parts += [f'<text x="{xy(i, y0)[0]:.1f}" y="{HEIGHT - PAD + 16}" text-anchor="middle">{name}</text>'
+                  for i, name in enumerate(categories)]
+        parts.append(f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 32}" text-anchor="end">{x_label}</text>')
+    else:
+        log = " (log)" if log_x else ""
+        parts += [f'<text x="{PAD}" y="{HEIGHT - PAD + 16}">{label(x0)}</text>',
+                  f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">'
+                  f'{x_label}{log} {label(x1)}</text>']
     for i, (name, values) in enumerate(sorted(series.items())):
         colour = COLOURS[i % len(COLOURS)]
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in values))
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
-        if len(values) == 1:  # a line of one point draws nothing
-            x, y = xy(*values[0])
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}"/>')
-        parts.append(f'<text x="{WIDTH - PAD - 90}" y="{PAD + 16 * i}" fill="{colour}">{name}</text>')
+        if lines:
+            path = " ".join(f"{px:.1f},{py:.1f}" for px, py in (xy(s, v) for s, v in values))
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        if not lines or len(values) == 1:  # a line of one point draws nothing
+            for px, py in (xy(*point) for point in values):
+                parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{colour}"/>')
+        if name:
+            parts.append(f'<text x="{WIDTH - PAD - 90}" y="{PAD + 16 * i}" fill="{colour}">{name}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def svg_figure(charts: list[str]) -> str:
+    """``svg_chart`` elements, made with ``x=`` 0, ``WIDTH``, ``2 * WIDTH`` ..., side by side in one document."""
+    return "\n".join([f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH * len(charts)}" height="{HEIGHT}">',
+                      *charts, "</svg>"])
+
+
+def svg_curves(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "") -> str:
+    """Line plot of each series (step on x, value on y) with axis ranges and a legend."""
+    return svg_chart(series, title)
 
 
 def have_matplotlib() -> bool:

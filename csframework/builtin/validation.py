@@ -34,15 +34,21 @@ def csframework_validate(config: RunConfig) -> list[str]:
 @hookimpl
 def on_train_start(run) -> None:
     """Warn (not refuse: a short trial run is legitimate) when the learning-rate warm-up is longer than the
-    stage's training, so the rate never reaches ``optimizer.lr``."""
+    stage's training, so the rate never reaches ``optimizer.lr``, naming the setting and a value that works
+    (a tenth of the stage). Usually the optimizer's default warm-up meeting a shortened run: in a sweep the
+    console shows it once (``sweep.job.first_in_sweep``), every job's ``events.jsonl`` records it."""
     cfg = run.stage_config
     warmup, steps = cfg.optimizer.schedule.warmup_steps, run.total_steps(cfg)
     if warmup > steps:
+        from ..sweep.job import first_in_sweep
+
         length = (f"loop.max_steps ({steps})" if cfg.loop.max_steps is not None
                   else f"loop.max_epochs ({cfg.loop.max_epochs}, {steps} steps)")
         run.log.warning("warmup_longer_than_training", warmup_steps=warmup, steps=steps,
                         problem=f"optimizer.schedule.warmup_steps ({warmup}) is longer than {length}: the "
-                                "learning rate never reaches optimizer.lr; lower optimizer.schedule.warmup_steps")
+                                "learning rate never reaches optimizer.lr",
+                        fix=f"set optimizer.schedule.warmup_steps={steps // 10} (any value up to {steps} works)",
+                        console=first_in_sweep("warmup_longer_than_training"))
 
 
 def device_choice(cfg: RunConfig) -> list[str]:

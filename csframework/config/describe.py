@@ -4,9 +4,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from typing import Iterable
+from typing import Any, Collection, Iterable, Mapping, cast
 
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 
 def describe_error(error: BaseException, prefix: str = "") -> str:
@@ -49,6 +50,45 @@ def _did_you_mean(error: OmegaConfBaseException, key: str) -> str:
         return ""
     close = closest(name, [f.name for f in dataclasses.fields(schema)])
     return f"; did you mean `{key[:len(key) - len(name)]}{close}`?" if close else ""
+
+
+def describe_missing_interpolation(error: BaseException, cfg: DictConfig, choices: Mapping[str, Any],
+                                   overridden: Collection[str] = ()) -> str | None:
+    """One line for an interpolation whose key is not there, naming the group options involved: a group
+    option that interpolates into another group (``data.train.block_size: ${model.block_size}``), composed
+    with an option of that group that lacks the key (a model of the user's own), reads
+    ``data.train.block_size: ${model.block_size} (from data=my_text) but model=my_model has no block_size;
+    set data.train.block_size=<value> ...``. ``cfg``: the composed config (its values unresolved);
+    ``choices``: Hydra's group choices (``hydra.runtime.choices``); ``overridden``: the keys the overrides
+    set (an interpolation given there comes from the command line). ``None`` for any other error."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, InterpolationKeyError):
+        seen = seen.__cause__ or seen.__context__
+    key = str(getattr(seen, "full_key", None) or "")
+    wanted = re.search(r"Interpolation key '([^']+)' not found", str(getattr(seen, "msg", None) or seen))
+    if seen is None or not key or wanted is None:
+        return None
+    target = wanted.group(1)
+    group = key.split(".", 1)[0]
+    source = (" (from the overrides)" if key in overridden else
+              f" (from {group}={choices[group]})" if group in choices else "")
+    other, _, missing = target.partition(".")
+    if other in choices and missing:
+        lacking, instead = f"{other}={choices[other]} has no {missing}", f", or choose a {other} that has one"
+    else:
+        lacking, instead = f"the config has no {target}", ""
+    raw = _unresolved(cfg, key) or "${" + target + "}"
+    return f"{key}: {raw}{source} but {lacking}; set {key}=<value>{instead}"
+
+
+def _unresolved(cfg: DictConfig, key: str) -> str | None:
+    """The value of ``key`` in ``cfg`` as written (``${model.block_size}``), if a plain dotted key leads there."""
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    if "[" in key or not isinstance(node, DictConfig):  # (an item of a list: not a plain dotted key)
+        return None
+    value = cast("dict[str, Any]", OmegaConf.to_container(node, resolve=False)).get(name)
+    return value if isinstance(value, str) else None
 
 
 #: What to do about OmegaConf's interpolation errors, found by their message.

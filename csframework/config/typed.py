@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError, ValidationError
-from .describe import describe_error
+from .describe import describe_error, describe_missing_interpolation
 from .run import RunConfig
 from .schema import cached_schema, disabled_section
 
@@ -38,6 +38,7 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
     has ``name: <name>``) to its device type and schema: ``backend=cerebras`` alone means a CSX run.
     """
     named = named or {}
+    choices, overridden = composition_record(cfg)
     try:
         # a copy of the node without ``hydra`` (copying Hydra's own config would cost more than the rest)
         cfg = OmegaConf.masked_copy(cfg, [str(key) for key in cfg if key != "hydra"])
@@ -52,10 +53,28 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
     except OmegaConfBaseException as e:
         disabled = OmegaConf.select(cfg, "plugins.disable", default=None) or []
         problem = disabled_section(getattr(e, "full_key", None) or "", disabled, sections)
-        raise ConfigError(problem or describe_error(e)) from e
+        raise ConfigError(problem or describe_missing_interpolation(e, cfg, choices, overridden)
+                          or describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends, named)
     run.selected = tuple(selected)  # type: ignore[misc]  # this run's groups, over the ClassVar's default (not a field: never composed)
     return run
+
+
+def composition_record(cfg: DictConfig) -> tuple[dict[str, Any], set[str]]:
+    """How ``cfg`` was composed: the option of each config group (``{"model": "my_model", ...}``) and the
+    keys the overrides set; from its ``hydra`` node, or inside a job (whose config has none) from Hydra's
+    record of the job. Empty when neither is there (a config built by hand)."""
+    hydra = OmegaConf.select(cfg, "hydra", default=None)
+    if hydra is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra = HydraConfig.get() if HydraConfig.initialized() else None
+    choices = OmegaConf.select(hydra, "runtime.choices", default=None) if hydra is not None else None
+    task = OmegaConf.select(hydra, "overrides.task", default=None) if hydra is not None else None
+    # as typed: an override's `${...}` is not resolved
+    typed = cast("list[str]", OmegaConf.to_container(task, resolve=False)) if task is not None else []
+    overridden = {str(o).split("=", 1)[0].lstrip("+~") for o in typed}
+    return dict(choices or {}), overridden
 
 
 def device_types_upper(cfg: DictConfig) -> None:

@@ -19,8 +19,9 @@ from omegaconf import OmegaConf
 from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
-from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, describe, exit_status_of, handling_stop_signals,
+from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, describe, exit_status_of, handling_stop_signals,
                   mark_interrupted, reset_stop, run_sweep_job)
+from .plot import PLOT, PLOT_SVG
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, load_rows, locked, read_rows, rebuild_rows, record_row,
                     row_overrides, write_table)
 
@@ -32,7 +33,7 @@ _OBJECTIVE = "val/loss"
 #: What Hydra writes in the sweep directory itself (with ``OmegaConf.save``: following links, truncating).
 MULTIRUN_YAML, OPTUNA_RESULTS = "multirun.yaml", "optimization_results.yaml"
 #: Files csframework or Hydra write in the sweep directory: a directory in their place is refused.
-_FILES = (MULTIRUN_YAML, OPTUNA_RESULTS, TABLE_JSON, TABLE_CSV, "sweep.png", LOCK, INTERRUPTED, REFUSED)
+_FILES = (MULTIRUN_YAML, OPTUNA_RESULTS, TABLE_JSON, TABLE_CSV, PLOT, PLOT_SVG, LOCK, INTERRUPTED, REFUSED, SAID)
 
 
 class SweepCallback(Callback):
@@ -83,7 +84,7 @@ def prepare(sweep_dir: Path, multirun_yaml: str, numbered: bool = True) -> None:
     if sweep.kind(OPTUNA_RESULTS) in ("link", "other") or (
             sweep.kind(OPTUNA_RESULTS) == "file" and _names(sweep, OPTUNA_RESULTS) > 1):
         sweep.remove(OPTUNA_RESULTS)  # the entry only: what a link or other name points at stays as it is
-    for mark in (INTERRUPTED, REFUSED):
+    for mark in (INTERRUPTED, REFUSED, SAID):
         sweep.remove(mark)
     for stale in jobs.names():  # left by a job killed outright in an earlier run (files named by a pid)
         if stale.isdigit() and jobs.kind(stale) in ("file", "link"):

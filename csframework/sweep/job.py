@@ -7,6 +7,12 @@ signal finishes the step, checkpoints, marks the sweep interrupted (``.interrupt
 directory, which later jobs see and do not start) and returns too, also when it came after the job's
 last step (during its final checkpoint). Either way the job's row is added to the sweep table as it ends.
 
+A failed job's directory holds its failure as a run's does: a job that failed before its run wrote anything
+(its model, data or backend could not be built, its config was refused) gets a ``fit_failed`` event in
+``events.jsonl`` and a ``summary.json`` with ``status: failed`` and the error, unless an earlier run's
+``summary.json`` is there (a rerun refused before it began must not overwrite it) or another run holds
+the directory.
+
 Under ``checkpoint.resume=auto`` a job counts as completed before only when its ``summary.json`` is
 well-formed, says ``completed`` and agrees with the job's own checkpoints (the newest is at the summary's
 ``global_step``); anything else is run again (resuming from its checkpoints) with a one-line note.
@@ -27,20 +33,24 @@ import signal
 import sys
 import threading
 import time
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import structlog
 
-from ..errors import CsfError, UnsafePathError, printable
+from ..errors import CsfError, RunDirInUse, UnsafePathError, one_line, printable
 from ..files import SafeDir
+from ..jsonout import dumps
 from ..process_state import clean_process_state
 from ..signals import Interrupted, caught_stop_signal, exit_status, forget_stop_signals, signal_name
-from .table import (make_row, override_columns, read_rows, read_summary, record_row,
+from .table import (locked, make_row, override_columns, read_rows, read_summary, record_row,
                     row_overrides)
 
 INTERRUPTED = ".interrupted"
 REFUSED = ".refused"  # jobs of this multirun not run because their run directory belongs to another sweep
 JOBS = ".jobs"  # one file per job process running now (its pid), for the parent to forward signals to
+SAID = ".said"  # the warnings a job of this multirun has shown on the console, one key a line
 PARENT_ENV = "CSFRAMEWORK_SWEEP_PARENT"  # the pid of the multirun's parent, inherited by worker processes
 #: How often a worker's watchdog looks for the multirun's parent, and how long a running job then has to
 #: save its checkpoint before the worker exits anyway.
@@ -48,6 +58,8 @@ WATCHDOG_POLL_S = 0.5
 WATCHDOG_GRACE_S = 10.0
 
 _stopped: list[int] = []  # the stop signal this process saw during this multirun (if .interrupted is lost)
+_sweep_of_job: list[Path] = []  # the sweep directory of the job running in this process, while it runs
+_MAX_SAID_BYTES = 1 << 16
 _job_caught: list[int] = []  # the stop signals the running job's set-up caught (``_job_signals``)
 
 
@@ -91,6 +103,29 @@ def objective_of(summary: dict | None, objective: str) -> float | None:
     """The objective's value in a well-formed summary (``"NaN"`` and the infinities as floats)."""
     value = (summary or {}).get("metrics", {}).get(objective)
     return float(value) if value is not None else None
+
+
+def first_in_sweep(key: str) -> bool:
+    """Whether the job running in this process is the first of its multirun to show the warning ``key`` on
+    the console: a warning every job would repeat (a default too long for a short run, say) is shown once
+    per sweep, and recorded in every job's ``events.jsonl``. Kept in the sweep directory's ``.said``, under
+    the table's lock, so jobs in other processes (joblib, submitit, Ray) see it too. True outside a sweep
+    job, and whenever the record cannot be read or written (a warning shown twice beats one lost)."""
+    if not _sweep_of_job:
+        return True
+    sweep_dir = _sweep_of_job[-1]
+    try:
+        with locked(sweep_dir):
+            sweep = SafeDir(sweep_dir)
+            said = sweep.read(SAID, _MAX_SAID_BYTES).decode("utf-8", "replace").splitlines() \
+                if sweep.kind(SAID) is not None else []
+            if key in said:
+                return False
+            with sweep.append(SAID) as f:
+                f.write(key + "\n")
+        return True
+    except (OSError, ValueError, CsfError):
+        return True
 
 
 def describe(num: int, overrides: list[str]) -> str:
@@ -307,7 +342,7 @@ def _run_sweep_job(cfg, run_job) -> float | None:
         if why:
             _say(f"{describe(num, overrides)}: {why}; running it again (from its checkpoints, if any)")
 
-    status, started = "failed", time.time()
+    status, started, failure = "failed", time.time(), None
     forget_stop_signals()
     _job_caught.clear()
     try:
@@ -316,7 +351,11 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             threads = default_threads(hc)
             if threads and not cfg.backend.get("threads"):
                 torch.set_num_threads(threads)
-            run_job(cfg, overrides)
+            _sweep_of_job.append(sweep_dir)
+            try:
+                run_job(cfg, overrides)
+            finally:
+                _sweep_of_job.clear()
         status = "completed"
         late = _signal_seen()
         if late is not None:  # it came after the last step: fit saved and completed, the sweep still stops
@@ -341,12 +380,57 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             _say(f"{describe(num, overrides)} interrupted by {signal_name(stop)}: {message}")
         else:
             _say(f"{describe(num, overrides)} failed: {message}")
+            failure = e
     finally:
         summary, _ = read_summary(job, since=started)
+        if failure is not None and summary is None and not isinstance(failure, (RunDirInUse, UnsafePathError)):
+            summary = _record_failure(job, cfg, failure, started, num, sweep_dir)
         _record(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
     if status != "completed":
         return None
     return _objective(num, overrides, summary, objective)
+
+
+def _record_failure(job: SafeDir, cfg, error: BaseException, started: float, num: int,
+                    sweep_dir: Path) -> dict | None:
+    """A failed job whose run did not record its failure (it failed before its run wrote anything: its
+    model could not be built, say) gets what a failed run leaves: a ``<mode>_failed`` event appended to
+    ``events.jsonl`` (unless its run logged since ``started``: then it logged its failure itself) and a
+    ``summary.json`` with ``status: failed`` and the error on one line, unless one is there already (an
+    earlier run's stays). Returns the summary written, else None; a directory that refuses costs one line."""
+    from ..builtin.metrics import command_line
+
+    mode = "validate" if str(cfg.get("mode", "fit")) == "validate" else "fit"
+    stage = next(iter(cfg.get("stages") or {}), "main")
+    run_id = uuid.uuid4().hex[:12]
+    message = f"{type(error).__name__}: {one_line(error)}"
+    try:
+        if not _written_since(job, "events.jsonl", started):
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # as the logging plugin writes it
+            event = {"event": f"{mode}_failed", "level": "error", "timestamp": now, "run_id": run_id,
+                     "stage": stage, "step": 0, "job": num, "sweep_dir": str(sweep_dir), "error": message}
+            with job.append("events.jsonl") as f:
+                f.write(dumps(event, where=f"event {event['event']!r}") + "\n")
+        if job.kind("summary.json") is not None:
+            return None
+        summary: dict = {"status": "failed", "mode": mode, "global_step": 0,
+                         "device_type": str(cfg.get("device", {}).get("type", "")).upper(), "stage": stage,
+                         "metrics": {}, "run_id": run_id, "command_line": command_line(), "error": message}
+        job.write("summary.json", dumps(summary, indent=2, where="summary.json"))
+        return summary
+    except (OSError, CsfError) as e:
+        _say(f"job {num}: its failure is not recorded in {printable(str(job.path))}: "
+             f"{printable(' '.join(str(e).split()))}")
+        return None
+
+
+def _written_since(job: SafeDir, name: str, since: float) -> bool:
+    """Whether ``name`` in the job's directory was written at or after ``since`` (a time.time())."""
+    try:
+        with job.opened(create=False) as fd:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime >= since
+    except FileNotFoundError:
+        return False
 
 
 def _signal_seen() -> int | None:
@@ -388,6 +472,6 @@ def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
     return 1 if refused or any(r.get("status") != "completed" for r in rows) else 0
 
 
-__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "completed_before", "describe",
+__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "SAID", "completed_before", "describe", "first_in_sweep",
            "exit_status_of", "handling_stop_signals", "interrupted_by", "job_dir", "mark_interrupted",
            "run_sweep_job", "start_watchdog"]

@@ -1,19 +1,21 @@
 """``sweep.png``: the objective against each swept key (one panel per key, a log axis for a key swept over
-orders of magnitude) and every job's validation curve on one chart. Needs matplotlib
-(``pip install "csframework[plot]"``); without it one line says so and the table is unaffected."""
+orders of magnitude) and every job's validation curve on one chart. Drawn with matplotlib when it is
+installed (``pip install "csframework[plot]"``), else as ``sweep.svg`` by the SVG writer of the run curves
+(``builtin.plot.svg_chart``)."""
 from __future__ import annotations
 
 import math
 import os
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..builtin.plot import read_series
+from ..builtin import plot as run_plot
+from ..builtin.plot import WIDTH, escape, read_series, svg_chart, svg_figure
 from ..errors import CsfError
 from ..files import SafeDir
 from .table import columns
 
-PLOT = "sweep.png"
+PLOT, PLOT_SVG = "sweep.png", "sweep.svg"
 
 
 def _number(value) -> float | None:
@@ -31,50 +33,80 @@ def swept_keys(rows: list[dict]) -> list[str]:
     return [k for k in keys if len({str(r.get(k)) for r in rows}) > 1]
 
 
-def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/loss") -> Path | None:
-    try:
-        import matplotlib
+@dataclass
+class Panel:
+    """The objective against one swept key: numbers (``categories`` None; ``log``: positive values over at least
+    two orders of magnitude), else categories at the x positions 0, 1, ..."""
 
-        matplotlib.use("Agg")  # files only: no display needed, none opened
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.stderr.write('csframework: sweep.png needs matplotlib: pip install "csframework[plot]" '
-                         "(sweep.csv is written without it)\n")
-        return None
-    keys = swept_keys(rows)
-    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4.2 * (len(keys) + 1), 3.6), squeeze=False)
-    panels: list[str] = []  # also written into the PNG (its "panels" text entry), for tools and tests
-    for ax, key in zip(axes[0], keys):
-        panels.append(key)
-        points = [(r.get(key), _number(r.get(objective))) for r in rows]
-        points = [(x, y) for x, y in points if y is not None]
+    key: str
+    points: list[tuple[float, float]]
+    log: bool = False
+    categories: list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.key + (" (log)" if self.log else "")
+
+
+def panels(rows: list[dict], objective: str) -> list[Panel]:
+    """One panel per swept key, of the jobs that reported the objective."""
+    found = []
+    for key in swept_keys(rows):
+        points = [(r.get(key), y) for r in rows if (y := _number(r.get(objective))) is not None]
         xs = [_number(x) for x, _ in points]
         if points and all(x is not None for x in xs):
-            positive = [x for x in xs if x > 0]
-            if len(positive) == len(xs) and max(positive) / min(positive) >= 100:
-                ax.set_xscale("log")
-                panels[-1] += " (log)"
-            ax.scatter(xs, [y for _, y in points])
+            positive = [x for x in xs if x is not None and x > 0]
+            log = len(positive) == len(xs) and max(positive) / min(positive) >= 100
+            found.append(Panel(key, [(float(x), y) for x, (_, y) in zip(xs, points) if x is not None], log))
         else:  # a categorical key (a config group option, a string)
             labels = sorted({str(x) for x, _ in points})
-            ax.scatter([labels.index(str(x)) for x, _ in points], [y for _, y in points])
-            ax.set_xticks(range(len(labels)), labels)
-        ax.set_xlabel(key)
+            found.append(Panel(key, [(float(labels.index(str(x))), y) for x, y in points], categories=labels))
+    return found
+
+
+def write_sweep_plot(sweep_dir: Path, rows: list[dict], objective: str = "val/loss") -> Path | None:
+    """``sweep.png`` (matplotlib installed) or ``sweep.svg`` in the sweep directory; returns its path."""
+    found = panels(rows, objective)
+    curves = {f"job {row['job']}": series for row in rows if (series := _curve(sweep_dir, row, objective))}
+    title = f"sweep: {objective} ({len(rows)} jobs)"
+    if not run_plot.have_matplotlib():  # (one switch for both plots: tests turn it off)
+        charts = [svg_chart({"": p.points}, escape(p.name if i else f"{title}: {p.name}"), x=i * WIDTH,
+                            x_label=escape(p.key), y_label=escape(objective), lines=False, log_x=p.log,
+                            categories=[escape(c) for c in p.categories] if p.categories is not None else None)
+                  for i, p in enumerate(found)]
+        charts.append(svg_chart(curves, escape(title if not found else "curves"), x=len(found) * WIDTH,
+                                y_label=escape(objective)))
+        return SafeDir(sweep_dir).write(PLOT_SVG, svg_figure([c for c in charts if c]))
+    return _png(sweep_dir, found, curves, title, objective)
+
+
+def _png(sweep_dir: Path, found: list[Panel], curves: dict, title: str, objective: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, none opened
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(found) + 1, figsize=(4.2 * (len(found) + 1), 3.6), squeeze=False)
+    for ax, panel in zip(axes[0], found):
+        ax.scatter([x for x, _ in panel.points], [y for _, y in panel.points])
+        if panel.log:
+            ax.set_xscale("log")
+        if panel.categories is not None:
+            ax.set_xticks(range(len(panel.categories)), panel.categories)
+        ax.set_xlabel(panel.key)
         ax.set_ylabel(objective)
-    curves = axes[0][-1]
-    for row in rows:
-        series = _curve(sweep_dir, row, objective)
-        if series:
-            curves.plot([s for s, _ in series], [v for _, v in series], marker=".", label=f"job {row['job']}")
-    curves.set_xlabel("step")
-    curves.set_ylabel(objective)
-    if curves.lines:
-        curves.legend(fontsize="small")
-    fig.suptitle(f"sweep: {objective} ({len(rows)} jobs)")
+    chart = axes[0][-1]
+    for name, series in curves.items():
+        chart.plot([s for s, _ in series], [v for _, v in series], marker=".", label=name)
+    chart.set_xlabel("step")
+    chart.set_ylabel(objective)
+    if chart.lines:
+        chart.legend(fontsize="small")
+    fig.suptitle(title)
     fig.tight_layout()
-    try:
+    try:  # the panels are also written into the PNG (its "panels" text entry), for tools and tests
         with SafeDir(sweep_dir).atomic(PLOT) as f:
-            fig.savefig(f, format="png", dpi=90, metadata={"panels": ", ".join(panels)})
+            fig.savefig(f, format="png", dpi=90, metadata={"panels": ", ".join(p.name for p in found)})
     finally:
         plt.close(fig)
     return Path(sweep_dir) / PLOT

@@ -42,6 +42,12 @@ def test_two_ranks_match_one_process_with_the_whole_batch(tmp_path, cli_env):
     # one writer: every event line is there once
     events = (ddp_dir / "events.jsonl").read_text().splitlines()
     assert sum('"event": "fit_start"' in line for line in events) == 1
+    # how the run was spread (issue 29 item 7): on the start line and in summary.json; a single process has none
+    start = [line for line in ddp.stderr.splitlines() if "fit_start" in line]
+    assert len(start) == 1 and "process_group=gloo" in start[0] and "strategy=ddp" in start[0] \
+        and "world_size=2" in start[0], ddp.stderr[-3000:]
+    assert (summary["world_size"], summary["strategy"], summary["process_group"]) == (2, "ddp", "gloo")
+    assert not {"world_size", "strategy", "process_group"} & set(json.loads((single_dir / "summary.json").read_text()))
 
     a, b = final_params(ddp_dir), final_params(single_dir)
     assert a.keys() == b.keys()

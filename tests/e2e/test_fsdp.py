@@ -69,6 +69,7 @@ def test_fsdp_trains_like_ddp_and_every_rank_writes_its_shards(tmp_path, cli_env
     assert_same_params(sharded_params(newest(fsdp_run)), ddp, exact=False)
     summary = json.loads((fsdp_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == 20
+    assert (summary["world_size"], summary["strategy"], summary["process_group"]) == (2, "fsdp", "gloo")
 
 
 @pytest.mark.slow

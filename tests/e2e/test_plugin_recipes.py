@@ -12,22 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from doc_blocks import files_of
 from fixtures import pip_install_target
 
 ROOT = Path(__file__).resolve().parents[2]
-_BLOCK = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
-
-
-def files_of(document: Path, package: str) -> dict[str, str]:
-    """The fenced blocks of ``document`` whose first line names a file of ``package``
-    (``# <package>/<path>`` or ``<!-- <package>/<path> -->``), as ``{path: text}``."""
-    found = {}
-    for block in _BLOCK.findall(document.read_text()):
-        first = block.split("\n", 1)[0]
-        named = re.fullmatch(rf"(?:#|<!--)\s*{re.escape(package)}/(\S+?)(?:\s*-->)?", first.strip())
-        if named:
-            found[named.group(1)] = block
-    return found
 
 
 @pytest.mark.slow

@@ -85,6 +85,47 @@ def test_joblib_sweep_a_failing_job_fails_alone(tmp_path, cli_env):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_failed_job_s_directory_holds_its_events_and_a_failed_summary(launcher, tmp_path, cli_env):
+    """Issue 29 item 6: job 1's model cannot be built and job 2's raises in forward; each job's directory holds
+    its events.jsonl (with the failure) and a summary.json saying failed with the error on one line (job 1's
+    directory was empty)."""
+    if launcher == "joblib" and not installed("hydra_plugins.hydra_joblib_launcher"):
+        pytest.skip("hydra-joblib-launcher is not installed: pip install -e '.[joblib]'")
+    d = tmp_path / "sweep"
+    parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    r = sweep(d, "model.net._target_=fixtures.mlp,fixtures.unbuildable_mlp,fixtures.ForwardFails", *parallel,
+              env=cli_env, check=1)
+    assert [row["status"] for row in table(d)] == ["completed", "failed", "failed"]
+    for job, error in ((1, "a bug in the network's __init__"), (2, "ValueError: a bug in the network's forward")):
+        summary = json.loads((d / str(job) / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["global_step"] == 0, job
+        assert error in summary["error"] and "\n" not in summary["error"], summary["error"]
+        failures = [json.loads(line) for line in (d / str(job) / "events.jsonl").read_text().splitlines()
+                    if '"fit_failed"' in line]
+        assert len(failures) == 1 and failures[0]["error"] == summary["error"] and failures[0]["job"] == job
+    assert json.loads((d / "1" / "summary.json").read_text())["error"].startswith("ConfigError: model: could not build")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_warm_up_default_longer_than_a_shortened_run_is_said_once_per_sweep(launcher, tmp_path, cli_env):
+    """Issue 29 item 7: adamw's default warm-up (30 steps) outlasts loop.max_steps=5 in every job; the console
+    says so once, naming the setting and a value that works, and every job's events.jsonl records it."""
+    if launcher == "joblib" and not installed("hydra_plugins.hydra_joblib_launcher"):
+        pytest.skip("hydra-joblib-launcher is not installed: pip install -e '.[joblib]'")
+    d = tmp_path / "sweep"
+    parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    r = sweep(d, "optimizer=adamw", "optimizer.lr=0.01,0.02,0.03", "loop.max_steps=5", *parallel, env=cli_env, check=0)
+    said = [line for line in r.stderr.splitlines() if "warmup_longer_than_training" in line]
+    assert len(said) == 1, r.stderr[-3000:]
+    assert "fix='set optimizer.schedule.warmup_steps=0 (any value up to 5 works)'" in said[0]
+    assert "optimizer.schedule.warmup_steps (30) is longer than loop.max_steps (5)" in said[0]
+    for job in range(3):
+        assert '"warmup_longer_than_training"' in (d / str(job) / "events.jsonl").read_text(), job
+
+
+@pytest.mark.slow
 @needs("hydra_plugins.hydra_optuna_sweeper")
 def test_optuna_study_goes_on_after_a_failed_trial_and_returns_the_best(tmp_path, cli_env):
     d = tmp_path / "sweep"

@@ -52,6 +52,22 @@ def mlp(dim: int = 8, hidden: int = 16, classes: int = 4, dropout: float = 0.0) 
     return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes))
 
 
+def unbuildable_mlp(**kwargs) -> nn.Module:
+    """A user's network with a bug in its construction (``model.net._target_=fixtures.unbuildable_mlp``)."""
+    raise RuntimeError("a bug in the network's __init__")
+
+
+class ForwardFails(nn.Module):
+    """A user's network that builds and raises in ``forward`` (``model.net._target_=fixtures.ForwardFails``)."""
+
+    def __init__(self, dim: int = 8, hidden: int = 16, classes: int = 4):
+        super().__init__()
+        self.layer = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        raise ValueError("a bug in the network's forward")
+
+
 #: The test config directory (``compose(..., config_dir=CONF)``, ``--config-dir``) and overrides for a fast
 #: run on the Blobs set with a small MLP (add loop.max_steps etc. as needed).
 CONF = str(Path(__file__).parent / "conf")

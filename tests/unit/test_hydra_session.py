@@ -92,3 +92,29 @@ def test_a_backends_config_files_become_group_options(tmp_path):
 
     cfg = compose(["device=tiny"], backends={"TINY": Tiny}, config_files=[f"file://{tmp_path}"])
     assert cfg.backend == Tiny(knob=1)
+
+
+# -- issue 29 item 3: an interpolation into a group the user replaced ---------------------------------------------
+def test_the_default_data_composes_with_a_model_that_has_no_block_size():
+    """``conf/data/stdlib_text.yaml`` follows the transformer's ``block_size`` when the model has one: with any
+    other model (here the built-in linear classifier) the data still composes, with a window of 64."""
+    cfg = compose(["model=tiny_linear"], backends=BACKENDS)
+    assert cfg.data.train["block_size"] == cfg.data.val["block_size"] == 64
+    assert compose(["model.block_size=32"], backends=BACKENDS).data.train["block_size"] == 32
+
+
+def test_an_interpolation_into_a_replaced_group_names_both_group_options(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my_model.yaml").write_text("_target_: torch.nn.Linear\nin_features: 4\nout_features: 3\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "my_text.yaml").write_text(
+        "train:\n  _target_: csframework.defaults.StdlibText\n  block_size: ${model.block_size}\nval: null\n")
+    with pytest.raises(ConfigError) as error:
+        compose(["model=my_model", "data=my_text"], config_dir=str(tmp_path), backends=BACKENDS)
+    assert str(error.value) == ("data.train.block_size: ${model.block_size} (from data=my_text) but model=my_model "
+                                "has no block_size; set data.train.block_size=<value>, or choose a model that has one")
+    with pytest.raises(ConfigError) as error:  # given on the command line, it is said so
+        compose(["model=my_model", "data=my_text", "data.train.block_size=8", "+data.train.split=${loop.nope}"],
+                config_dir=str(tmp_path), backends=BACKENDS)
+    assert str(error.value) == ("data.train.split: ${loop.nope} (from the overrides) but the config has no "
+                                "loop.nope; set data.train.split=<value>")

@@ -16,9 +16,10 @@ from omegaconf import OmegaConf
 from hostile import deep_json
 from sweep_dirs import GOOD, area, fake_job  # noqa: F401,F811 (area is a fixture)
 
+from csframework.errors import ConfigError
 from csframework.files import SafeDir
-from csframework.sweep.job import (PARENT_ENV, _objective, completed_before, default_threads, interrupted_by,
-                                   job_dir, objective_of)
+from csframework.sweep.job import (PARENT_ENV, _objective, _record_failure, completed_before, default_threads,
+                                   interrupted_by, job_dir, objective_of)
 
 
 def test_parallel_jobs_share_the_cores():
@@ -67,6 +68,30 @@ def test_a_summary_counts_only_with_its_final_checkpoint(tmp_path):
     (root / "step-00000008" / "meta.json").write_text('{"files": {}, "global_step": 7}')
     done, problem = completed_before(SafeDir(tmp_path, "0"))
     assert done is None and "7" in problem
+
+
+def test_a_job_that_failed_before_its_run_began_records_it_but_keeps_an_earlier_summary(tmp_path):
+    """Issue 29 item 6: the failure goes into the job's events.jsonl and a new summary.json (status failed, the
+    error on one line); an earlier run's summary.json stays as it was (issue 27: a rerun refused before it
+    began must not overwrite it)."""
+    import json
+
+    cfg = OmegaConf.create({"mode": "fit", "device": {"type": "cpu"}, "stages": {}})
+    error = ConfigError("model: could not build my.Net:\nRuntimeError('bug')")
+    fresh = tmp_path / "1"
+    fresh.mkdir()
+    written = _record_failure(SafeDir(fresh), cfg, error, time.time(), 1, tmp_path)
+    summary = json.loads((fresh / "summary.json").read_text())
+    assert written == summary and summary["status"] == "failed" and summary["global_step"] == 0
+    assert summary["error"] == "ConfigError: model: could not build my.Net: RuntimeError('bug')"
+    event = json.loads((fresh / "events.jsonl").read_text())
+    assert (event["event"], event["level"], event["job"]) == ("fit_failed", "error", 1)
+    assert event["error"] == summary["error"]
+
+    earlier = fake_job(tmp_path, 0, GOOD)
+    assert _record_failure(SafeDir(earlier), cfg, error, time.time(), 0, tmp_path) is None
+    assert (earlier / "summary.json").read_bytes() == GOOD
+    assert json.loads((earlier / "events.jsonl").read_text())["event"] == "fit_failed"
 
 
 def test_a_job_directory_that_is_a_link_is_refused(area):
