@@ -162,7 +162,10 @@ def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = No
         result = run.check()
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
-    metrics = (run.validate() if mode == "validate" else run.fit())["metrics"]
+    summary = run.validate() if mode == "validate" else run.fit()
+    if run.already_complete:
+        print(f"csframework: already complete at step {run.global_step}; nothing to do")
+    metrics = summary["metrics"]
     return metrics.get("val/loss", metrics.get("train/loss"))
 
 

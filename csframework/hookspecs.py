@@ -28,12 +28,19 @@ Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consum
         on the last one:
             on_before_optimizer_step(optimizer)       # before clipping and the optimizer step
             -- the global step advances; the step ends (loop.end_step): --
-            on_log_metrics(metrics, step)             # when global_step % loop.log_every == 0
-            on_eval_start ... on_eval_end(metrics)    # when global_step % loop.eval_every == 0
-            on_log_metrics(val metrics, step)
+            on_log_metrics(metrics, step)             # when global_step % loop.log_every == 0, and at the
+                                                      # stage's last step
+            on_eval_start ... on_eval_end(metrics)    # when stage_step % loop.eval_every == 0, and at the
+            on_log_metrics(val metrics, step)         # stage's last step (its final evaluation)
         on_train_batch_end(batch, outputs, batch_idx)
     on_train_step_end(step, outputs)                  # once per optimizer step; the built-in checkpoint plugin
                                                       # saves here, after the evaluation of the same step
+
+The stage's last step is the one that reaches ``loop.max_steps``, the last full step of its last epoch
+(``loop.max_epochs``), or a step after ``run.request_stop``: its final evaluation runs inside it, so a
+checkpoint of that step holds that evaluation's metrics. (A stop requested after the step's evaluation,
+in ``on_train_batch_end`` or ``on_train_step_end``, comes too late for it: the final evaluation then runs
+after the step, before ``on_train_end``, and the checkpoint plugin writes that step's checkpoint again.)
 
 Around the steps: ``on_fit_start`` > (per stage: ``on_train_start`` > (per epoch: ``on_train_epoch_start`` >
 steps > ``on_train_epoch_end``) > ``on_train_end``) > ``on_fit_end``. Evaluation: ``on_eval_start`` >
@@ -177,7 +184,8 @@ def on_train_start(run: RunProtocol) -> None:
 
 @hookspec
 def on_train_end(run: RunProtocol) -> None:
-    """At the end of each stage's training, after its last step (and the final evaluation, if any).
+    """At the end of each stage's training, after its last step and its final evaluation (if any: it runs
+    within the last step, or just before this hook when a stop was requested after that step's evaluation).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
     """

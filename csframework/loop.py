@@ -82,8 +82,10 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     requested (``False``), or the epoch runs out of batches (``True``)."""
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
     accum = loop.grad_accum_steps
+    batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
+    ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
     # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
-    for batch in epoch_batches(run.train_loader, epoch, state.batch_in_epoch):
+    for batch in batches:
         batch_idx = state.batch_in_epoch
         batch = backend.to_device(batch)
         hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
@@ -93,20 +95,45 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
         if not last:
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             continue
-        end_step(run, batch, outputs, batch_idx)
-        if _stage_done(state, loop) or state.stop_reason is not None:
+        done = _stage_done(state, loop)
+        # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
+        # after it, if any, are micro-batches that _drop_partial_step drops)
+        end_step(run, batch, outputs, batch_idx,
+                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum))
+        if done or state.stop_reason is not None:
             return False
     return True
 
 
-def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int) -> None:
-    """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``), in this order: the
-    schedule advances, the step's outputs are kept for the next log, a loss not finite on the host stops the
-    run, the metrics are logged (``loop.log_every``), the evaluation runs (``loop.eval_every``; the losses
-    since the last log are checked first, so a non-finite one stops the run before it is evaluated), a stop
-    signal makes this step the last, ``on_train_batch_end`` fires for the batch and ``on_train_step_end``
-    for the step (the checkpoint plugin saves there, after that evaluation), and a stopped run ends
-    (``Interrupted``)."""
+def _stage_end_in(batches, epoch: int, start: int, loop) -> int | None:
+    """The batch of ``epoch`` its pass ``batches`` (from batch ``start``) ends at, when the stage ends with
+    that epoch (``loop.max_epochs``, which needs a dataset with a length); else ``None``."""
+    if loop.max_steps is not None or epoch != loop.max_epochs - 1:
+        return None
+    return start + len(batches)
+
+
+def finished(run: RunProtocol) -> bool:
+    """Whether the run is at its end: its last stage has taken its steps and, with ``data.val``, evaluated
+    the last one (so a run resumed from the checkpoint of its last step has nothing left to do)."""
+    state = run.state
+    if state.stage_index != len(run.stages) - 1 or state.global_step == 0:
+        return False
+    if run.val_loader is not None and state.last_eval_step != state.global_step:
+        return False
+    # max_epochs: every full step of the stage's epochs taken (the rest of the last epoch makes no step)
+    return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)
+
+
+def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False) -> None:
+    """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
+    last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
+    outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
+    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every``, and the final step;
+    the losses since the last log are checked first, so a non-finite one stops the run before it is
+    evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
+    ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
+    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``)."""
     state, loop = run.state, run.stage_config.loop
     run.scheduler.step()
     state.add_outputs(outputs)
@@ -115,9 +142,10 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int) -> None:
     # error under dynamic scaling)
     if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
         check_finite(run)
-    if state.global_step % loop.log_every == 0:
+    final = final or state.stop_reason is not None
+    if final or state.global_step % loop.log_every == 0:
         log_train_metrics(run)
-    if loop.eval_every and state.stage_step % loop.eval_every == 0 and run.val_loader is not None:
+    if (final or (loop.eval_every and state.stage_step % loop.eval_every == 0)) and run.val_loader is not None:
         if state.pending.get("loss"):  # the evaluation synchronises anyway: a loss gone non-finite stops it here
             check_finite(run)
         evaluate(run)

@@ -48,6 +48,8 @@ class RunProtocol(Protocol):
     status: str
     summary_extra: dict[str, Any]
     """Entries a plugin adds to ``summary.json``."""
+    already_complete: bool
+    """``fit`` resumed the run at its end (``checkpoint.resume``): nothing is trained, no checkpoint written."""
     eval_outputs: dict[str, torch.Tensor]
     """During ``on_eval_end``: the outputs named in ``loop.collect``."""
     stages: list[tuple[str, RunConfig]]

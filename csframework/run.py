@@ -71,7 +71,8 @@ class Run:
     plugin saves then), ``stop_reason`` (set by ``request_stop``) and ``metrics`` (latest value of every
     reported metric); during ``on_eval_end`` ``eval_outputs`` (the outputs named in ``loop.collect``, name ->
     CPU tensor in dataset order; complete on rank 0, empty on the other ranks; see ``csframework.collect``).
-    Plugins may add entries to ``summary_extra`` (merged into ``summary.json``).
+    Plugins may add entries to ``summary_extra`` (merged into ``summary.json``). ``already_complete``:
+    ``fit`` resumed the run at its end and had nothing to train.
     """
 
     backend: Backend | None = None
@@ -110,6 +111,7 @@ class Run:
         self.eval_outputs: dict[str, torch.Tensor] = {}  # loop.collect's outputs, during on_eval_end
         self.mode = "fit"  # what the run is doing: "fit" or "validate"
         self.summary_extra: dict[str, Any] = {}
+        self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -233,13 +235,19 @@ class Run:
 
     # -- running ----------------------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does."""
+        """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
+        resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
+        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run)."""
         owner = os.getpid()
 
         def body():
-            self.mode, self.status = "fit", "running"
+            self.mode, self.status, self.already_complete = "fit", "running", False
             self.hooks.on_fit_start(run=self)
-            self.status = loop.fit(self)
+            if not self.backend.dry_run and loop.finished(self):  # resumed from the checkpoint of its end
+                self.already_complete, self.status = True, "completed"
+                self.log.info("already_complete")
+            else:
+                self.status = loop.fit(self)
             _leave_if_forked(owner)
             self.hooks.on_fit_end(run=self)
             return self.summary()

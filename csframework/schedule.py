@@ -2,6 +2,7 @@
 eager and traced (CSX) runs share it), or any class named by ``_target_``."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -10,6 +11,7 @@ import warnings
 import torch
 
 from .config import OptimizerConfig
+from .config.optimizer import ScheduleName
 from .errors import ConfigError
 from .targets import call, locate
 
@@ -41,21 +43,30 @@ class Schedule:
     """Sets each param group's rate to ``base_lr * lr_factor(step)`` before every optimizer step (written
     when the factor changes: a constant rate is written once).
 
+    Its state holds its plan (kind, warm-up, ``lr``, ``min_lr`` and the steps it spans), so a resumed run
+    goes on with the schedule it was saved with, as torch's schedulers keep their settings (``T_max``):
+    settings changed since (``loop.max_steps`` raised, say) do not bend the rate of the steps already
+    planned; past the planned steps the rate stays at its final value.
+
     The interface of a torch ``LRScheduler`` that code uses (``step``, ``get_last_lr``, ``last_epoch``,
     ``base_lrs``, ``state_dict``, ``load_state_dict``) without its per-step bookkeeping, which costs
     more than the rest of the loop on a small model. ``last_epoch`` counts optimizer steps, as in torch.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
-        self.optimizer, self.cfg, self.total_steps = optimizer, cfg, total_steps
+        self.optimizer = optimizer
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         self.last_epoch = 0
+        self._plan(cfg, total_steps)
+        self._apply()
+
+    def _plan(self, cfg: OptimizerConfig, total_steps: int) -> None:
+        self.cfg, self.total_steps = cfg, total_steps
         self._factor = None  # the factor the param groups' rates were last set with
         # from this step on the factor no longer changes: the rates set then stay (no per-step work)
         name = getattr(cfg.schedule.name, "value", cfg.schedule.name)
         warmup = cfg.schedule.warmup_steps
         self._settled = warmup if name == "constant" or cfg.lr == 0 else max(warmup + 1, total_steps - 1)
-        self._apply()
 
     def step(self) -> None:
         """Called once after each optimizer step: set the rate of the next one."""
@@ -82,11 +93,25 @@ class Schedule:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
-        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs)}
+        sched = self.cfg.schedule
+        plan = {"name": getattr(sched.name, "value", sched.name), "warmup_steps": sched.warmup_steps,
+                "lr": self.cfg.lr, "min_lr": sched.min_lr, "total_steps": self.total_steps}
+        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "plan": plan}
 
     def load_state_dict(self, state: dict) -> None:
-        """Also reads a torch ``LambdaLR`` state (it has the same two keys)."""
+        """Continue the saved schedule: its plan replaces this one's (a state without one, from a torch
+        ``LambdaLR`` or an older checkpoint, keeps this one's plan)."""
         self.last_epoch, self.base_lrs = int(state["last_epoch"]), list(state["base_lrs"])
+        plan = state.get("plan")
+        if plan is not None:
+            try:  # read from a checkpoint: anything else than what state_dict writes is refused
+                schedule = dataclasses.replace(self.cfg.schedule, name=ScheduleName(plan["name"]),
+                                               warmup_steps=int(plan["warmup_steps"]), min_lr=float(plan["min_lr"]))
+                cfg = dataclasses.replace(self.cfg, lr=float(plan["lr"]), schedule=schedule)
+                total_steps = int(plan["total_steps"])
+            except (TypeError, ValueError, KeyError) as e:
+                raise ValueError(f"its learning-rate schedule's plan is unreadable ({type(e).__name__}: {e})") from e
+            self._plan(cfg, total_steps)
         self._factor = None  # new base rates: write them whatever the factor
         self._apply()
 

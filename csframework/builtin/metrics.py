@@ -101,6 +101,8 @@ class MetricsPlugin:
             return
         if error is not None and self.started is None and getattr(error, "exit_code", 1) == 2:
             return  # refused before it began (exit 2: nothing trained): an earlier run's summary.json stays
+        if error is None and run.already_complete and self._completed_before(run):
+            return  # resumed at its end, nothing done: the summary of the run that got there stays
         summary = run.summary()
         summary.update(self._figures(run))
         if error is not None:
@@ -108,6 +110,14 @@ class MetricsPlugin:
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
             write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
+
+    @staticmethod
+    def _completed_before(run) -> bool:
+        """Whether the run directory's ``summary.json`` (read as untrusted) says completed at this step."""
+        from ..sweep.table import read_summary
+
+        summary, _ = read_summary(run.files)
+        return summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
 
     def _figures(self, run) -> dict:
         """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's

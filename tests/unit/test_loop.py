@@ -336,6 +336,69 @@ def test_a_stage_that_ends_inside_an_accumulated_step_drops_its_gradients(tmp_pa
     assert "loop.grad_accum_steps" in dropped[0]["problem"]
 
 
+# -- the last step: its evaluation before its checkpoint ------------------------------------------------------
+def checkpoint_meta(run_dir, step: int) -> dict:
+    return json.loads((run_dir / "checkpoints" / f"step-{step:08d}" / "meta.json").read_text())
+
+
+def assert_last_checkpoint_holds_the_final_evaluation(run_dir, summary: dict, step: int) -> None:
+    """The checkpoint of the last step holds the final evaluation's metrics and is the best kept."""
+    final = summary["metrics"]["val/loss"]
+    assert checkpoint_meta(run_dir, step)["metrics"].get("val/loss") == final
+    assert summary["best_checkpoint"] == {"path": f"checkpoints/step-{step:08d}", "metric": "val/loss",
+                                          "value": final}
+
+
+def test_the_last_step_of_a_stage_of_epochs_evaluates_before_its_checkpoint(tmp_path):
+    # 256 samples in batches of 16, 3 micro-batches a step: 2 epochs are 10 steps and 2 micro-batches left
+    # over; every_steps=5 saves the last step, whose final evaluation used to come after the stage's end
+    recorder = fixtures.Recorder()
+    run, summary = fixtures.fit(tmp_path, "loop.max_steps=null", "loop.max_epochs=2", "loop.grad_accum_steps=3",
+                                "checkpoint.every_steps=5", "checkpoint.keep_best.monitor=val/loss",
+                                plugins=[recorder])
+    assert summary["global_step"] == 10
+    assert_last_checkpoint_holds_the_final_evaluation(tmp_path, summary, 10)
+    at_10 = [name for name, step in recorder.calls if step == 10 and name in ("on_eval_end", "on_checkpoint_save")]
+    assert at_10 == ["on_eval_end", "on_checkpoint_save"]
+    assert "checkpoint_saved" in [e["event"] for e in fixtures.events(tmp_path)]
+
+
+class StopAfterEvaluationPoint:
+    """Requests a stop at step ``step`` from ``on_train_step_end``: after that step's evaluation point."""
+
+    name = "stop_late"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @csf.hookimpl
+    def on_train_step_end(self, run, step):
+        if step == self.step:
+            run.request_stop("late")
+
+
+def test_a_stop_requested_after_the_step_s_evaluation_still_checkpoints_the_final_one(tmp_path):
+    run, summary = fixtures.fit(tmp_path, "loop.max_steps=20", "checkpoint.every_steps=4",
+                                "checkpoint.keep_best.monitor=val/loss", plugins=[StopAfterEvaluationPoint(8)])
+    assert summary["global_step"] == 8 and summary["stop_reason"] == "late"
+    assert_last_checkpoint_holds_the_final_evaluation(tmp_path, summary, 8)
+
+
+def test_a_run_resumed_at_its_end_trains_and_writes_nothing(tmp_path):
+    _, first = fixtures.fit(tmp_path, "loop.max_steps=6", "checkpoint.every_steps=3")
+    written = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")}
+    summary_text = (tmp_path / "summary.json").read_text()
+    recorder = fixtures.Recorder()
+    run, again = fixtures.fit(tmp_path, "loop.max_steps=6", "checkpoint.every_steps=3", "checkpoint.resume=auto",
+                              plugins=[recorder])
+    assert run.already_complete and again["status"] == "completed" and again["global_step"] == 6
+    assert [name for name, _ in recorder.calls] == ["on_checkpoint_load", "on_fit_start", "on_fit_end"]
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")} == written
+    assert (tmp_path / "summary.json").read_text() == summary_text  # its wall time and figures stay
+    assert fixtures.events(tmp_path)[-2]["event"] == "already_complete"
+    assert first["metrics"] == again["metrics"]
+
+
 def test_a_checkpoint_from_before_last_eval_step_existed_still_loads():
     state = RunState()
     old = {"global_step": 7, "stage_index": 0, "stage_step": 7, "epoch": 0, "batch_in_epoch": 7, "micro_step": 7}
@@ -469,7 +532,7 @@ def test_no_tensor_is_read_between_the_boundaries_of_a_step(tmp_path, monkeypatc
     cfg.model = {"_target_": f"{__name__}.LossOnDevice", "model": TRANSFORMER if case == "default" else MLP}
     summary = csf.Run(cfg, plugins=[counter], output_dir=tmp_path).fit()
     assert summary["status"] == "completed"
-    boundaries = {4, 5, 6, 8, 10, 12}  # logs, evaluations, checkpoints (the run's end comes after step 13's window)
+    boundaries = {4, 5, 6, 8, 10, 12, 13}  # logs, evaluations, checkpoints; the last step logs and evaluates
     between = {step: reads for step, reads in counter.reads.items() if step not in boundaries}
     assert between == {}, f"{case}: values read inside steps: {between}"
     assert counter.reads, "the boundaries read the logged means: the counter sees reads"

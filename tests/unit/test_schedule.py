@@ -187,3 +187,44 @@ def test_a_constant_rate_is_written_once_and_loaded_base_rates_replace_it():
     assert opt.param_groups[0]["lr"] == 0.125 and schedule.get_last_lr() == [0.125]
     schedule.step()
     assert opt.param_groups[0]["lr"] == 0.125
+
+
+def test_a_resumed_schedule_goes_on_as_saved_whatever_the_new_plan():
+    """A checkpoint's schedule state carries its plan: a run resumed with another length, warm-up, kind or
+    rate follows the saved schedule step for step, and past its planned steps stays at its final rate
+    (no jump back up); a state without a plan (an older checkpoint) keeps the new run's."""
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler
+
+    def rates(schedule, opt, steps):
+        seen = []
+        for _ in range(steps):
+            seen.append(opt.param_groups[0]["lr"])
+            schedule.step()
+        return seen
+
+    saved = OptimizerConfig(lr=3e-3, schedule=ScheduleConfig(name="cosine", warmup_steps=30, min_lr=3e-4))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=saved.lr)
+    straight = build_scheduler(opt, saved, total_steps=40)
+    planned = rates(straight, opt, 40)
+    for new in (saved, OptimizerConfig(lr=1e-2, schedule=ScheduleConfig(name="linear", warmup_steps=5, min_lr=0.0))):
+        replay = build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=saved.lr), saved, 40)
+        rates(replay, replay.optimizer, 20)
+        resumed = build_scheduler(opt := torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=new.lr), new, 80)
+        resumed.load_state_dict(replay.state_dict())
+        assert rates(resumed, opt, 60) == pytest.approx(planned[20:] + [3e-4] * 40)
+    older = {k: v for k, v in straight.state_dict().items() if k != "plan"}
+    resumed = build_scheduler(opt := torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=saved.lr), saved, 80)
+    resumed.load_state_dict(older)
+    assert opt.param_groups[0]["lr"] > 1e-3  # the 80-step cosine at step 40: the older checkpoints' behaviour
+
+
+def test_an_unreadable_plan_in_a_checkpoint_is_refused():
+    from csframework.config import OptimizerConfig
+    from csframework.schedule import build_scheduler
+
+    schedule = build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), OptimizerConfig(), 8)
+    state = schedule.state_dict()
+    for plan in ({**state["plan"], "name": "zigzag"}, {**state["plan"], "total_steps": None}, {"lr": 0.1}):
+        with pytest.raises(ValueError, match="schedule's plan is unreadable"):
+            schedule.load_state_dict({**state, "plan": plan})

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 from omegaconf import OmegaConf
@@ -20,6 +21,7 @@ from ...errors import (CheckpointWriteError, ConfigError, DamagedCheckpoint, Plu
                        UnsafePathError)
 from ...files import SafeDir
 from ...hookspecs import hookimpl
+from ...schedule import Schedule, lr_factor
 from . import store
 from .format import (MAX_CONFIG_BYTES, MAX_META_BYTES, SHARDED, read_checkpoint, read_config_yaml, temporary_dir,
                      write_checkpoint)
@@ -51,6 +53,35 @@ def _config_differences(saved_yaml: str, config, section: str) -> list[str]:
             for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
 
 
+#: What a resumed stage takes from its checkpoint, not from the config: the optimizer's settings (torch's
+#: ``load_state_dict`` restores them with its state) and the learning-rate schedule (``Schedule``'s plan, a
+#: torch scheduler's own state), planned for the stage's length then (``loop.max_steps``/``max_epochs``).
+RESUMED_SETTINGS = ("loop.max_steps", "loop.max_epochs", "optimizer.lr", "optimizer.weight_decay",
+                    "optimizer.momentum", "optimizer.nesterov", "optimizer.betas", "optimizer.eps",
+                    "optimizer.schedule.")
+LENGTH = ("loop.max_steps", "loop.max_epochs")
+
+
+def changed_settings(saved_yaml: str, config, stage: str) -> list[tuple[str, object, object]]:
+    """``(key, in the checkpoint, now)`` for each of ``RESUMED_SETTINGS`` whose value for stage ``stage`` in
+    the checkpoint's config (``saved_yaml``) is not its value in ``config`` (the stage's config now). A
+    key the checkpoint's config lacks (an older csframework's) is left out, as is a config it cannot read."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}"))
+        partial = (saved.get("stages") or {}).get(stage) or {}
+        before = {}
+        for section in ("loop", "optimizer"):
+            merged = OmegaConf.merge(saved.get(section) or {}, partial.get(section) or {})
+            before.update(_flatten(OmegaConf.to_container(merged), section))
+    except Exception:  # noqa: BLE001 - a config we cannot read names nothing
+        return []
+    now = cast(dict, OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True))
+    after = {**_flatten(now["loop"], "loop"), **_flatten(now["optimizer"], "optimizer")}
+    return [(key, before[key], after[key]) for key in sorted(set(before) & set(after))
+            if key.startswith(RESUMED_SETTINGS) and key != "optimizer.schedule.interval"
+            and before[key] != after[key]]
+
+
 def model_mismatch(model: torch.nn.Module, saved: dict) -> list[str]:
     """How ``saved`` (a model state dict) does not fit ``model``: missing, unexpected or reshaped tensors."""
     current = model.state_dict()
@@ -70,12 +101,35 @@ def model_mismatch(model: torch.nn.Module, saved: dict) -> list[str]:
     return problems
 
 
+def _changes_problem(run, changes: list[tuple[str, object, object]]) -> str:
+    """What the settings changed since a resumed stage's checkpoint mean, in one line: the schedule and the
+    optimizer's settings go on as saved; a longer stage trains on at the schedule's final rate."""
+    text = (f"resuming at step {run.global_step} continues the checkpoint's learning-rate schedule and "
+            "optimizer settings")
+    sched = run.scheduler
+    if any(key in LENGTH for key, _, _ in changes) and isinstance(sched, Schedule):
+        offset, planned = run.global_step - run.stage_step, sched.total_steps
+        end = offset + run.total_steps(run.stage_config)
+        if end > offset + planned:
+            final = sched.base_lrs[0] * lr_factor(max(planned - 1, 0), sched.cfg, planned)
+            text += (f"; the schedule was planned for {planned} steps, so from step {offset + planned} to {end} "
+                     f"the rate stays at its final {final:.3g}")
+        else:
+            text += f"; the schedule was planned for {planned} steps, so training stops at step {end}, before its end"
+    others = [key for key, _, _ in changes if key not in LENGTH]
+    if others:
+        text += (f"; {', '.join(others)} keep{'s' if len(others) == 1 else ''} the checkpoint's "
+                 f"value{'' if len(others) == 1 else 's'}")
+    return text + "; start a new run for a schedule over the new settings"
+
+
 # -- the plugin -----------------------------------------------------------------------------------------
 class CheckpointPlugin:
     name = "checkpoint"
 
     def __init__(self):
         self.saved_step = None
+        self.saved_eval_step = -1  # the evaluation (its step) the checkpoint of saved_step holds the metrics of
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
@@ -184,6 +238,8 @@ class CheckpointPlugin:
                                   "start afresh in another run directory (hydra.run.dir=...)") from e
             if not names and resume != "auto":
                 raise ConfigError(f"checkpoint.resume: no complete checkpoint in {source}")
+            if not names and run.mode == "fit":
+                run.log.info("nothing_to_resume", path=str(source))
             candidates = [source / name for name in reversed(names)]
         damaged = []
         shard_check = run.backend.read_shard_metadata if run.backend.sharded else None
@@ -253,8 +309,14 @@ class CheckpointPlugin:
         check_optimizer()  # the stage it was saved in is entered now
         run.metrics.update(meta.get("metrics") or {})
         run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
-        self.saved_step = run.global_step
+        self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
         run.log.info("resumed", path=str(path), step=run.global_step, stage=run.stage)
+        if run.mode == "fit":
+            changes = changed_settings(read_config_yaml(path), run.stage_config, run.stage)
+            if changes:
+                run.log.warning("resume_settings_changed", path=str(path),
+                                changed=[f"{key}: {then} -> {now}" for key, then, now in changes],
+                                problem=_changes_problem(run, changes))
 
     @hookimpl
     def on_train_start(self, run):
@@ -269,7 +331,13 @@ class CheckpointPlugin:
 
     @hookimpl
     def on_train_end(self, run):
-        if run.stage_config.checkpoint.save_at_end and self.saved_step != run.global_step:
+        if self.saved_step != run.global_step:
+            if run.stage_config.checkpoint.save_at_end:
+                self.save(run)
+        elif self.saved_eval_step != run.state.last_eval_step:
+            # the final evaluation came after this step's checkpoint (a stop requested after the step's
+            # evaluation, in on_train_batch_end or on_train_step_end): written again, so that it holds that
+            # evaluation's metrics (and keep_best can choose it)
             self.save(run)
 
     def save(self, run) -> Path | None:
@@ -293,7 +361,7 @@ class CheckpointPlugin:
                 error = run.backend.broadcast(None)
                 if error:
                     raise CheckpointWriteError(f"checkpoint: rank 0 failed to complete it: {error}")
-                self.saved_step = run.global_step
+                self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
                 return None
             try:
                 path = self._complete(run, root, name, sharded)
@@ -344,7 +412,7 @@ class CheckpointPlugin:
             if old not in retained:
                 store.remove_checkpoint(root, old)
         self._name_best(run, best)
-        self.saved_step = run.global_step
+        self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
         run.log.info("checkpoint_saved", path=str(path))
         return path
 
