@@ -1,9 +1,12 @@
 """``csframework.sweep.plot``: the sweep plot's panels, and one line saying how to install matplotlib
 without it."""
+import pytest
+
 from csframework.sweep.plot import write_sweep_plot
 
 
 def test_sweep_plot_has_one_panel_per_swept_key(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra (pip install csframework[plot]) is not installed")
     rows = []
     for job, (lr, opt) in enumerate([(1e-4, "sgd"), (1e-2, "adamw"), (1e-1, "sgd")]):
         run_dir = tmp_path / str(job)
