@@ -39,7 +39,7 @@ def eliminate_dead_code(graph: torch.fx.Graph) -> None:
     """Remove operations whose results nothing uses, keeping those that update a tensor in place.
 
     The step's work is in-place updates whose results are unused (``param.add_``, optimizer state); torch.fx's
-    own pass keeps them from torch 2.5 on, while on 2.4 it erased them, and with them the whole backward pass.
+    own pass keeps them on newer torch, while on 2.4 it erased them, and with them the whole backward pass.
     """
     for node in reversed(list(graph.nodes)):
         if not node.users and not _mutates(node) and not node.is_impure():
