@@ -39,3 +39,37 @@ def make_fx_options() -> dict:
 
     taken = inspect.signature(make_fx).parameters
     return {k: v for k, v in {"_disable_torch_fn_metadata_mode": True}.items() if k in taken}
+
+
+def inductor_default_cache_dir() -> str:
+    """Inductor's own default cache directory, ``<tmp>/torchinductor_<user>`` (``default_cache_dir``; torch
+    2.4 has no such function and computes the same path)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        import getpass
+        import os
+        import re
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
+    return default_cache_dir()
+
+
+def pick_vec_isa():
+    """Inductor's check of the CPU's vector instructions (in ``torch._inductor.cpu_vec_isa``; in ``codecache``
+    on torch 2.4)."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa as pick
+    except ImportError:
+        from torch._inductor.codecache import pick_vec_isa as pick
+    return pick()
+
+
+def set_recompile_limit(limit: int) -> None:
+    """Dynamo's limit of recompilations of one function (``recompile_limit``; ``cache_size_limit`` on torch
+    2.4)."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, limit)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from .. import step
+from ..compat import inductor_default_cache_dir, pick_vec_isa, set_recompile_limit
 from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
 from .csx.optim import preinitialize
@@ -54,11 +55,9 @@ def cache_dir() -> Path:
     """Inductor's cache directory: ``$TORCHINDUCTOR_CACHE_DIR``, else ``~/.cache/csframework/inductor`` (not
     Inductor's default in the temporary directory, which the system may clear). Inductor writes its entries
     atomically under file locks, so concurrent runs (sweep jobs, torchrun ranks) share it safely."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     given = os.environ.get(CACHE_ENV)
     # Inductor writes its default into the variable once it has looked: that is no user's choice
-    if given and os.path.abspath(given) != os.path.abspath(default_cache_dir()):
+    if given and os.path.abspath(given) != os.path.abspath(inductor_default_cache_dir()):
         return Path(given)
     return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
 
@@ -73,7 +72,6 @@ def _trust_vector_isa() -> None:
     programs for it (about 4 s of a cached run's compile time). The check's result is part of Inductor's cache
     keys, so every run, the first included, compiles with it set."""
     import torch._inductor.config as inductor_config
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     if torch.cuda.is_available():
         return
@@ -236,7 +234,7 @@ class CompiledStep:
         # a run starts with Dynamo's caches empty: the compiled functions of an earlier run in this process (a
         # sweep's job, a test) would count towards this one's recompilation limit
         torch._dynamo.reset()
-        torch._dynamo.config.recompile_limit = MAX_RECOMPILES
+        set_recompile_limit(MAX_RECOMPILES)
         self.recorder = Recorder(mode)
         options = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
         self.forward = self._guarded("forward", torch.compile(self._forward, **options))

@@ -13,7 +13,7 @@ import torch
 
 import csframework as csf
 import fixtures
-from csframework.backends.fsdp import _SafePlanner, _SafeReader
+from csframework.backends.fsdp import FSDP2_TORCH, _SafePlanner, _SafeReader
 from csframework.builtin import checkpoint as ckpt
 from torchrun import TORCHRUN, assert_same_params, torchrun
 
@@ -53,6 +53,7 @@ def fsdp_run(tmp_path_factory):
 
 
 needs_torchrun = pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun not found")
+pytestmark = pytest.mark.requires_torch(FSDP2_TORCH, "FSDP2 (backend.strategy=fsdp)")
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-IGNORE = shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "dist", "outputs", "multirun",
+# .venv*: the dev venv and .venv-cerebras (several GB, which .ci/run builds while this runs)
+IGNORE = shutil.ignore_patterns(".venv*", ".git", "*.egg-info", "build", "dist", "outputs", "multirun",
                                 "__pycache__", ".pytest_cache", "checkpoints", ".csx_cache")
 
 

@@ -9,10 +9,12 @@ import os
 import pickle
 
 import pytest
+import torch
 
 import csframework as csf
 import fixtures
-from csframework.backends.fsdp import read_metadata
+from csframework import compat
+from csframework.backends.fsdp import FSDP2_TORCH, read_metadata
 from csframework.builtin import checkpoint as ckpt
 from csframework.errors import ValidationError
 
@@ -56,7 +58,9 @@ def test_a_sharded_checkpoint_listing_a_foreign_file_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, problem", [
-    (["backend.strategy=fsdp", "precision=float16"], "precision: backend.strategy=fsdp computes in FSDP's mixed"),
+    pytest.param(["backend.strategy=fsdp", "precision=float16"],
+                 "precision: backend.strategy=fsdp computes in FSDP's mixed",
+                 marks=pytest.mark.requires_torch(FSDP2_TORCH, "FSDP2 (backend.strategy=fsdp)")),
     (["backend.fsdp_wrap=[Linear]"], "backend.fsdp_wrap: it applies to backend.strategy=fsdp only"),
     (["device=csx", "backend.strategy=fsdp"], "backend.strategy: only CPU/GPU understands it"),
     (["+stages.a.loop.max_steps=2", "+stages.b.backend.strategy=fsdp"],
@@ -66,5 +70,16 @@ def test_what_fsdp_cannot_do_here_is_refused_before_launch(overrides, problem):
     with pytest.raises(ValidationError) as info:
         csf.Run(fixtures.compose(*overrides))
     assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+def test_fsdp_on_a_torch_before_2_6_is_refused_before_launch_naming_the_version(monkeypatch):
+    """The Cerebras stack pins torch 2.4, which has no FSDP2: one line, before anything is built (on a newer
+    torch the version check is made to see 2.4)."""
+    monkeypatch.setattr(compat, "TORCH", (2, 4))
+    with pytest.raises(ValidationError) as info:
+        csf.Run(fixtures.compose("backend.strategy=fsdp", "precision=float16"))
+    assert info.value.problems == [
+        f"backend.strategy=fsdp (FSDP2 fully_shard) needs torch>=2.6, and this is torch {torch.__version__}; "
+        "upgrade torch, or do without it (backend.strategy=ddp)"]
 
 

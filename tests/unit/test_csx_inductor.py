@@ -13,6 +13,7 @@ import torch
 
 import csframework as csf
 import fixtures
+from csframework import compat
 from csframework.backends.csx import inductor, lowlevel
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
 from csx_runs import max_diff, params_of, run_on
@@ -22,6 +23,10 @@ from test_csx_backend import Changing, line_of
 COMMON = ["loop.max_steps=12", "loop.log_every=1", "optimizer=adamw", "optimizer.lr=0.02",
           "optimizer.max_grad_norm=0.5", "optimizer.schedule.name=cosine", "optimizer.schedule.warmup_steps=3",
           "data.val=null"]
+
+
+#: the tests that compile, or replace the compiler, need the torch that has it
+needs_standalone_compile = pytest.mark.requires_torch(inductor.STANDALONE_TORCH, "torch._inductor.standalone_compile")
 
 
 def train_losses(run_dir) -> list[float]:
@@ -36,6 +41,7 @@ def train_losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
+@needs_standalone_compile
 def test_compiled_step_matches_the_interpreted_graph_and_a_second_run_loads_it(tmp_path):
     """Inductor may reorder float operations (fused reductions, vectorised loops), so compiled and interpreted
     agree to float32 rounding, not bit for bit: 12 AdamW steps stay within 1e-5 (parameters) and 1e-5
@@ -65,6 +71,7 @@ def test_compiled_step_matches_the_interpreted_graph_and_a_second_run_loads_it(t
 
 
 @pytest.mark.slow
+@needs_standalone_compile
 def test_retrace_runs_the_compiled_graph_without_recompiling_and_still_detects_a_change(tmp_path):
     before = inductor.compilations
     _, summary = run_on("csx", tmp_path, "loop.max_steps=4", "backend.retrace_every_iteration=true",
@@ -83,6 +90,7 @@ def test_retrace_runs_the_compiled_graph_without_recompiling_and_still_detects_a
     assert run.global_step == 2 and run.backend.train_step.executions == 2
 
 
+@needs_standalone_compile
 def test_without_inductor_the_interpreted_graph_runs_with_a_one_line_warning(tmp_path, monkeypatch, capsys, caplog):
     import torch._inductor
 
@@ -104,6 +112,7 @@ def test_without_inductor_the_interpreted_graph_runs_with_a_one_line_warning(tmp
     assert console and all("C++ compiler" in line for line in console)
 
 
+@needs_standalone_compile
 def test_the_low_level_api_warns_once_when_it_falls_back(tmp_path, monkeypatch):
     import torch._inductor
 
@@ -130,6 +139,22 @@ def test_the_low_level_api_warns_once_when_it_falls_back(tmp_path, monkeypatch):
             step(x, y)
     assert len([w for w in record if "graph_compiler" in str(w.message)]) == 1
     lowlevel._reset()
+
+
+def test_on_a_torch_without_standalone_compile_the_interpreted_graph_runs_naming_the_version(tmp_path, monkeypatch):
+    """The Cerebras stack pins torch 2.4, whose Inductor has no standalone_compile: the default
+    graph_compiler=inductor falls back with one line naming the feature and the torch it needs (on a newer
+    torch the version check is made to see 2.4)."""
+    monkeypatch.setattr(compat, "TORCH", (2, 4))
+    plain, _ = run_on("csx", tmp_path, "loop.max_steps=3", "backend.graph_compiler=none", name="plain")
+    run, summary = run_on("csx", tmp_path, "loop.max_steps=3", "backend.graph_compiler=inductor", name="old")
+    assert summary["status"] == "completed" and summary["graph_compiler"] == "fallback"
+    assert max_diff(params_of(plain), params_of(run)) == 0  # the interpreted graph ran
+    reason = ("backend.graph_compiler=inductor (torch._inductor.standalone_compile) needs torch>=2.8, and this is "
+              f"torch {torch.__version__}; upgrade torch, or do without it")
+    assert json.loads((tmp_path / "old" / "compile_report.json").read_text())["graph_compiler"]["reason"] == reason
+    events = [json.loads(line) for line in (tmp_path / "old" / "events.jsonl").read_text().splitlines()]
+    assert [e["reason"] for e in events if e["event"] == "csx_graph_compiler_fallback"] == [reason]
 
 
 def test_graph_compiler_must_be_inductor_or_none(tmp_path):

@@ -1,5 +1,7 @@
 """``csframework.sweep.plot``: the sweep plot's panels, with matplotlib (``sweep.png``) and without
 (``sweep.svg``)."""
+import pytest
+
 from csframework.sweep.plot import write_sweep_plot
 
 
@@ -16,6 +18,7 @@ def three_jobs(tmp_path) -> list[dict]:
 
 
 def test_sweep_plot_has_one_panel_per_swept_key(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra (pip install csframework[plot]) is not installed")
     path = write_sweep_plot(tmp_path, three_jobs(tmp_path), "val/loss")
     from PIL import Image
 

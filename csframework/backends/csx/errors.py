@@ -128,6 +128,8 @@ def translate(error: BaseException) -> TracingError | None:
     name = type(error).__name__
     if name == "DynamicOutputShapeException" or "dynamic output shape" in text.lower():
         return tracing_error("shape", user_frame_of(error), _op_of(error))
+    if _raised_in_torch(error, "tolist"):  # torch 2.4's FakeTensor.tolist fails (asserts) on 2-D and up
+        return tracing_error("tolist", user_frame_of(error))
     data_dependent = (name in ("DataDependentOutputException", "GuardOnDataDependentSymNode",
                                "UnsupportedOperatorException")
                       or "_local_scalar_dense" in text or "data-dependent" in text.lower()
@@ -135,6 +137,12 @@ def translate(error: BaseException) -> TracingError | None:
     if data_dependent and (module.startswith("torch") or isinstance(error, RuntimeError)):
         return tracing_error("data", user_frame_of(error), _op_of(error))
     return None
+
+
+def _raised_in_torch(error: BaseException, function: str) -> bool:
+    """Whether ``error`` went through torch's own function of that name."""
+    return any(fs.name == function and fs.filename.startswith(_TORCH_DIR)
+               for fs in traceback.extract_tb(error.__traceback__))
 
 
 def _op_of(error: BaseException) -> str:

@@ -26,9 +26,24 @@ def postprocess(gm: GraphModule) -> GraphModule:
     for node in reversed(list(graph.nodes)):  # profiler ranges (e.g. around zero_grad): exits, then enters
         if node.op == "call_function" and getattr(node.target, "namespace", None) == "profiler" and not node.users:
             graph.erase_node(node)
-    graph.eliminate_dead_code()
+    eliminate_dead_code(graph)
     gm.recompile()
     return gm
+
+
+def _mutates(node: Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+
+
+def eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    """Remove operations whose results nothing uses, keeping those that update a tensor in place.
+
+    The step's work is in-place updates whose results are unused (``param.add_``, optimizer state); torch.fx's
+    own pass keeps them on newer torch, while on 2.4 it erased them, and with them the whole backward pass.
+    """
+    for node in reversed(list(graph.nodes)):
+        if not node.users and not _mutates(node) and not node.is_impure():
+            graph.erase_node(node)
 
 
 # -- canonical form --------------------------------------------------------------------------------------------

@@ -581,7 +581,13 @@ class StepTracer:
         previous, _ACTIVE = _ACTIVE, ctx
         start = time.perf_counter()
         try:
-            gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True, **make_fx_options())(*inputs)
+            # outside inference mode (evaluation runs under it), keeping the caller's grad mode: torch 2.4's fake
+            # tensors cannot take some views of inference tensors ("Cannot set version_counter for inference
+            # tensor"); the graph is the same, and it still executes under the caller's mode
+            grad = torch.is_grad_enabled()  # read first: leaving inference mode enables grad mode
+            with torch.inference_mode(False), torch.set_grad_enabled(grad):
+                gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
+                             **make_fx_options())(*inputs)
             _refuse_dynamic_shapes(gm)
         except (TracingError, CompileError):
             raise
