@@ -51,7 +51,7 @@ def test_gpu_figures_checked_on_the_cpu(monkeypatch):
     monkeypatch.setattr(gpu, "DEVICE", "cpu")
     [figure] = gpu.figures(1, steps=20, only="mlp2")
     check(figure, "gpu", baseline=True)
-    assert figure.limit == 1.02 and "on CPU (CSF_BENCH_DEVICE=cpu)" in figure.name
+    assert figure.limit == 1.05 and "on CPU (CSF_BENCH_DEVICE=cpu)" in figure.name
 
 
 def test_readme_sections_are_written_apart(tmp_path, monkeypatch):
