@@ -27,9 +27,7 @@ def line_of(text: str) -> int:
     return next(i for i, code in enumerate(source, 1) if text in code)
 
 
-@pytest.mark.parametrize("name", ["bridge", pytest.param("csx", marks=pytest.mark.xfail(
-    OLD_TORCH, strict=False, reason="on torch 2.4 the emulator's step leaves the parameters unchanged (it trains on "
-                                    "torch 2.13); being fixed in csframework/backends/csx"))])
+@pytest.mark.parametrize("name", ["bridge", "csx"])
 def test_the_emulator_and_the_cstorch_cpu_backend_reach_the_parameters_of_device_cpu(runs, name):
     """12 SGD steps (momentum, warm-up and cosine schedule) on each: parameters within 1e-5."""
     cpu, theirs = params(runs["cpu"].output_dir), params(runs[name].output_dir)
@@ -95,4 +93,4 @@ def test_an_operation_cstorch_cannot_trace_is_refused_by_it_alone(csf_runner):
     real = cli(csf_runner, [*REAL_TRACER, *SHORT, "model.net._target_=fidelity_nets.DetNet"])
     last = real.stderr.strip().splitlines()[-1]
     assert real.exit_code == 1 and "Traceback" not in real.stderr, real.stderr[-1500:]
-    assert "step.py" in last and "ops.backward(loss)" in last and "aten::diag_embed" in last
+    assert "step.py" in last and "ops.backward(" in last and "aten::diag_embed" in last
