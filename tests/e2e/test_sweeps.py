@@ -104,7 +104,8 @@ def test_a_failed_job_s_directory_holds_its_events_and_a_failed_summary(launcher
         failures = [json.loads(line) for line in (d / str(job) / "events.jsonl").read_text().splitlines()
                     if '"fit_failed"' in line]
         assert len(failures) == 1 and failures[0]["error"] == summary["error"] and failures[0]["job"] == job
-    assert json.loads((d / "1" / "summary.json").read_text())["error"].startswith("ConfigError: model: could not build")
+    assert json.loads((d / "1" / "summary.json").read_text())["error"].startswith(
+        "ConfigError: model.net: fixtures.unbuildable_mlp(...) raised RuntimeError")  # the user-code line (targets.py)
 
 
 @pytest.mark.slow
