@@ -1,7 +1,10 @@
-"""``backend.compile=true``: the eager backend's step and evaluation compiled with ``torch.compile``.
+"""``backend.compile=true``: the eager backend's step and evaluation compiled.
 
-The step's sequence is still ``csframework.step``'s; three functions of it are compiled (TorchDynamo captures
-them, TorchInductor generates their code):
+In one CPU process the whole step is one traced graph where it can be (``whole_step``: the fastest there);
+``CompiledStep`` sets that up and reports on it as on the rest. Otherwise (GPU, DDP/FSDP, gradient accumulation,
+dynamic loss scaling, hooks inside the step, a step that does not trace) the step's sequence is still
+``csframework.step``'s and three functions of it are compiled (TorchDynamo captures them, TorchInductor
+generates their code):
 
 * ``forward``: a micro-batch's forward and loss under the precision policy's autocast. AOTAutograd compiles its
   backward with it, so ``loss.backward()`` runs compiled code too (the loss scaling's multiplication, the
@@ -40,7 +43,9 @@ from .. import step
 from ..compat import inductor_default_cache_dir, pick_vec_isa, set_recompile_limit
 from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
+from .csx.compiler import CompileCache, Compiled
 from .csx.optim import preinitialize
+from .whole_step import WholeStep, batch_shapes, first_trace_failed
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -160,15 +165,18 @@ def _signature(batch: Any) -> tuple:
                  if isinstance(t, torch.Tensor))
 
 
+def _one_line(error: BaseException) -> str:
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _failure(error: BaseException) -> str | None:
     """One line for an error of compiling (not of running the user's code), else ``None``."""
     from torch._dynamo.exc import BackendCompilerFailed
 
     if not isinstance(error, BackendCompilerFailed):
         return None
-    inner = error.inner_exception if getattr(error, "inner_exception", None) is not None else error
-    text = " ".join(f"{type(inner).__name__}: {inner}".split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    return _one_line(error.inner_exception if getattr(error, "inner_exception", None) is not None else error)
 
 
 def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
@@ -214,11 +222,16 @@ def _raw_step(optimizer: torch.optim.Optimizer) -> Callable:
     return lambda: raw(optimizer)
 
 
+class _CompileFailed(Exception):
+    """Inductor could not compile the whole step's graph (the step then runs eagerly)."""
+
+
 class CompiledStep:
-    """The compiled functions of one stage's eager backend, and what compiling them cost and found."""
+    """The compiled step of one stage's eager backend, and what compiling it cost and found: the whole step as
+    one graph (``whole``: ``whole_step``), or its functions compiled with ``torch.compile``."""
 
     def __init__(self, run, precision, module: torch.nn.Module, device: torch.device, max_grad_norm: float | None,
-                 *, mode: str, fullgraph: bool, sharded: bool):
+                 *, mode: str, fullgraph: bool, sharded: bool, whole: bool = False):
         import torch._dynamo
 
         self.run, self.precision, self.module, self.device = run, precision, module, device
@@ -237,19 +250,34 @@ class CompiledStep:
         set_recompile_limit(MAX_RECOMPILES)
         self.recorder = Recorder(mode)
         options = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
+        self.options = options
         self.forward = self._guarded("forward", torch.compile(self._forward, **options))
         self.evaluate = self._guarded("evaluate", torch.compile(self._evaluate, **options))
-        # FSDP2's parameters are DTensors whose update calls collectives: left to the eager optimizer
         self.scaler = getattr(precision, "scaler", None)
+        self._shapes: dict[str, tuple] = {}
+        self.compiled_update = False
+        self.whole: WholeStep | None = None  # the whole step as one graph (CPU), else the functions compiled
+        self.graph_loads = self.graph_compiles = 0  # the whole step's graphs loaded from the cache, compiled
+        self._limit_reported = False
+        if whole:
+            self.whole = WholeStep(run, precision, max_grad_norm, cache=CompileCache(cache_dir() / f"steps-{mode}"),
+                                   max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
+                                   on_compile=self._whole_compiled)
+        else:
+            self._compile_update(sharded)
+
+    def _compile_update(self, sharded: bool) -> None:
+        """Compile the update (clipping and the optimizer's step) as one function."""
+        # FSDP2's parameters are DTensors whose update calls collectives: left to the eager optimizer
         self.compiled_update = not sharded and self.scaler is None
         if self.compiled_update:
-            prepare_optimizer(run.optimizer, device)
+            optimizer = self.run.optimizer
+            prepare_optimizer(optimizer, self.device)
             # the state the first step would create, created now: it is then no cause of a recompilation
-            preinitialize(run.optimizer)
-            self._step = _raw_step(run.optimizer)
-            self._params = [p for g in run.optimizer.param_groups for p in g["params"]]
-            self.update = self._guarded("update", torch.compile(self._update, **options))
-        self._shapes: dict[str, tuple] = {}
+            preinitialize(optimizer)
+            self._step = _raw_step(optimizer)
+            self._params = [p for g in optimizer.param_groups for p in g["params"]]
+            self.update = self._guarded("update", torch.compile(self._update, **self.options))
 
     # -- the compiled functions ---------------------------------------------------------------------------
     def _forward(self, batch):
@@ -264,6 +292,49 @@ class CompiledStep:
         if self.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
         self._step()
+
+    # -- the whole step as one graph ------------------------------------------------------------------------
+    def train_whole(self, batch, global_step: int) -> dict | None:
+        """Train on ``batch`` with the whole step's graph; ``None`` when the step is not (or no longer) one graph
+        and the caller runs it through the compiled functions (or eagerly, once compiling has failed)."""
+        whole = self.whole
+        if whole is None or self.failed is not None:
+            return None
+        try:
+            outputs = whole(batch, global_step)
+        except _CompileFailed:
+            return None
+        except Exception as e:
+            if not first_trace_failed(e):
+                raise
+            if whole.traced:  # a later shape does not trace: that batch runs eagerly
+                self.run.log.warning("step_not_traced", problem=_one_line(e), result="this batch runs eagerly")
+                return whole.eager(batch)
+            # data-dependent code: Dynamo compiles what it can and reports the graph breaks
+            self.whole = None
+            self.run.log.info("step_compiled_per_function", reason=_one_line(e))
+            self._compile_update(sharded=False)
+            return None
+        if whole.full and not self._limit_reported:
+            self._limit_reported = True
+            self.run.log.warning("recompile_limit", function="train_step", limit=MAX_RECOMPILES,
+                                 problem=f"train_step was compiled {MAX_RECOMPILES + 1} times; from now on new shapes "
+                                         "run eagerly: keep the batch shapes fixed (data.drop_last=true, padding to a "
+                                         "few lengths)")
+        return outputs
+
+    def _whole_compiled(self, compiled: Compiled, seconds: float) -> None:
+        """A graph of the whole step was compiled or loaded (before it runs): count and report it."""
+        info = compiled.report.get("graph_compiler", {})
+        if info.get("status") == "fallback":
+            self._fall_back(info.get("reason", "unknown"))
+            raise _CompileFailed
+        self.seconds += seconds
+        if info.get("status") == "loaded":
+            self.graph_loads += 1
+        else:
+            self.graph_compiles += 1
+        self._compiled("train_step", (batch_shapes(compiled),), shape=batch_shapes(compiled))
 
     # -- calling them -------------------------------------------------------------------------------------
     def _guarded(self, name: str, compiled: Callable) -> Callable:
@@ -298,9 +369,9 @@ class CompiledStep:
 
         return call
 
-    def _compiled(self, name: str, args: tuple) -> None:
+    def _compiled(self, name: str, args: tuple, shape: tuple | None = None) -> None:
         """After a call that compiled: log the first compilation, report recompilations and new graph breaks."""
-        shape = _signature(args)
+        shape = _signature(args) if shape is None else shape
         if name in self._shapes:
             cause = (f"new input shapes {shape} (compiled for {self._shapes[name]})" if shape != self._shapes[name]
                      else "a guard failed (a module's train/eval mode, an optimizer setting or a Python value "
@@ -315,7 +386,7 @@ class CompiledStep:
                                              "(data.drop_last=true, padding to a few lengths)")
         else:
             self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
-                              cache=self.cache_status(), cache_dir=str(cache_dir()))
+                              cache=self.cache_status(), cache_dir=str(cache_dir()), graph=self.graph())
         self._shapes[name] = shape
         for found in self.recorder.breaks[self.reported:]:
             self.run.log.warning("graph_break", where=found.where, problem=str(found),
@@ -355,14 +426,21 @@ class CompiledStep:
         return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
 
     def cache_status(self) -> str:
-        """``hit`` when every graph compiled so far came from Inductor's cache, else ``miss``."""
+        """``hit`` when every graph compiled so far came from the cache (Inductor's, or the whole step's
+        artifacts), else ``miss``."""
         hits, misses = (now - before for now, before in zip(self._cache_counts(), self.cache_counts))
+        hits, misses = hits + self.graph_loads, misses + self.graph_compiles
         return "hit" if hits and not misses else "miss"
+
+    def graph(self) -> str:
+        """How the step is compiled: ``whole step`` (one graph) or ``per function``."""
+        return "whole step" if self.whole is not None and self.failed is None else "per function"
 
     def summary(self) -> dict:
         """``summary.json``'s ``compile`` block."""
         out = {"mode": self.mode, "seconds": round(self.seconds, 3), "cache": self.cache_status(),
-               "graph_breaks": len(self.recorder.breaks), "recompiles": len(self.recompiles)}
+               "graph_breaks": len(self.recorder.breaks), "recompiles": len(self.recompiles),
+               "graph": self.graph()}
         if self.failed is not None:
             out["fallback"] = self.failed
         return out

@@ -21,6 +21,7 @@ from ..data import move_to
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..precision import policy
+from . import whole_step
 from .base import BackendBase, BackendSpec
 from .compiled import COMPILE_MODES, CompiledOps, CompiledStep, prepare_optimizer
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
@@ -56,15 +57,22 @@ class CpuConfig(ReadOnly):
     """torch intra-op threads on the host; 0 keeps torch's default."""
     compile: bool = False
     """Compile the training step (forward, loss and their backward; clipping and the optimizer update) and
-    evaluation with ``torch.compile`` (``backends/compiled.py``): the first steps compile (seconds; an identical
-    run reads Inductor's cache), graph breaks and recompilations are reported; if compiling fails the run goes
-    on eagerly with a warning. On CSX the step is always traced and compiled: see its ``backend.graph_compiler``."""
+    evaluation: in one CPU process the whole step as one traced graph (``backends/whole_step.py``), otherwise
+    its functions with ``torch.compile`` (``backends/compiled.py``). The first steps compile (seconds; an
+    identical run reads the cache), graph breaks and recompilations are reported; if compiling fails the run
+    goes on eagerly with a warning. On CSX the step is always traced and compiled: see its
+    ``backend.graph_compiler``."""
     compile_mode: str = "default"
     """With ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs on a GPU: the least launch overhead) or
     ``max-autotune`` (also searches kernel configurations: longer compiles)."""
     compile_fullgraph: bool = False
     """With ``compile``: a graph break (code Dynamo cannot capture, such as ``.item()`` or ``if tensor:`` in the
     model) is an error before the first step changes anything, instead of a warning and that part run eagerly."""
+    compile_whole_step: bool = True
+    """With ``compile``, in one CPU process: trace the whole step once into one graph (the fastest there). The
+    Python values the step reads (a counter or flag of the model's that changes between steps) are fixed at
+    that trace, as on CSX; ``false`` compiles the step's functions with ``torch.compile``, which checks them at
+    every step and recompiles when they change."""
 
 
 @dataclass
@@ -131,6 +139,7 @@ class EagerBackend(BackendBase):
         self._signal_flag = None  # (tensor, pending all-reduce) of any_rank_signal
         self.compile = backend.compile
         self.compile_settings = dict(mode=backend.compile_mode, fullgraph=backend.compile_fullgraph)
+        self.whole_step = backend.compile_whole_step
         self.compiled: CompiledStep | None = None
         self.ops = self.precision  # the step's precision primitives (the compiled ones under backend.compile)
         self.trained: tuple = ()  # (optimizer, model) of the stage, from attach
@@ -226,8 +235,9 @@ class EagerBackend(BackendBase):
         """Under ``backend.compile``: set up the compiled step (it needs the stage's optimizer)."""
         self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
         if self.compile:
+            whole = self.whole_step and whole_step.unavailable(run, self) is None
             self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
-                                         sharded=self.sharded, **self.compile_settings)
+                                         sharded=self.sharded, whole=whole, **self.compile_settings)
             self.ops = CompiledOps(self.precision, self.compiled)
 
     def to_device(self, batch):
@@ -238,6 +248,10 @@ class EagerBackend(BackendBase):
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
         module, ops, compiled = run.module, self.ops, self.compiled
+        if compiled is not None and compiled.whole is not None:  # one graph a step, when it traces and compiles
+            outputs = compiled.train_whole(batch, run.global_step)
+            if outputs is not None:
+                return outputs
         # compiled: the forward is the compiled function (which calls run.module), the clipping is in the update
         forward = compiled.forward if compiled is not None else module
         clip = None if compiled is not None and compiled.compiled_update and compiled.failed is None else self.max_grad_norm
@@ -328,8 +342,8 @@ def _compile_rules(b: CpuConfig) -> list[str]:
         problems.append(f"backend.compile_mode: {b.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}; "
                         "use backend.compile_mode=default (or reduce-overhead, max-autotune)")
     if not b.compile:
-        for key, unset in (("compile_mode", "default"), ("compile_fullgraph", False)):
-            if getattr(b, key) != unset and getattr(b, key) in COMPILE_MODES + (True,):
+        for key, unset in (("compile_mode", "default"), ("compile_fullgraph", False), ("compile_whole_step", True)):
+            if getattr(b, key) != unset and getattr(b, key) in COMPILE_MODES + (True, False):
                 problems.append(f"backend.{key}: it applies with backend.compile=true (compile is false); "
                                 "set backend.compile=true or remove it")
     return problems

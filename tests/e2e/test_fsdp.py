@@ -75,6 +75,20 @@ def test_fsdp_trains_like_ddp_and_every_rank_writes_its_shards(tmp_path, cli_env
 
 @pytest.mark.slow
 @needs_torchrun
+def test_a_compiled_fsdp_run_trains_like_the_eager_one(tmp_path, cli_env, fsdp_run):
+    # under fsdp the forward (and its backward) and evaluation are compiled; the update stays eager (DTensors)
+    run_dir = tmp_path / "compiled"
+    done = torchrun(["--nproc_per_node=2"], [*COMMON, *FSDP, "backend.compile=true", f"hydra.run.dir={run_dir}"],
+                    cli_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 20
+    assert summary["compile"]["graph"] == "per function" and summary["compile"]["graph_breaks"] == 0
+    assert_same_params(sharded_params(newest(run_dir)), sharded_params(newest(fsdp_run)), exact=False)
+
+
+@pytest.mark.slow
+@needs_torchrun
 def test_load_checkpoint_consolidates_a_two_rank_checkpoint_into_the_plain_model(fsdp_run):
     """``csf.load_checkpoint`` in this process (no torchrun, no process group): the whole model, plain
     tensors, loading into a freshly built model, equal to what the restricted DCP reader above reads."""

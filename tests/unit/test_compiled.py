@@ -54,6 +54,7 @@ def runs(tmp_path_factory):
     ("backend.compile_mode=fast", "backend.compile_mode: 'fast' is not one of default, reduce-overhead, max-autotune"),
     ("backend.compile_mode=max-autotune", "backend.compile_mode: it applies with backend.compile=true"),
     ("backend.compile_fullgraph=true", "backend.compile_fullgraph: it applies with backend.compile=true"),
+    ("backend.compile_whole_step=false", "backend.compile_whole_step: it applies with backend.compile=true"),
 ])
 def test_compile_settings_are_checked_naming_the_key(override, problem):
     with pytest.raises(ValidationError) as e:
@@ -89,11 +90,56 @@ def test_two_compiled_runs_are_bit_identical(runs):
 def test_summary_has_the_compile_block(runs):
     block = json.loads((runs["dir"] / "summary.json").read_text())["compile"]
     assert block == runs["summary"]["compile"]
-    assert set(block) == {"mode", "seconds", "cache", "graph_breaks", "recompiles"}
+    assert set(block) == {"mode", "seconds", "cache", "graph_breaks", "recompiles", "graph"}
     assert block["mode"] == "default" and block["cache"] in ("hit", "miss") and block["seconds"] > 0
+    assert block["graph"] == "whole step"  # one CPU process, SGD, no plugin inside the step: one graph
     assert block["graph_breaks"] == 0 and block["recompiles"] == 0
     events = (runs["dir"] / "events.jsonl").read_text()
     assert '"event": "step_compiled"' in events
+
+
+def test_the_default_transformer_agrees_with_eager_after_20_sgd_steps(tmp_path):
+    common = ["loop.max_steps=20", "loop.log_every=5", "loop.eval_every=null", "backend.threads=1", "optimizer=sgd",
+              "optimizer.lr=0.1", "optimizer.schedule.warmup_steps=0"]
+    eager = csf.Run(csf.compose(common), output_dir=tmp_path / "eager")
+    eager.fit()
+    compiled = csf.Run(csf.compose([*common, COMPILE]), output_dir=tmp_path / "compiled")
+    summary = compiled.fit()
+    assert summary["compile"]["graph"] == "whole step" and summary["compile"]["graph_breaks"] == 0
+    assert max_difference(params(eager), params(compiled)) < 1e-5
+
+
+def test_adamw_with_clipping_and_a_changing_rate_agrees_with_eager_as_one_graph(tmp_path):
+    adamw = ["optimizer=adamw", "optimizer.lr=0.01", "optimizer.max_grad_norm=0.5", "optimizer.schedule.warmup_steps=5"]
+    eager, _ = fit(tmp_path, *adamw, name="eager")
+    compiled, summary = fit(tmp_path, COMPILE, *adamw, name="compiled")
+    assert summary["compile"]["graph"] == "whole step"
+    assert max_difference(params(eager), params(compiled)) < 1e-5
+
+
+class InStepHook:
+    """A plugin inside the step: it must run at every step, so the step is not traced once into a graph."""
+    name = "in_step"
+
+    def __init__(self):
+        self.calls = 0
+
+    @csf.hookimpl
+    def on_after_backward(self):
+        self.calls += 1
+
+
+def test_a_plugin_inside_the_step_runs_every_step_with_the_functions_compiled(tmp_path, runs):
+    hook = InStepHook()
+    run, summary = fit(tmp_path, COMPILE, plugins=[hook])
+    assert hook.calls == 20 and summary["compile"]["graph"] == "per function"
+    assert max_difference(runs["eager"], params(run)) < 1e-5
+
+
+def test_compile_whole_step_false_compiles_the_functions_with_the_same_numbers(tmp_path, runs):
+    run, summary = fit(tmp_path, COMPILE, "backend.compile_whole_step=false")
+    assert summary["compile"]["graph"] == "per function"
+    assert max_difference(runs["eager"], params(run)) < 1e-5
 
 
 def test_grad_accumulation_compiles_the_micro_batch(tmp_path):
@@ -168,6 +214,9 @@ def test_a_graph_break_is_warned_once_with_the_users_line(tmp_path):
     assert breaks[0]["where"] == f"{__file__}:{BREAK_LINE}"
     assert "item" in breaks[0]["problem"].lower() and "fix:" in breaks[0]["problem"]
     assert summary["compile"]["graph_breaks"] == 1 and summary["status"] == "completed"
+    # the step did not trace into one graph: its functions were compiled, the break reported by Dynamo
+    assert summary["compile"]["graph"] == "per function"
+    assert [event for _, event, _ in spy.events if event == "step_compiled_per_function"] == ["step_compiled_per_function"]
 
 
 def test_compile_fullgraph_refuses_a_graph_break_before_any_step(tmp_path):
@@ -185,18 +234,23 @@ def test_the_short_last_batch_recompiles_once_not_every_epoch(tmp_path):
     run, summary = fit(tmp_path, COMPILE, "data.train.n=200", "data.drop_last=false", "loop.max_steps=null",
                        "loop.max_epochs=3")
     assert summary["global_step"] == 39
-    assert summary["compile"]["recompiles"] == 1  # the forward, for the short batch, in the first epoch only
-    assert run.backend.compiled.recompiles == ["forward: new input shapes (((8, 8), 'float32'), ((8,), 'int64')) "
+    assert summary["compile"]["recompiles"] == 1  # the step, for the short batch, in the first epoch only
+    assert run.backend.compiled.recompiles == ["train_step: new input shapes (((8, 8), 'float32'), ((8,), 'int64')) "
                                                "(compiled for (((16, 8), 'float32'), ((16,), 'int64')))"]
 
 
 def test_a_failed_compile_goes_on_eagerly_with_one_warning(tmp_path, monkeypatch):
+    import torch._inductor
     import torch._inductor.compile_fx as compile_fx
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler found")
 
+    # both mechanisms (the whole step's graph, and torch.compile's functions for evaluation) fail to compile;
+    # an empty cache, so that nothing compiled earlier is loaded instead
     monkeypatch.setattr(compile_fx, "compile_fx", broken)
+    monkeypatch.setattr(torch._inductor, "standalone_compile", broken)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     spy = Warnings()
     run = csf.Run(compose(*STEPS, COMPILE), plugins=[spy], output_dir=tmp_path / "compiled")
     summary = run.fit()

@@ -41,7 +41,7 @@ def test_a_setting_of_another_backend_names_its_owner_and_an_unknown_one_the_set
     assert e.value.problems == [
         "backend.compile_only: only CSX understands it, and this run's device is CPU; remove it or use device=csx",
         "backend.turbo: the CPU backend has no such setting (its settings: compile, compile_fullgraph, compile_mode, "
-        "fsdp_wrap, strategy, threads, timeout_s)"]
+        "compile_whole_step, fsdp_wrap, strategy, threads, timeout_s)"]
     with pytest.raises(ConfigError, match="backend.num_csx: Value 'x' of type 'str' could not be converted"):
         compose(["device=csx", "backend.num_csx=x"], backends=BACKENDS, config_files=CSX_CONF)
 

@@ -70,7 +70,8 @@ class Compiled:
         self.runner: Callable = traced.gm.forward  # what executes the graph: gm.forward or Inductor's code
 
 
-def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compiler: str) -> None:
+def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compiler: str,
+                   config_patches: dict | None = None) -> None:
     """Compile the graph with ``graph_compiler`` (or load it from the cache); on failure keep the
     interpreted graph. ``report["graph_compiler"]`` says which runs, and why."""
     report = compiled.report
@@ -78,14 +79,15 @@ def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compile
         report["graph_compiler"] = {"name": "none", "status": "interpreted"}
         return
     entry = cache.entry(compiled.fingerprint) if cache is not None else None
-    runner, info = inductor.compile_graph(compiled.gm, entry, cache.directory if cache is not None else None)
+    runner, info = inductor.compile_graph(compiled.gm, entry, cache.directory if cache is not None else None,
+                                          config_patches)
     if runner is not None:
         compiled.runner = runner
     report["graph_compiler"] = {"name": graph_compiler, **info}
 
 
 def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra: dict | None = None,
-                   graph_compiler: str = "none") -> Compiled:
+                   graph_compiler: str = "none", config_patches: dict | None = None) -> Compiled:
     """Clean, fingerprint and analyse a traced graph, or take the analysis from the cache; then compile it
     with ``graph_compiler`` (``inductor`` or ``none``: the interpreted graph)."""
     raw_lines = graphs.canonical(traced.gm)
@@ -118,27 +120,32 @@ def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra:
                        "entry": str(cache.entry(fp)) if cache is not None else None}
     report["trace_seconds"] = round(traced.seconds, 6)
     compiled = Compiled(traced, lines, fp, report, hit, raw_lines, raw_wheres)
-    _graph_compile(compiled, cache, graph_compiler)
+    _graph_compile(compiled, cache, graph_compiler, config_patches)
     return compiled
+
+
+class GraphLimitError(CompileError):
+    """A keyed ``StaticStep`` has compiled its ``max_graphs`` graphs and a call has a signature new to it."""
 
 
 class StaticStep:
     """One step function on a CSX backend: traced, compiled, executed.
 
-    ``keyed=True`` keeps one graph per input signature (evaluation, where the last batch may be short);
-    otherwise a second signature is a ``CompileError`` (a second compile is not allowed). ``graph_compiler``
-    (``inductor`` or ``none``) compiles each new graph; a retrace that gives the identical graph runs the graph
-    already compiled.
+    ``keyed=True`` keeps one graph per input signature (evaluation, where the last batch may be short), at
+    most ``max_graphs`` of them (then a new signature is a ``GraphLimitError``); otherwise a second signature
+    is a ``CompileError`` (a second compile is not allowed). ``graph_compiler`` (``inductor`` or ``none``)
+    compiles each new graph, with Inductor's ``config_patches``; a retrace that gives the identical graph runs
+    the graph already compiled.
     """
 
     def __init__(self, fn: Callable, name: str, *, retrace: bool, cache: CompileCache | None,
                  keyed: bool = False, modules=(), optimizers=(), extras=(), compute_context=None,
                  report_extra: Callable[[], dict] | None = None, on_compile: Callable[[Compiled], Any] | None = None,
-                 graph_compiler: str = "none"):
+                 graph_compiler: str = "none", max_graphs: int | None = None, config_patches: dict | None = None):
         self.tracer = StepTracer(fn, name, modules=modules, optimizers=optimizers, extras=extras,
                                  compute_context=compute_context)
         self.name, self.retrace, self.cache, self.keyed = name, retrace, cache, keyed
-        self.graph_compiler = graph_compiler
+        self.graph_compiler, self.config_patches, self.max_graphs = graph_compiler, config_patches, max_graphs
         self.report_extra = report_extra or dict
         self.on_compile = on_compile
         self.graphs: dict[Any, tuple[Signature, Compiled]] = {}
@@ -173,11 +180,16 @@ class StaticStep:
                     f"need a second compile, which is not allowed: {detailed_difference(old_sig, sig, state)}. "
                     "Keep shapes, dtypes and optimizer settings fixed (e.g. data.drop_last=true).")
             return compiled, state, leaves
+        if known is None and self.first is not None and self.max_graphs is not None \
+                and len(self.graphs) >= self.max_graphs:
+            raise GraphLimitError(f"{self.name}: {self.max_graphs} graphs compiled already; iteration {iteration} "
+                                  f"would need another: {detailed_difference(self.first[0], sig, state)}")
         traced = self.tracer.trace(args, kwargs, state)
         self.traces += 1
         self.trace_seconds += traced.seconds
         if known is None:
-            compiled = compile_traced(traced, self.cache, self.name, self.report_extra(), self.graph_compiler)
+            compiled = compile_traced(traced, self.cache, self.name, self.report_extra(), self.graph_compiler,
+                                      self.config_patches)
             self.graphs[sig.values] = (sig, compiled)
             if self.first is None:
                 self.first = (sig, compiled)

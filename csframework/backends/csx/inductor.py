@@ -76,13 +76,14 @@ def _inductor_cache(directory: Path):
         yield
 
 
-def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path | None
-                  ) -> tuple[Callable | None, dict]:
+def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path | None,
+                  config_patches: dict | None = None) -> tuple[Callable | None, dict]:
     """Compile ``gm`` (or load its artifact from ``entry``); returns ``(callable or None, info)``.
 
     ``info`` has ``status`` (``compiled``, ``loaded`` or ``fallback``), ``seconds`` and, on fallback,
     ``reason`` (one line). ``entry`` is the compile cache entry of the graph's fingerprint, ``cache_root``
     the compile cache directory (Inductor's cache goes under it); ``None`` for both compiles uncached.
+    ``config_patches``: Inductor settings of this compilation (``backend.compile_mode``'s), on top of those here.
     """
     global compilations
     start = time.perf_counter()
@@ -108,7 +109,7 @@ def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path
             artifact = torch._inductor.standalone_compile(
                 gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
                 # dropout and other random operations draw from torch's generator, as the interpreted graph does
-                options={"config_patches": {"fallback_random": True}})
+                options={"config_patches": {"fallback_random": True, **(config_patches or {})}})
             compilations += 1
             if path is not None:
                 try:
