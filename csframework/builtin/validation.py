@@ -130,7 +130,9 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
     s = o.schedule
     return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
             + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
-                          hint=" (optimizer.lr)" if math.isfinite(o.lr) else ""))
+                          hint=" (optimizer.lr)" + (f": the schedule decays the rate to it; set "
+                                                    f"optimizer.schedule.min_lr={o.lr / 10:g} (a tenth of the rate) "
+                                                    "or lower" if o.lr > 0 else "") if math.isfinite(o.lr) else ""))
 
 
 def target_rules(cfg: RunConfig) -> list[str]:

@@ -195,6 +195,13 @@ def test_the_edges_of_each_range_are_accepted(groups, values):
     assert problems(groups, values) == []
 
 
+def test_a_rate_below_the_presets_floor_says_which_floor_to_set():
+    # adamw's preset decays to min_lr 3e-4: a user lowering only the rate is told the setting to add
+    assert problems(("optimizer=adamw",), {"optimizer.lr": 1e-4}) == [
+        "optimizer.schedule.min_lr: 0.0003 must be between 0 and 0.0001 (optimizer.lr): the schedule decays the "
+        "rate to it; set optimizer.schedule.min_lr=1e-05 (a tenth of the rate) or lower"]
+
+
 def test_seed_range_keeps_the_derived_data_order_seeds_in_range():
     """The largest seed, at a late epoch, still seeds ``torch.Generator`` (data order) and NumPy."""
     from csframework.data import ResumableSampler

@@ -109,7 +109,9 @@ def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path
             artifact = torch._inductor.standalone_compile(
                 gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
                 # dropout and other random operations draw from torch's generator, as the interpreted graph does
-                options={"config_patches": {"fallback_random": True, **(config_patches or {})}})
+                # a reduction is computed once into its own buffer (optim._once), even a small one
+                options={"config_patches": {"fallback_random": True, "unroll_reductions_threshold": 1,
+                                            **(config_patches or {})}})
             compilations += 1
             if path is not None:
                 try:
