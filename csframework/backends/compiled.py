@@ -334,7 +334,7 @@ class CompiledStep:
             self.graph_loads += 1
         else:
             self.graph_compiles += 1
-        self._compiled("train_step", (batch_shapes(compiled),), shape=batch_shapes(compiled))
+        self._compiled("train_step", (), shape=batch_shapes(compiled))
 
     # -- calling them -------------------------------------------------------------------------------------
     def _guarded(self, name: str, compiled: Callable) -> Callable:
