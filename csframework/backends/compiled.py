@@ -12,8 +12,8 @@ generates their code):
 * ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. The learning
   rates of ``torch.optim`` optimizers become tensors that the schedule fills in place, so a new rate is an input,
   not a recompilation; built-in optimizers run their ``foreach`` path with ``capturable`` state (the fastest
-  compiled update measured: docs/performance.md). Under dynamic loss scaling the update runs eagerly, through
-  ``GradScaler.step`` (torch's optimizers run fused there and skip an overflowing step on the device:
+  compiled update measured: docs/performance.md). Under dynamic loss scaling (outside the whole step's graph,
+  where it is graph operations) the update runs eagerly, through ``GradScaler.step`` (torch's optimizers run fused there and skip an overflowing step on the device:
   ``precision.FUSED_SKIPPING``);
 * ``evaluate``: evaluation's forward and loss.
 
@@ -45,6 +45,7 @@ from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
 from .csx.compiler import CompileCache, Compiled
 from .csx.optim import preinitialize
+from .csx.precision import GraphLossScaler
 from .whole_step import WholeStep, batch_shapes, first_trace_failed
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
@@ -303,6 +304,7 @@ class CompiledStep:
         try:
             outputs = whole(batch, global_step)
         except _CompileFailed:
+            self._leave_whole()
             return None
         except Exception as e:
             if not first_trace_failed(e):
@@ -311,7 +313,7 @@ class CompiledStep:
                 self.run.log.warning("step_not_traced", problem=_one_line(e), result="this batch runs eagerly")
                 return whole.eager(batch)
             # data-dependent code: Dynamo compiles what it can and reports the graph breaks
-            self.whole = None
+            self._leave_whole()
             self.run.log.info("step_compiled_per_function", reason=_one_line(e))
             self._compile_update(sharded=False)
             return None
@@ -322,6 +324,18 @@ class CompiledStep:
                                          "run eagerly: keep the batch shapes fixed (data.drop_last=true, padding to a "
                                          "few lengths)")
         return outputs
+
+    def _leave_whole(self) -> None:
+        """The step stops being one graph (the functions, or eager code, take over) with its loss scale."""
+        if self.whole is not None:
+            self.whole.hand_back(self.precision)
+            self.whole = None
+
+    @property
+    def loss_scaler(self) -> GraphLossScaler | None:
+        """The whole step's loss scaler (dynamic loss scaling in the graph), while the step is one graph: it, not
+        the precision policy's ``GradScaler``, holds the scale then."""
+        return self.whole.loss_scaler if self.whole is not None else None
 
     def _whole_compiled(self, compiled: Compiled, seconds: float) -> None:
         """A graph of the whole step was compiled or loaded (before it runs): count and report it."""

@@ -275,16 +275,27 @@ class EagerBackend(BackendBase):
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 
+    def _graph_scaler(self):
+        """The whole step's in-graph loss scaler while it holds the scale (``compiled.loss_scaler``), else None."""
+        return self.compiled.loss_scaler if self.compiled is not None else None
+
     def loss_scale(self) -> float | None:
         """The current dynamic loss scale (one synchronisation), or ``None`` without dynamic scaling."""
+        graph = self._graph_scaler()
+        if graph is not None:
+            return float(graph.scale)
         scaler = self.precision.scaler
         return scaler.get_scale() if scaler is not None else None
 
     def state_dict(self) -> dict:
-        return {"precision": self.precision.state_dict()}
+        graph = self._graph_scaler()  # GradScaler's keys: the checkpoint loads into either
+        return {"precision": graph.state_dict() if graph is not None else self.precision.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.precision.load_state_dict(state.get("precision", {}))
+        graph = self._graph_scaler()
+        if graph is not None:
+            graph.load_state_dict(state.get("precision", {}))
         # the loaded optimizer has the saved settings: fit them again
         if self.trained:
             self.precision.prepare(*self.trained)

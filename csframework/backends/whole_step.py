@@ -8,8 +8,10 @@ per-call overhead, which one call pays once (docs/performance.md, "Compiling the
 Inductor artifact are cached under ``cache_dir()``, so an identical run loads them instead of compiling.
 
 It applies (``unavailable`` says why not) to a single-process CPU stage stepping a built-in or preinitialisable
-optimizer, one micro-batch a step, without dynamic loss scaling, and no plugin hooked inside the step (traced,
-such a hook would run once, not every step). Otherwise, and when the step does not trace (data-dependent code
+optimizer, one micro-batch a step, and no plugin hooked inside the step (traced, such a hook would run once, not
+every step). Dynamic loss scaling (``precision=float16``) is part of the graph, as on CSX (``csx/precision.py``):
+the overflow check, the skipped update (``torch.where``) and the new scale; the ``GradScaler``'s state moves into
+the graph's scaler when the step is set up and back when the step stops being one graph. Otherwise, and when the step does not trace (data-dependent code
 in the model), ``compiled.CompiledStep`` compiles the step's functions with ``torch.compile`` instead. A new
 batch shape (the short last batch) compiles one more graph, reused every epoch.
 """
@@ -18,12 +20,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
+
 from .. import step
 from ..compat import needs_torch
 from ..errors import CompileError, TracingError
 from .csx import optim as csx_optim
 from .csx.compiler import CompileCache, Compiled, GraphLimitError, StaticStep
 from .csx.inductor import STANDALONE_TORCH
+from .csx.precision import CsxPrecision, GraphLossScaler
 
 if TYPE_CHECKING:
     from .eager import EagerBackend
@@ -40,8 +45,6 @@ def unavailable(run, backend: EagerBackend) -> str | None:
         return "under ddp and fsdp the gradients' collectives run between the step's functions"
     if backend.accum > 1:
         return "loop.grad_accum_steps > 1: each micro-batch is compiled"
-    if getattr(backend.precision, "scaler", None) is not None:
-        return "dynamic loss scaling skips overflowing steps through GradScaler"
     if not csx_optim.preinitialisable(type(run.optimizer)):
         return f"{type(run.optimizer).__name__}'s state cannot be created before the first step"
     hooked = [name for name in IN_STEP_HOOKS if getattr(run.hooks.pm.hook, name).get_hookimpls()]
@@ -57,9 +60,19 @@ class WholeStep:
                  config_patches: dict, on_compile: Callable[[Compiled, float], Any]):
         self.run, self.precision, self.max_grad_norm = run, precision, max_grad_norm
         self.on_compile = on_compile
+        #: under dynamic loss scaling, the graph's scaler (its scale and growth tracker are graph state)
+        self.loss_scaler: GraphLossScaler | None = None
+        extras: list = []
+        scaler = getattr(precision, "scaler", None)
+        if scaler is not None:
+            self.precision = CsxPrecision(run.stage_config.precision, torch.device("cpu"))
+            self.loss_scaler = self.precision.scaler
+            self.loss_scaler.load_state_dict(scaler.state_dict())
+            extras = self.loss_scaler.state_attrs()
         self.graphs = StaticStep(self._step, "train_step", retrace=False, cache=cache, keyed=True,
-                                 modules=[run.model], optimizers=[run.optimizer], graph_compiler="inductor",
-                                 max_graphs=max_graphs, config_patches=config_patches, on_compile=self._compiled)
+                                 modules=[run.model], optimizers=[run.optimizer], extras=extras,
+                                 graph_compiler="inductor", max_graphs=max_graphs, config_patches=config_patches,
+                                 on_compile=self._compiled)
         self.full = False  # max_graphs reached: batches of other shapes run eagerly
         self._started = 0.0
 
@@ -88,6 +101,11 @@ class WholeStep:
     def eager(self, batch) -> dict:
         """The same step without a graph."""
         return self._step(batch)
+
+    def hand_back(self, precision) -> None:
+        """The step stops being one graph: the loss scale goes back to ``precision``'s ``GradScaler``."""
+        if self.loss_scaler is not None:
+            precision.scaler.load_state_dict(self.loss_scaler.state_dict())
 
 
 def first_trace_failed(error: BaseException) -> bool:

@@ -158,6 +158,38 @@ def test_bfloat16_autocast_runs_compiled(tmp_path):
     assert summary["status"] == "completed" and summary["compile"]["graph_breaks"] == 0
 
 
+#: float16 with a first loss scale that overflows: the first 6 of 12 steps are skipped, the scale halving each time
+OVERFLOWING = ["precision=float16", "precision.init_scale=4194304", "loop.max_steps=12", "optimizer=adamw",
+               "optimizer.lr=0.01", "loop.log_every=4"]
+
+
+def test_float16_loss_scaling_skips_overflowing_steps_inside_the_whole_step_graph(tmp_path):
+    eager, _ = fit(tmp_path, *OVERFLOWING, name="eager")
+    compiled, summary = fit(tmp_path, COMPILE, *OVERFLOWING, name="compiled")
+    assert summary["compile"]["graph"] == "whole step" and summary["compile"]["recompiles"] == 0
+    # the same 6 steps skipped (no step count, no update) and the same scale, without GradScaler
+    assert compiled.backend.loss_scale() == eager.backend.loss_scale() == 4194304 / 2 ** 6
+    assert {float(state["step"]) for state in compiled.optimizer.state.values()} == {6.0}
+    # float16 products round differently once fused: close, not equal
+    assert max_difference(params(eager), params(compiled)) < 1e-3
+    # the checkpoint keeps GradScaler's keys and values: it resumes an eager run as well
+    state = compiled.state_dict()["backend"]["precision"]
+    assert state == eager.state_dict()["backend"]["precision"]
+
+
+def test_a_float16_whole_step_run_resumes_exactly_with_its_loss_scale(tmp_path):
+    straight, _ = fit(tmp_path, COMPILE, *OVERFLOWING, name="straight")
+    # stopped after 4 steps, all skipped so far: the scale is what resumes
+    first, _ = fit(tmp_path, COMPILE, *OVERFLOWING, "loop.max_steps=4", name="first")
+    resumed = csf.Run(compose(*STEPS, COMPILE, *OVERFLOWING), output_dir=tmp_path / "resumed")
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.backend.loss_scale() == 4194304 / 2 ** 4
+    assert resumed.fit()["global_step"] == 12
+    a, b = params(straight), params(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.backend.loss_scale() == straight.backend.loss_scale()
+
+
 # -- graph breaks, recompilations, failures ------------------------------------------------------------------
 class ItemNet(nn.Module):
     """A model whose forward reads a value on the host: a graph break."""
