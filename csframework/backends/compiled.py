@@ -2,7 +2,7 @@
 
 In one CPU process the whole step is one traced graph where it can be (``whole_step``: the fastest there);
 ``CompiledStep`` sets that up and reports on it as on the rest. Otherwise (GPU, DDP/FSDP, gradient accumulation,
-dynamic loss scaling, hooks inside the step, a step that does not trace) the step's sequence is still
+hooks inside the step, a step that does not trace) the step's sequence is still
 ``csframework.step``'s and three functions of it are compiled (TorchDynamo captures them, TorchInductor
 generates their code):
 
@@ -12,9 +12,12 @@ generates their code):
 * ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. The learning
   rates of ``torch.optim`` optimizers become tensors that the schedule fills in place, so a new rate is an input,
   not a recompilation; built-in optimizers run their ``foreach`` path with ``capturable`` state (the fastest
-  compiled update measured: docs/performance.md). Under dynamic loss scaling (outside the whole step's graph,
-  where it is graph operations) the update runs eagerly, through ``GradScaler.step`` (torch's optimizers run fused there and skip an overflowing step on the device:
-  ``precision.FUSED_SKIPPING``);
+  compiled update measured: docs/performance.md). Under dynamic loss scaling (``precision=float16``) the scaling
+  is tensor operations, as on CSX (``csx/precision.GraphLossScaler``): the gradients are unscaled with one
+  overflow check and the scale updated (one kernel each, between the compiled functions), and the compiled update
+  is ``csx/optim``'s traceable optimizer step, which skips an overflowing step with ``torch.where``: nothing waits
+  for the device. A custom optimizer that cannot create its state before the first step keeps ``GradScaler``
+  and runs its update eagerly;
 * ``evaluate``: evaluation's forward and loss.
 
 Zeroing the gradients (``set_to_none``) is no operation. Plugin hooks run between the compiled functions, as
@@ -44,8 +47,9 @@ from ..compat import inductor_default_cache_dir, pick_vec_isa, set_recompile_lim
 from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
 from .csx.compiler import CompileCache, Compiled
-from .csx.optim import preinitialize
-from .csx.precision import GraphLossScaler
+from .csx import optim as csx_optim
+from .csx.optim import preinitialisable, preinitialize
+from .csx.precision import CsxPrecision, GraphLossScaler
 from .whole_step import WholeStep, batch_shapes, first_trace_failed
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
@@ -185,16 +189,17 @@ def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
     return type(optimizer).__module__.startswith("torch.optim")
 
 
-def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, torch_step: bool = True) -> None:
     """Make ``optimizer``'s settings those the update compiles best with (again after a checkpoint is loaded,
-    which brings back the saved ones): torch's optimizers run ``foreach`` with ``capturable`` state, and their
-    learning rates are tensors (float64 on the host, float32 on a GPU) that the schedule fills in place."""
+    which brings back the saved ones): the learning rates of torch's optimizers are tensors (float64 on the host,
+    float32 on a GPU) that the schedule fills in place, and, where the update is their own ``step``
+    (``torch_step``), they run ``foreach`` with ``capturable`` state."""
     if not torch_optimizer(optimizer):
         return
     for group in optimizer.param_groups:
-        if "foreach" in group:
+        if torch_step and "foreach" in group:
             group["foreach"] = True
-        if "capturable" in group:
+        if torch_step and "capturable" in group:
             group["capturable"] = True
         if not isinstance(group["lr"], torch.Tensor):
             dtype = torch.float64 if device.type == "cpu" else torch.float32
@@ -217,10 +222,10 @@ def _raw_step(optimizer: torch.optim.Optimizer) -> Callable:
               or getattr(opt_module, "_global_optimizer_post_hooks", None))
     raw = type(optimizer).step
     if hooked or "step" in vars(optimizer):  # hooks, or an instance's own step (a torch LRScheduler wraps it)
-        return lambda: optimizer.step()
+        return lambda skip: optimizer.step()
     while hasattr(raw, "__wrapped__"):
         raw = raw.__wrapped__
-    return lambda: raw(optimizer)
+    return lambda skip: raw(optimizer)
 
 
 class _CompileFailed(Exception):
@@ -254,14 +259,22 @@ class CompiledStep:
         self.options = options
         self.forward = self._guarded("forward", torch.compile(self._forward, **options))
         self.evaluate = self._guarded("evaluate", torch.compile(self._evaluate, **options))
-        self.scaler = getattr(precision, "scaler", None)
+        self.scaler = getattr(precision, "scaler", None)  # GradScaler, under dynamic loss scaling
+        #: dynamic loss scaling as tensor operations (``csx/precision.py``), wherever the optimizer's update traces:
+        #: the overflow check, the skipped update and the new scale are then compiled with the step (or with the
+        #: update), and this scaler, not the ``GradScaler``, holds the scale (``GradScaler``'s state keys)
+        self.loss_scaler: GraphLossScaler | None = None
+        if self.scaler is not None and not sharded and preinitialisable(type(run.optimizer)):
+            self.precision = CsxPrecision(run.stage_config.precision, device)
+            self.loss_scaler = self.precision.scaler
+            self.loss_scaler.load_state_dict(self.scaler.state_dict())
         self._shapes: dict[str, tuple] = {}
         self.compiled_update = False
         self.whole: WholeStep | None = None  # the whole step as one graph (CPU), else the functions compiled
         self.graph_loads = self.graph_compiles = 0  # the whole step's graphs loaded from the cache, compiled
         self._limit_reported = False
         if whole:
-            self.whole = WholeStep(run, precision, max_grad_norm, cache=CompileCache(cache_dir() / f"steps-{mode}"),
+            self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(cache_dir() / f"steps-{mode}"),
                                    max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
                                    on_compile=self._whole_compiled)
         else:
@@ -270,13 +283,16 @@ class CompiledStep:
     def _compile_update(self, sharded: bool) -> None:
         """Compile the update (clipping and the optimizer's step) as one function."""
         # FSDP2's parameters are DTensors whose update calls collectives: left to the eager optimizer
-        self.compiled_update = not sharded and self.scaler is None
+        self.compiled_update = not sharded and (self.scaler is None or self.loss_scaler is not None)
         if self.compiled_update:
             optimizer = self.run.optimizer
-            prepare_optimizer(optimizer, self.device)
+            self.prepare_optimizer()
             # the state the first step would create, created now: it is then no cause of a recompilation
             preinitialize(optimizer)
-            self._step = _raw_step(optimizer)
+            if self.loss_scaler is None:
+                self._step = _raw_step(optimizer)
+            else:  # the traceable update, which skips an overflowing step with torch.where (no synchronisation)
+                self._step = lambda skip: csx_optim.step(optimizer, skip=skip)
             self._params = [p for g in optimizer.param_groups for p in g["params"]]
             self.update = self._guarded("update", torch.compile(self._update, **self.options))
 
@@ -289,10 +305,10 @@ class CompiledStep:
         with self.precision.autocast():
             return step.model_outputs(self.module(batch))
 
-    def _update(self):
+    def _update(self, skip: torch.Tensor | None = None):
         if self.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
-        self._step()
+        self._step(skip)
 
     # -- the whole step as one graph ------------------------------------------------------------------------
     def train_whole(self, batch, global_step: int) -> dict | None:
@@ -304,7 +320,7 @@ class CompiledStep:
         try:
             outputs = whole(batch, global_step)
         except _CompileFailed:
-            self._leave_whole()
+            self.whole = None
             return None
         except Exception as e:
             if not first_trace_failed(e):
@@ -313,7 +329,7 @@ class CompiledStep:
                 self.run.log.warning("step_not_traced", problem=_one_line(e), result="this batch runs eagerly")
                 return whole.eager(batch)
             # data-dependent code: Dynamo compiles what it can and reports the graph breaks
-            self._leave_whole()
+            self.whole = None
             self.run.log.info("step_compiled_per_function", reason=_one_line(e))
             self._compile_update(sharded=False)
             return None
@@ -325,17 +341,9 @@ class CompiledStep:
                                          "few lengths)")
         return outputs
 
-    def _leave_whole(self) -> None:
-        """The step stops being one graph (the functions, or eager code, take over) with its loss scale."""
-        if self.whole is not None:
-            self.whole.hand_back(self.precision)
-            self.whole = None
-
-    @property
-    def loss_scaler(self) -> GraphLossScaler | None:
-        """The whole step's loss scaler (dynamic loss scaling in the graph), while the step is one graph: it, not
-        the precision policy's ``GradScaler``, holds the scale then."""
-        return self.whole.loss_scaler if self.whole is not None else None
+    def prepare_optimizer(self) -> None:
+        """The optimizer's settings for the compiled update (again after a checkpoint is loaded)."""
+        prepare_optimizer(self.run.optimizer, self.device, torch_step=self.loss_scaler is None)
 
     def _whole_compiled(self, compiled: Compiled, seconds: float) -> None:
         """A graph of the whole step was compiled or loaded (before it runs): count and report it."""
@@ -425,10 +433,11 @@ class CompiledStep:
         self.run.log.warning("compile_failed", problem=f"torch.compile failed: {reason}",
                              result="the run goes on eagerly (backend.compile=false avoids the attempt)")
 
-    def apply_update(self) -> None:
-        """Clip and step the optimizer (compiled when it can be), under ``no_grad`` as the optimizer's own."""
+    def apply_update(self, skip: torch.Tensor | None = None) -> None:
+        """Clip and step the optimizer (compiled when it can be), under ``no_grad`` as the optimizer's own; ``skip``
+        (in-graph loss scaling's overflow flag) leaves everything as it was."""
         with torch.no_grad():
-            self.update()
+            self.update(skip)
         self.run.optimizer._opt_called = True  # what torch's LR schedulers check, as a wrapped step sets it
 
     # -- figures ------------------------------------------------------------------------------------------
@@ -465,8 +474,8 @@ class CompiledOps:
     inside the compiled forward, the optimizer step is the compiled update (clipping included: the step is
     then given no ``max_grad_norm``)."""
 
-    def __init__(self, precision, compiled: CompiledStep):
-        self.precision, self.compiled = precision, compiled
+    def __init__(self, compiled: CompiledStep):
+        self.precision, self.compiled = compiled.precision, compiled
 
     def autocast(self):
         return NO_AUTOCAST
@@ -479,7 +488,7 @@ class CompiledOps:
 
     def optimizer_step(self, optimizer, skip) -> None:
         if self.compiled.compiled_update and self.compiled.failed is None:
-            self.compiled.apply_update()
+            self.compiled.apply_update(skip)
         else:
             self.precision.optimizer_step(optimizer, skip)
 

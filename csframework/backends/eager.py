@@ -23,7 +23,7 @@ from ..hookspecs import hookimpl
 from ..precision import policy
 from . import whole_step
 from .base import BackendBase, BackendSpec
-from .compiled import COMPILE_MODES, CompiledOps, CompiledStep, prepare_optimizer
+from .compiled import COMPILE_MODES, CompiledOps, CompiledStep
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 
 
@@ -238,7 +238,7 @@ class EagerBackend(BackendBase):
             whole = self.whole_step and whole_step.unavailable(run, self) is None
             self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                          sharded=self.sharded, whole=whole, **self.compile_settings)
-            self.ops = CompiledOps(self.precision, self.compiled)
+            self.ops = CompiledOps(self.compiled)
 
     def to_device(self, batch):
         if self.device.type == "cpu":
@@ -276,7 +276,7 @@ class EagerBackend(BackendBase):
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 
     def _graph_scaler(self):
-        """The whole step's in-graph loss scaler while it holds the scale (``compiled.loss_scaler``), else None."""
+        """Under backend.compile, the in-graph loss scaler that holds the scale instead of the GradScaler, if any."""
         return self.compiled.loss_scaler if self.compiled is not None else None
 
     def loss_scale(self) -> float | None:
@@ -300,7 +300,7 @@ class EagerBackend(BackendBase):
         if self.trained:
             self.precision.prepare(*self.trained)
         if self.compiled is not None and self.compiled.compiled_update:
-            prepare_optimizer(self.compiled.run.optimizer, self.device)
+            self.compiled.prepare_optimizer()
 
     def summary(self) -> dict:
         return {"compile": self.compiled.summary()} if self.compiled is not None else {}

@@ -9,9 +9,9 @@ Inductor artifact are cached under ``cache_dir()``, so an identical run loads th
 
 It applies (``unavailable`` says why not) to a single-process CPU stage stepping a built-in or preinitialisable
 optimizer, one micro-batch a step, and no plugin hooked inside the step (traced, such a hook would run once, not
-every step). Dynamic loss scaling (``precision=float16``) is part of the graph, as on CSX (``csx/precision.py``):
-the overflow check, the skipped update (``torch.where``) and the new scale; the ``GradScaler``'s state moves into
-the graph's scaler when the step is set up and back when the step stops being one graph. Otherwise, and when the step does not trace (data-dependent code
+every step). Dynamic loss scaling (``precision=float16``) is part of the graph, as on CSX: ``CompiledStep``
+hands over ``csx/precision.CsxPrecision``, whose overflow check, skipped update (``torch.where``) and new scale
+are graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace (data-dependent code
 in the model), ``compiled.CompiledStep`` compiles the step's functions with ``torch.compile`` instead. A new
 batch shape (the short last batch) compiles one more graph, reused every epoch.
 """
@@ -20,15 +20,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
 from .. import step
 from ..compat import needs_torch
 from ..errors import CompileError, TracingError
 from .csx import optim as csx_optim
 from .csx.compiler import CompileCache, Compiled, GraphLimitError, StaticStep
 from .csx.inductor import STANDALONE_TORCH
-from .csx.precision import CsxPrecision, GraphLossScaler
+from .csx.precision import GraphLossScaler
 
 if TYPE_CHECKING:
     from .eager import EagerBackend
@@ -60,15 +58,8 @@ class WholeStep:
                  config_patches: dict, on_compile: Callable[[Compiled, float], Any]):
         self.run, self.precision, self.max_grad_norm = run, precision, max_grad_norm
         self.on_compile = on_compile
-        #: under dynamic loss scaling, the graph's scaler (its scale and growth tracker are graph state)
-        self.loss_scaler: GraphLossScaler | None = None
-        extras: list = []
-        scaler = getattr(precision, "scaler", None)
-        if scaler is not None:
-            self.precision = CsxPrecision(run.stage_config.precision, torch.device("cpu"))
-            self.loss_scaler = self.precision.scaler
-            self.loss_scaler.load_state_dict(scaler.state_dict())
-            extras = self.loss_scaler.state_attrs()
+        scaler = getattr(precision, "scaler", None)  # in-graph loss scaling: its tensors are the graph's state
+        extras = scaler.state_attrs() if isinstance(scaler, GraphLossScaler) else []
         self.graphs = StaticStep(self._step, "train_step", retrace=False, cache=cache, keyed=True,
                                  modules=[run.model], optimizers=[run.optimizer], extras=extras,
                                  graph_compiler="inductor", max_graphs=max_graphs, config_patches=config_patches,
@@ -101,11 +92,6 @@ class WholeStep:
     def eager(self, batch) -> dict:
         """The same step without a graph."""
         return self._step(batch)
-
-    def hand_back(self, precision) -> None:
-        """The step stops being one graph: the loss scale goes back to ``precision``'s ``GradScaler``."""
-        if self.loss_scaler is not None:
-            precision.scaler.load_state_dict(self.loss_scaler.state_dict())
 
 
 def first_trace_failed(error: BaseException) -> bool:

@@ -158,6 +158,32 @@ def test_bfloat16_autocast_runs_compiled(tmp_path):
     assert summary["status"] == "completed" and summary["compile"]["graph_breaks"] == 0
 
 
+class Collected:
+    """Keeps ``run.eval_outputs`` of every evaluation (the output collector's result)."""
+    name = "collected"
+
+    def __init__(self):
+        self.seen: list[dict] = []
+
+    @csf.hookimpl
+    def on_eval_end(self, run):
+        self.seen.append({k: v.clone() for k, v in run.eval_outputs.items()})
+
+
+def test_the_output_collector_gathers_the_compiled_evaluation_as_the_eager_one(tmp_path):
+    # 61 validation samples in batches of 5: the last batch of 1 is a new shape for the compiled evaluation
+    common = ["loop.collect=[preds,labels,logits]", "data.val.n=61", "data.eval_batch_size=5", "loop.eval_every=10"]
+    kept = {name: Collected() for name in ("eager", "compiled")}
+    fit(tmp_path, *common, plugins=[kept["eager"]], name="eager")
+    _, summary = fit(tmp_path, COMPILE, *common, plugins=[kept["compiled"]], name="compiled")
+    assert summary["status"] == "completed" and summary["compile"]["graph_breaks"] == 0
+    assert len(kept["compiled"].seen) == len(kept["eager"].seen) == 2
+    for eager, compiled in zip(kept["eager"].seen, kept["compiled"].seen):
+        assert torch.equal(compiled["labels"], eager["labels"]) and compiled["logits"].shape == (61, 4)
+        assert torch.equal(compiled["preds"], compiled["logits"].argmax(-1))
+        assert float((compiled["logits"] - eager["logits"]).abs().max()) < 1e-5
+
+
 #: float16 with a first loss scale that overflows: the first 6 of 12 steps are skipped, the scale halving each time
 OVERFLOWING = ["precision=float16", "precision.init_scale=4194304", "loop.max_steps=12", "optimizer=adamw",
                "optimizer.lr=0.01", "loop.log_every=4"]
@@ -175,6 +201,19 @@ def test_float16_loss_scaling_skips_overflowing_steps_inside_the_whole_step_grap
     # the checkpoint keeps GradScaler's keys and values: it resumes an eager run as well
     state = compiled.state_dict()["backend"]["precision"]
     assert state == eager.state_dict()["backend"]["precision"]
+
+
+def test_float16_loss_scaling_skips_overflowing_steps_in_the_compiled_update(tmp_path):
+    """The step's functions compiled (as on a GPU): the update, compiled, skips the overflowing steps itself."""
+    eager, _ = fit(tmp_path, *OVERFLOWING, name="eager")
+    compiled, summary = fit(tmp_path, COMPILE, "backend.compile_whole_step=false", *OVERFLOWING, name="compiled")
+    assert summary["compile"]["graph"] == "per function" and compiled.backend.compiled.compiled_update
+    assert summary["compile"]["recompiles"] == 0  # one graph of the update, whatever the learning rate
+    assert compiled.backend.loss_scale() == eager.backend.loss_scale() == 4194304 / 2 ** 6
+    assert {float(state["step"]) for state in compiled.optimizer.state.values()} == {6.0}
+    assert max_difference(params(eager), params(compiled)) < 1e-3
+    # the optimizer keeps its fused setting: the checkpoint resumes an eager run as it was built
+    assert all(group["fused"] for group in compiled.optimizer.param_groups)
 
 
 def test_a_float16_whole_step_run_resumes_exactly_with_its_loss_scale(tmp_path):

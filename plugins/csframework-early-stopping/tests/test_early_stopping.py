@@ -112,3 +112,13 @@ def test_a_stage_may_set_it(csf_runner):
                                     "+stages.only.early_stopping.min_delta=0.001"], autoload=ONLY)
     assert result.exit_code == 0, result.error
     assert result.summary["global_step"] < 60
+
+
+def test_a_compiled_run_stops_where_its_own_val_loss_says(csf_runner):
+    """backend.compile=true: the rule reads the compiled evaluation's metrics as it reads eager ones."""
+    result = csf_runner.run(LONG + RULE + ["backend.compile=true"], autoload=ONLY)
+    assert result.exit_code == 0, result.error
+    assert result.summary["compile"]["graph_breaks"] == 0
+    stop = expected_stop(result.series("val/loss"))
+    assert stop is not None and result.summary["global_step"] == stop
+    assert result.summary["stop_reason"].startswith("early_stopping: val/loss did not improve")

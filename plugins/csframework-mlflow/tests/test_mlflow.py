@@ -72,3 +72,14 @@ def test_a_failed_run_is_failed_and_the_store_is_configurable(csf_runner, tmp_pa
     assert run.info.status == "FAILED"
     assert history(client, run.info.run_id, "train/loss") == result.series("train/loss")
     assert not (result.output_dir.parent / "mlflow.db").exists()
+
+
+def test_a_compiled_run_logs_the_same_history(csf_runner):
+    """backend.compile=true: the metric history is the run's own, step for step, and the run finishes."""
+    result = csf_runner.run(["backend.compile=true"], autoload=ONLY)
+    assert result.exit_code == 0, result.error
+    assert result.summary["compile"]["graph_breaks"] == 0
+    client = store(result.output_dir.parent)
+    [run] = runs(client)
+    assert run.info.status == "FINISHED"
+    assert_matches(client, run, result)

@@ -94,3 +94,11 @@ def test_under_ddp_only_rank_0_writes(csf_runner):
     files = list((result.output_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert len(files) == 1
     assert_same(scalars(read(result.output_dir / "tensorboard")), logged(result))
+
+
+def test_a_compiled_run_writes_the_same_scalars(csf_runner):
+    """backend.compile=true: the event file holds the run's logged metrics, step for step."""
+    result = csf_runner.run(["backend.compile=true"], autoload=ONLY)
+    assert result.exit_code == 0, result.error
+    assert result.summary["compile"]["graph_breaks"] == 0
+    assert_same(scalars(read(result.output_dir / "tensorboard")), logged(result))
