@@ -72,6 +72,30 @@ def test_compiled_step_matches_the_interpreted_graph_and_a_second_run_loads_it(t
 
 @pytest.mark.slow
 @needs_standalone_compile
+def test_an_artifact_is_loaded_only_for_the_settings_and_torch_it_was_compiled_with(tmp_path, monkeypatch):
+    """The cache entry of a graph keeps one artifact per Inductor settings and torch version: a graph compiled
+    with other settings (another compile mode, or an older csframework's) is never loaded in its place."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (x * 2).sum(0))(torch.randn(4, 3))
+    entry = tmp_path / "fingerprint"
+
+    def status(patches):
+        fn, info = inductor.compile_graph(gm, entry, tmp_path, patches)
+        assert fn is not None, info
+        return info["status"]
+
+    assert status({}) == "compiled"
+    assert status({}) == "loaded"
+    assert status({"epilogue_fusion": False}) == "compiled"  # other settings: its own artifact
+    assert status({"epilogue_fusion": False}) == "loaded" and status({}) == "loaded"
+    monkeypatch.setattr(torch, "__version__", "0.0.0-another")
+    assert status({}) == "compiled"
+    assert len(list(entry.glob("inductor-*.bin"))) == 3
+
+
+@pytest.mark.slow
+@needs_standalone_compile
 def test_retrace_runs_the_compiled_graph_without_recompiling_and_still_detects_a_change(tmp_path):
     before = inductor.compilations
     _, summary = run_on("csx", tmp_path, "loop.max_steps=4", "backend.retrace_every_iteration=true",

@@ -13,6 +13,8 @@ and the caller runs the interpreted graph: the numbers are then those of the eag
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -45,8 +47,17 @@ def _host_tag() -> str:
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-t{torch.get_num_threads()}"
 
 
-def artifact_path(entry: Path) -> Path:
-    return entry / f"inductor-{_host_tag()}.bin"
+#: Inductor settings of every compilation: random operations draw from torch's generator (as the interpreted
+#: graph's do), and a reduction is computed once into its own buffer, even a small one (``optim._once``).
+BASE_PATCHES = {"fallback_random": True, "unroll_reductions_threshold": 1}
+
+
+def artifact_path(entry: Path, config_patches: dict) -> Path:
+    """The artifact of the graph of ``entry`` built here with ``config_patches`` by this torch: a graph compiled
+    with other Inductor settings (another ``backend.compile_mode``, another csframework's) or by another torch
+    is another file, never loaded in its place."""
+    settings = json.dumps([torch.__version__, sorted(config_patches.items())], default=repr)
+    return entry / f"inductor-{_host_tag()}-{hashlib.sha256(settings.encode()).hexdigest()[:12]}.bin"
 
 
 def example_inputs(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
@@ -90,7 +101,8 @@ def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path
     too_old = needs_torch("backend.graph_compiler=inductor (torch._inductor.standalone_compile)", STANDALONE_TORCH)
     if too_old:  # the Cerebras stack pins torch 2.4: the interpreted graph runs, with this one-line reason
         return None, {"status": "fallback", "seconds": 0.0, "reason": too_old}
-    path = artifact_path(entry) if entry is not None else None
+    patches = {**BASE_PATCHES, **(config_patches or {})}
+    path = artifact_path(entry, patches) if entry is not None else None
     try:
         import torch._inductor
         import torch._inductor.config as inductor_config
@@ -106,12 +118,8 @@ def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path
                     return fn, {"status": "loaded", "seconds": round(time.perf_counter() - start, 3)}
                 except Exception:  # a stale or damaged artifact: compile again
                     pass
-            artifact = torch._inductor.standalone_compile(
-                gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
-                # dropout and other random operations draw from torch's generator, as the interpreted graph does
-                # a reduction is computed once into its own buffer (optim._once), even a small one
-                options={"config_patches": {"fallback_random": True, "unroll_reductions_threshold": 1,
-                                            **(config_patches or {})}})
+            artifact = torch._inductor.standalone_compile(gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
+                                                          options={"config_patches": patches})
             compilations += 1
             if path is not None:
                 try:
