@@ -11,9 +11,9 @@ It applies (``unavailable`` says why not) to a single-process CPU stage stepping
 optimizer, one micro-batch a step, and no plugin hooked inside the step (traced, such a hook would run once, not
 every step). Dynamic loss scaling (``precision=float16``) is part of the graph, as on CSX: ``CompiledStep``
 hands over ``csx/precision.CsxPrecision``, whose overflow check, skipped update (``torch.where``) and new scale
-are graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace (data-dependent code
-in the model), ``compiled.CompiledStep`` compiles the step's functions with ``torch.compile`` instead. A new
-batch shape (the short last batch) compiles one more graph, reused every epoch.
+are graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace
+(data-dependent code in the model), ``compiled.CompiledStep`` compiles the step's functions with
+``torch.compile`` instead. A new batch shape (the short last batch) compiles one more graph, reused every epoch.
 """
 from __future__ import annotations
 
