@@ -66,10 +66,20 @@ def pick_vec_isa():
     return pick()
 
 
-def set_recompile_limit(limit: int) -> None:
-    """Dynamo's limit of recompilations of one function (``recompile_limit``; ``cache_size_limit`` on torch
-    2.4)."""
+def recompile_limit_key() -> str:
+    """The name of Dynamo's limit of recompilations of one function (``recompile_limit``; ``cache_size_limit`` on
+    torch 2.4)."""
     import torch._dynamo.config as dynamo_config
 
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    setattr(dynamo_config, name, limit)
+    return "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+
+
+def cpp_compiler() -> str:
+    """The C++ compiler Inductor builds CPU code with (``$CXX``, else ``g++``), after running it once; raises
+    (``InvalidCxxCompiler``) when none runs. ``cpp_builder.get_cpp_compiler`` (``codecache.cpp_compiler`` before
+    torch 2.5)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:
+        from torch._inductor.codecache import cpp_compiler as get_cpp_compiler  # type: ignore[attr-defined,no-redef]
+    return get_cpp_compiler()

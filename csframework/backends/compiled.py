@@ -33,6 +33,7 @@ When compiling fails (no C++ compiler, an Inductor error) the run goes on eagerl
 """
 from __future__ import annotations
 
+import linecache
 import os
 import time
 import traceback
@@ -43,12 +44,13 @@ from typing import Any, Callable
 import torch
 
 from .. import step
-from ..compat import inductor_default_cache_dir, pick_vec_isa, set_recompile_limit
+from ..compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
 from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
+from .compile_scope import CACHE_ENV, CompileScope, fresh
 from .csx.compiler import CompileCache, Compiled
 from .csx import optim as csx_optim
-from .csx.optim import preinitialisable, preinitialize
+from .csx.optim import preinitialisable, preinitialize, unwrapped
 from .csx.precision import CsxPrecision, GraphLossScaler
 from .whole_step import WholeStep, batch_shapes, first_trace_failed
 
@@ -56,9 +58,13 @@ from .whole_step import WholeStep, batch_shapes, first_trace_failed
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 #: Where Inductor keeps generated code and built kernels unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise.
 DEFAULT_CACHE_DIR = "~/.cache/csframework/inductor"
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-#: Compilations of one function after its first (new shapes, new settings) before Dynamo runs it eagerly.
+#: Compilations of one function after its first (new shapes) before it runs eagerly. A recompilation for any other
+#: reason (a guard on a Python value failed: ``.item()`` in the forward, a counter the model reads) is its last.
 MAX_RECOMPILES = 8
+
+
+#: The compiled functions that run the model's forward.
+MODEL_FUNCTIONS = ("forward", "evaluate")
 
 
 def cache_dir() -> Path:
@@ -77,24 +83,47 @@ def _isa_marker_path() -> Path:
     return cache_dir() / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
 
 
-def _trust_vector_isa() -> None:
+def _trust_vector_isa() -> bool:
     """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
-    programs for it (about 4 s of a cached run's compile time). The check's result is part of Inductor's cache
-    keys, so every run, the first included, compiles with it set."""
-    import torch._inductor.config as inductor_config
-
+    programs for it (about 4 s of a cached run's compile time). Returns whether the check passed, here or in an
+    earlier run (then ``CompileScope`` sets Inductor's ``cpp.vec_isa_ok``: the check's result is part of
+    Inductor's cache keys, so every run, the first included, compiles with it set)."""
     if torch.cuda.is_available():
-        return
+        return False
     marker = _isa_marker_path()
     if not marker.is_file():
         if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
-            return
+            return False
         try:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
         except OSError:  # a read-only cache: the check runs again next time
             pass
-    inductor_config.cpp.vec_isa_ok = True
+    return True
+
+
+#: The settings that name the C++ compiler Inductor builds CPU code with.
+COMPILER_SETTING = "CXX"
+#: Inductor's errors of a C++ compiler that is missing or fails (their names, as in a failure's one line).
+COMPILER_ERRORS = ("InvalidCxxCompiler", "CppCompileError")
+
+
+def missing_compiler() -> str | None:
+    """Why Inductor cannot build C++ on this machine (one line naming ``CXX`` and the fix), or ``None``: it looks
+    for ``$CXX`` (else ``g++`` on ``PATH``) and runs it."""
+    try:
+        cpp_compiler()
+    except Exception as e:
+        return compiler_failure(_one_line(e))
+    return None
+
+
+def compiler_failure(reason: str) -> str:
+    """``reason`` (a compiler's failure) with the setting to fix."""
+    given = os.environ.get(COMPILER_SETTING)
+    setting = f"{COMPILER_SETTING}={given}" if given else f"{COMPILER_SETTING} is unset (Inductor looks for g++ on PATH)"
+    return (f"no working C++ compiler for Inductor: {setting}: {reason}; set {COMPILER_SETTING} to a C++ compiler "
+            "(g++ or clang++)")
 
 
 @dataclass
@@ -107,12 +136,16 @@ class GraphBreak:
         return f"{self.where}: {self.reason}" if self.where else self.reason
 
 
-#: The fix of the usual graph breaks, by a word in Dynamo's reason.
-FIXES = (("item", "keep the value a tensor (torch.where for a choice), or read it in a hook outside the step "
-                  "(on_train_step_end)"),
-         ("data-dependent", "use torch.where instead of a Python branch on a tensor's value, or move the check to "
-                            "a hook outside the step (on_train_step_end)"),
-         ("print", "remove the print from the forward, or log from a hook outside the step"))
+#: The usual graph breaks: words of Dynamo's reason or of the user's line, what the construct is, and its fix.
+CONSTRUCTS = ((("item()", "tensor.item"), "`.item()` reads a tensor's value on the host",
+               "keep the value a tensor (torch.where for a choice), or read it in a hook outside the step "
+               "(on_train_step_end)"),
+              (("data-dependent", "could not guard", "generic_jump"), "Python control flow on a tensor's value",
+               "use torch.where instead of a Python branch on a tensor's value, or move the check to a hook outside "
+               "the step (on_train_step_end)"),
+              (("print",), "print() inside the compiled code",
+               "remove the print from the forward, or log from a hook outside the step"))
+OTHER_FIX = "move that code out of the model's forward (into a hook outside the step) or make it a tensor operation"
 
 
 def _internal(filename: str) -> bool:
@@ -123,19 +156,20 @@ def _internal(filename: str) -> bool:
 
 
 def describe_break(reason: str, stack: list) -> GraphBreak:
-    """Dynamo's reason for a graph break and the user's stack there, as the user's line and one line of
-    reason with its fix."""
+    """Dynamo's reason for a graph break and the user's stack there, as the user's line and one line saying
+    what the construct there is and its fix (Dynamo's own words where the construct is not a usual one)."""
     frame = next((f for f in reversed(stack) if not _internal(f.filename)), stack[-1] if stack else None)
     where = f"{frame.filename}:{frame.lineno}" if frame is not None else ""
+    code = ((frame.line or linecache.getline(frame.filename, frame.lineno)) if frame is not None else "").strip()
     lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
     # Dynamo's first line says only that it was a call; the next names what could not be traced
     useful = [ln for ln in lines if not ln.startswith(("Encountered graph break", "Developer debug context",
                                                         "For more details", "Hint: "))]
     text = " ".join((useful or lines or ["unknown"])[:2])
-    text = text if len(text) <= 240 else text[:237] + "..."
-    fix = next((f for word, f in FIXES if word in text.lower()), "move that code out of the model's forward "
-               "(into a hook outside the step) or make it a tensor operation")
-    return GraphBreak(where, f"{text}; fix: {fix}")
+    words = f"{text} {code}".lower()
+    construct, fix = next(((what, fix) for keys, what, fix in CONSTRUCTS if any(k in words for k in keys)),
+                          (text if len(text) <= 240 else text[:237] + "...", OTHER_FIX))
+    return GraphBreak(where, (f"`{code}`: " if code else "") + f"{construct}; fix: {fix}")
 
 
 class Recorder:
@@ -185,25 +219,30 @@ def _failure(error: BaseException) -> str | None:
 
 
 def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer`` is one of torch's own (they take tensor learning rates and ``capturable`` state)."""
-    return type(optimizer).__module__.startswith("torch.optim")
+    """Whether ``optimizer``'s update is torch's own code (a ``torch.optim`` class, or a user's subclass of one that
+    keeps its ``step``): it takes ``foreach`` and ``capturable`` state."""
+    return unwrapped(getattr(type(optimizer), "step", None)).__module__.startswith("torch.optim")
 
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, torch_step: bool = True) -> None:
     """Make ``optimizer``'s settings those the update compiles best with (again after a checkpoint is loaded,
-    which brings back the saved ones): the learning rates of torch's optimizers are tensors (float64 on the host,
-    float32 on a GPU) that the schedule fills in place, and, where the update is their own ``step``
-    (``torch_step``), they run ``foreach`` with ``capturable`` state."""
-    if not torch_optimizer(optimizer):
-        return
+    which brings back the saved ones): every learning rate is a tensor (float64 on the host, float32 on a GPU)
+    that the schedule fills in place, so a new rate is an input of the compiled update, not a recompilation
+    (torch's optimizers take it as it is; in another optimizer's ``step``, ``p.add_(u, alpha=-group["lr"])`` and
+    the other arithmetic read it as a number). Torch's own update, where it is the one run (``torch_step``), runs
+    ``foreach`` with ``capturable`` state."""
+    own = torch_optimizer(optimizer)
     for group in optimizer.param_groups:
-        if torch_step and "foreach" in group:
+        if own and torch_step and "foreach" in group:
             group["foreach"] = True
-        if torch_step and "capturable" in group:
+        if own and torch_step and "capturable" in group:
             group["capturable"] = True
-        if not isinstance(group["lr"], torch.Tensor):
+        lr = group.get("lr")
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):  # (a group may have none: Adafactor's None)
             dtype = torch.float64 if device.type == "cpu" else torch.float32
-            group["lr"] = torch.tensor(float(group["lr"]), dtype=dtype, device=device)
+            group["lr"] = torch.tensor(float(lr), dtype=dtype, device=device)
+    if not own:
+        return
     # capturable optimizers keep their step counts on the parameters' device
     for state in optimizer.state.values():
         count = state.get("step") if isinstance(state, dict) else None
@@ -238,8 +277,6 @@ class CompiledStep:
 
     def __init__(self, run, precision, module: torch.nn.Module, device: torch.device, max_grad_norm: float | None,
                  *, mode: str, fullgraph: bool, sharded: bool, whole: bool = False):
-        import torch._dynamo
-
         self.run, self.precision, self.module, self.device = run, precision, module, device
         self.max_grad_norm = max_grad_norm
         self.mode, self.fullgraph = mode, fullgraph
@@ -247,18 +284,24 @@ class CompiledStep:
         self.seconds = 0.0
         self.recompiles: list[str] = []
         self.reported = 0  # graph breaks already warned about
+        self.eager: set[str] = set()  # the functions that run eagerly from now on (csframework's recompile bound)
+        self._notes: list[tuple[str, str, dict]] = []  # lines for the run's log once it is logging (in fit)
+        if mode == "reduce-overhead" and device.type == "cpu":
+            self.note("info", "compile_mode", mode=mode, result="on a CPU it compiles as default does: its CUDA "
+                      "graphs (the launch overhead it saves) exist on a GPU only")
         self.cache_counts = self._cache_counts()
-        os.environ[CACHE_ENV] = str(cache_dir())
-        _trust_vector_isa()
-        # a run starts with Dynamo's caches empty: the compiled functions of an earlier run in this process (a
-        # sweep's job, a test) would count towards this one's recompilation limit
-        torch._dynamo.reset()
-        set_recompile_limit(MAX_RECOMPILES)
+        # the process's torch settings, csframework's while its compiled code runs (the caller's again by close());
+        # torch's bound is above csframework's, per code object (a function's graph breaks make several)
+        debug = bool(getattr(run.config, "debug", False))
+        self.scope = CompileScope(str(cache_dir()), MAX_RECOMPILES + 2, None if debug else self._torch_log)
+        if device.type == "cpu":
+            self._check_compiler()
         self.recorder = Recorder(mode)
         options = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
         self.options = options
-        self.forward = self._guarded("forward", torch.compile(self._forward, **options))
-        self.evaluate = self._guarded("evaluate", torch.compile(self._evaluate, **options))
+        # functions of this step's own (``fresh``): Dynamo's caches are per code object, and never reset
+        self.forward = self._guarded("forward", torch.compile(fresh(self._forward), **options))
+        self.evaluate = self._guarded("evaluate", torch.compile(fresh(self._evaluate), **options))
         self.scaler = getattr(precision, "scaler", None)  # GradScaler, under dynamic loss scaling
         #: dynamic loss scaling as tensor operations (``csx/precision.py``), wherever the optimizer's update traces:
         #: the overflow check, the skipped update and the new scale are then compiled with the step (or with the
@@ -270,9 +313,12 @@ class CompiledStep:
             self.loss_scaler.load_state_dict(self.scaler.state_dict())
         self._shapes: dict[str, tuple] = {}
         self.compiled_update = False
+        self._eager_updates = 0  # updates still to run eagerly before the compiled one
         self.whole: WholeStep | None = None  # the whole step as one graph (CPU), else the functions compiled
         self.graph_loads = self.graph_compiles = 0  # the whole step's graphs loaded from the cache, compiled
         self._limit_reported = False
+        if self.failed is not None:
+            return
         if whole:
             self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(cache_dir() / f"steps-{mode}"),
                                    max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
@@ -294,7 +340,45 @@ class CompiledStep:
             else:  # the traceable update, which skips an overflowing step with torch.where (no synchronisation)
                 self._step = lambda skip: csx_optim.step(optimizer, skip=skip)
             self._params = [p for g in optimizer.param_groups for p in g["params"]]
-            self.update = self._guarded("update", torch.compile(self._update, **self.options))
+            self.update = self._guarded("update", torch.compile(fresh(self._update), **self.options))
+            # an optimizer that creates its state in its first step (neither torch's nor preinitialisable) takes
+            # that step eagerly: compiled, the next step would find new state and compile again
+            self._eager_updates = 0 if preinitialisable(type(optimizer)) or torch_optimizer(optimizer) else 1
+
+    def _check_compiler(self) -> None:
+        """Inductor's C++ compiler, and the CPU's vector instructions it builds for, checked before anything is
+        compiled: without one the run goes on eagerly (one ``compile_failed`` warning), not with a traceback."""
+        problem = missing_compiler()
+        if problem is None:
+            self.scope.enter()  # (the vector-instruction check builds in csframework's cache)
+            try:
+                self.scope.vec_isa_ok = _trust_vector_isa()
+            except Exception as e:  # the compiler runs, but cannot build the check's programs
+                problem = compiler_failure(_one_line(e))
+            finally:
+                self.scope.close()
+        if problem is not None:
+            self._fall_back(problem)
+
+    def note(self, level: str, event: str, **fields) -> None:
+        """Log ``event`` when the run logs (its first compiled call, in ``fit``): the step is set up when the run
+        is built, before its log is open."""
+        self._notes.append((level, event, fields))
+
+    def _log_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        for level, event, fields in notes:
+            getattr(self.run.log, level)(event, **fields)
+
+    def _torch_log(self, record) -> None:
+        """A record of torch's compile loggers: a ``torch_log`` event of the run (events.jsonl, not the console:
+        csframework reports what matters once, in its own words)."""
+        self.run.log.info("torch_log", logger=record.name, level=record.levelname,
+                          message=" ".join(record.getMessage().split())[:2000], console=False)
+
+    def close(self) -> None:
+        """The end of the stage, of ``fit`` or ``validate``: the process's torch settings are the caller's again."""
+        self.scope.close()
 
     # -- the compiled functions ---------------------------------------------------------------------------
     def _forward(self, batch):
@@ -314,9 +398,12 @@ class CompiledStep:
     def train_whole(self, batch, global_step: int) -> dict | None:
         """Train on ``batch`` with the whole step's graph; ``None`` when the step is not (or no longer) one graph
         and the caller runs it through the compiled functions (or eagerly, once compiling has failed)."""
+        if self._notes:
+            self._log_notes()
         whole = self.whole
         if whole is None or self.failed is not None:
             return None
+        self.scope.enter()
         try:
             outputs = whole(batch, global_step)
         except _CompileFailed:
@@ -368,8 +455,11 @@ class CompiledStep:
         graphed = self.mode == "reduce-overhead" and self.device.type == "cuda" and name != "update"
 
         def call(*args):
-            if self.failed is not None:
+            if self._notes:
+                self._log_notes()
+            if self.failed is not None or name in self.eager:
                 return eager(*args)
+            self.scope.enter()
             graphs = self.recorder.graphs
             start = time.perf_counter()
             try:
@@ -395,16 +485,24 @@ class CompiledStep:
         """After a call that compiled: log the first compilation, report recompilations and new graph breaks."""
         shape = _signature(args) if shape is None else shape
         if name in self._shapes:
-            cause = (f"new input shapes {shape} (compiled for {self._shapes[name]})" if shape != self._shapes[name]
+            new_shape = shape != self._shapes[name]
+            cause = (f"new input shapes {shape} (compiled for {self._shapes[name]})" if new_shape
                      else "a guard failed (a module's train/eval mode, an optimizer setting or a Python value "
                           "the function reads changed)")
             self.recompiles.append(f"{name}: {cause}")
+            # a Python value that changes (``.item()`` in the forward, a counter) would recompile at every step
+            limited = len([r for r in self.recompiles if r.startswith(name + ":")]) == MAX_RECOMPILES
+            if limited:
+                self.eager.add(name)
+            elif not new_shape:  # the model's code reads the value: evaluation runs it too
+                self.eager.update(MODEL_FUNCTIONS if name in MODEL_FUNCTIONS else (name,))
             self.run.log.info("recompiled", function=name, cause=cause, recompiles=len(self.recompiles),
-                              limit=f"{MAX_RECOMPILES} per function, then it runs eagerly")
-            if len([r for r in self.recompiles if r.startswith(name + ":")]) == MAX_RECOMPILES:
+                              limit=f"{MAX_RECOMPILES} per function for new shapes, one for a changed value",
+                              **({"result": f"{name} runs eagerly from now on"} if name in self.eager else {}))
+            if limited:
                 self.run.log.warning("recompile_limit", function=name, limit=MAX_RECOMPILES,
                                      problem=f"{name} was compiled {MAX_RECOMPILES + 1} times (last: {cause}); from "
-                                             "now on new shapes run eagerly: keep the batch shapes fixed "
+                                             "now on it runs eagerly: keep the batch shapes fixed "
                                              "(data.drop_last=true, padding to a few lengths)")
         else:
             self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
@@ -429,15 +527,23 @@ class CompiledStep:
                            "or set backend.compile_fullgraph=false to run that part eagerly")
 
     def _fall_back(self, reason: str) -> None:
+        if reason.startswith(COMPILER_ERRORS):  # found when it compiled: say which setting names the compiler
+            reason = compiler_failure(reason)
         self.failed = reason
-        self.run.log.warning("compile_failed", problem=f"torch.compile failed: {reason}",
-                             result="the run goes on eagerly (backend.compile=false avoids the attempt)")
+        self.note("warning", "compile_failed", problem=f"torch.compile failed: {reason}",
+                  result="the run goes on eagerly (backend.compile=false avoids the attempt)")
+        if self.run.status != "created":  # failed while the run logs (else: said at its first compiled call)
+            self._log_notes()
 
     def apply_update(self, skip: torch.Tensor | None = None) -> None:
         """Clip and step the optimizer (compiled when it can be), under ``no_grad`` as the optimizer's own; ``skip``
         (in-graph loss scaling's overflow flag) leaves everything as it was."""
         with torch.no_grad():
-            self.update(skip)
+            if self._eager_updates:
+                self._eager_updates -= 1
+                self._update(skip)
+            else:
+                self.update(skip)
         self.run.optimizer._opt_called = True  # what torch's LR schedulers check, as a wrapped step sets it
 
     # -- figures ------------------------------------------------------------------------------------------

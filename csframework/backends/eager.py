@@ -163,8 +163,11 @@ class EagerBackend(BackendBase):
         return agreed
 
     def finish(self) -> None:
-        """Wait (bounded) for the stop-agreement all-reduce still in flight; the run's stage or fit ended.
-        Every rank started it at the same step boundary, so it completes unless a rank has died."""
+        """The run's stage or fit ended: the compiled step gives the process's torch settings back, and the
+        stop-agreement all-reduce still in flight is waited for (bounded). Every rank started it at the same step
+        boundary, so it completes unless a rank has died."""
+        if self.compiled is not None:
+            self.compiled.close()
         pending, self._signal_flag = self._signal_flag, None
         if pending is None:
             return
@@ -235,9 +238,12 @@ class EagerBackend(BackendBase):
         """Under ``backend.compile``: set up the compiled step (it needs the stage's optimizer)."""
         self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
         if self.compile:
-            whole = self.whole_step and whole_step.unavailable(run, self) is None
+            refused = whole_step.unavailable(run, self) if self.whole_step else None
             self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
-                                         sharded=self.sharded, whole=whole, **self.compile_settings)
+                                         sharded=self.sharded, whole=self.whole_step and refused is None,
+                                         **self.compile_settings)
+            if refused is not None:
+                self.compiled.note("info", "step_compiled_per_function", reason=refused)
             self.ops = CompiledOps(self.compiled)
 
     def to_device(self, batch):

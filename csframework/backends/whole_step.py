@@ -36,18 +36,26 @@ IN_STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer
 
 
 def unavailable(run, backend: EagerBackend) -> str | None:
-    """Why this stage's step cannot be one graph (then each of its functions is compiled), or ``None``."""
+    """Why this stage's step cannot be one graph, and what would make it one (one line; then each of the step's
+    functions is compiled), or ``None``."""
     if backend.device.type != "cpu":
         return "on a GPU the step's compiled functions run as CUDA graphs (backend.compile_mode=reduce-overhead)"
     if backend.distributed:
-        return "under ddp and fsdp the gradients' collectives run between the step's functions"
+        return ("under ddp and fsdp the gradients' collectives run between the step's functions "
+                "(backend.strategy=single makes it one graph)")
     if backend.accum > 1:
-        return "loop.grad_accum_steps > 1: each micro-batch is compiled"
-    if not csx_optim.preinitialisable(type(run.optimizer)):
-        return f"{type(run.optimizer).__name__}'s state cannot be created before the first step"
-    hooked = [name for name in IN_STEP_HOOKS if getattr(run.hooks.pm.hook, name).get_hookimpls()]
+        return (f"loop.grad_accum_steps={backend.accum}: each micro-batch is compiled (loop.grad_accum_steps=1 "
+                "with a larger data.batch_size makes the step one graph)")
+    optimizer = type(run.optimizer)
+    if not csx_optim.preinitialisable(optimizer):
+        return (f"optimizer {optimizer.__module__}.{optimizer.__qualname__} creates its state in its first step; "
+                "give it a preinitialize() method that creates the state (torch's layout) to make the step one "
+                "graph")
+    hooked = [f"{name} (plugin {impl.plugin_name})" for name in IN_STEP_HOOKS
+              for impl in getattr(run.hooks.pm.hook, name).get_hookimpls()]
     if hooked:
-        return f"a plugin implements {', '.join(hooked)}, which must run at every step"
+        return (f"a plugin implements {', '.join(hooked)}, which must run at every step (traced, it would run "
+                "once); move it to on_train_batch_end or on_train_step_end to make the step one graph")
     return needs_torch("one graph for the whole step", STANDALONE_TORCH)
 
 

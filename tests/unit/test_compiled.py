@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -275,16 +277,28 @@ class Warnings:
         run.log = Spy()
 
 
-def test_a_graph_break_is_warned_once_with_the_users_line(tmp_path):
+#: a log line of torch's own (glog format: ``W1127 20:51:06.471000 15100 torch/_dynamo/...``)
+TORCH_LOG_LINE = re.compile(r"^[DIWEC]\d{4} \d\d:\d\d:\d\d")
+
+
+def test_a_graph_break_is_warned_once_with_the_users_line_and_recompiles_at_most_once(tmp_path, capfd):
     spy = Warnings()
     run = csf.Run(compose(*STEPS, COMPILE, f"model._target_={__name__}.item_net", "~model.net", "~model.loss"),
                   plugins=[spy], output_dir=tmp_path)
     summary = run.fit()
-    breaks = [kw for level, event, kw in spy.events if event == "graph_break"]
-    assert len(breaks) == 1, breaks
-    assert breaks[0]["where"] == f"{__file__}:{BREAK_LINE}"
-    assert "item" in breaks[0]["problem"].lower() and "fix:" in breaks[0]["problem"]
+    warnings = [(event, kw) for level, event, kw in spy.events if level == "warning"]
+    assert [event for event, _ in warnings] == ["graph_break"], warnings
+    found = warnings[0][1]
+    assert found["where"] == f"{__file__}:{BREAK_LINE}"
+    assert "`.item()` reads a tensor's value" in found["problem"] and "fix:" in found["problem"]
+    assert "logits.mean().item() > 100" in found["problem"]  # the user's code, as on CSX
     assert summary["compile"]["graph_breaks"] == 1 and summary["status"] == "completed"
+    # the value read becomes a guard of the code after the break: one recompilation, then the forward runs
+    # eagerly (before: one per step until torch's own limit, and torch's multi-line warning on stderr)
+    assert summary["compile"]["recompiles"] <= 1, run.backend.compiled.recompiles
+    assert not [line for line in capfd.readouterr().err.splitlines() if TORCH_LOG_LINE.match(line)]
+    torch_logs = [kw for _, event, kw in spy.events if event == "torch_log"]
+    assert all(kw["console"] is False for kw in torch_logs)  # torch's own lines: events.jsonl only
     # the step did not trace into one graph: its functions were compiled, the break reported by Dynamo
     assert summary["compile"]["graph"] == "per function"
     assert [event for _, event, _ in spy.events if event == "step_compiled_per_function"] == ["step_compiled_per_function"]
@@ -295,8 +309,12 @@ def test_compile_fullgraph_refuses_a_graph_break_before_any_step(tmp_path):
                           "~model.net", "~model.loss"), output_dir=tmp_path)
     before = params(run)
     with pytest.raises(ConfigError, match=r"backend.compile_fullgraph: the step does not compile into one graph: "
-                                          + f".*{__file__}:{BREAK_LINE}"):
+                                          + f".*{__file__}:{BREAK_LINE}") as e:
         run.fit()
+    # the construct and the fix in plain words, not Dynamo's "Could not guard on data-dependent expression zuf0"
+    assert "`if logits.mean().item() > 100:" in str(e.value)
+    assert "`.item()` reads a tensor's value on the host; fix: keep the value a tensor" in str(e.value)
+    assert "zuf0" not in str(e.value)
     assert run.global_step == 0 and all(torch.equal(before[k], v) for k, v in params(run).items())
 
 
@@ -331,3 +349,111 @@ def test_a_failed_compile_goes_on_eagerly_with_one_warning(tmp_path, monkeypatch
     monkeypatch.undo()
     eager, _ = fit(tmp_path, name="eager")
     assert max_difference(params(eager), params(run)) == 0
+
+
+# -- any optimizer, a schedule never recompiles ---------------------------------------------------------------
+class GroupedAdamW(torch.optim.AdamW):
+    """A user's AdamW that sets its own weight-decay groups (nanoGPT's ``configure_optimizers``)."""
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0):
+        params = list(params)
+        super().__init__([{"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay},
+                          {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}], lr=lr)
+
+
+class SignMomentum(torch.optim.Optimizer):
+    """A user's optimizer (not torch's): its step reads ``group["lr"]`` as a number and creates its state lazily."""
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(p)
+                state["momentum"].mul_(0.9).add_(p.grad)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(state["momentum"].sign(), alpha=-group["lr"])
+
+
+#: a learning rate that changes at every step: 5 steps of warm-up, then a cosine decay
+WARMUP_COSINE = ["optimizer.lr=0.01", "optimizer.weight_decay=0.1", "optimizer.schedule.name=cosine",
+                 "optimizer.schedule.warmup_steps=5", "optimizer.schedule.min_lr=0.001", "loop.max_steps=12",
+                 "loop.log_every=4"]
+
+
+@pytest.mark.parametrize("optimizer, extra, graph", [
+    ("GroupedAdamW", [], "whole step"),  # torch's update: traced with the step as AdamW's is
+    ("GroupedAdamW", ["backend.compile_whole_step=false"], "per function"),  # torch's step, a tensor rate
+    ("SignMomentum", [], "per function"),  # the user's step reads the rate, a tensor, as a number
+])
+def test_a_user_optimizer_under_warmup_and_cosine_never_recompiles(tmp_path, optimizer, extra, graph):
+    common = [*WARMUP_COSINE, f"+optimizer._target_={__name__}.{optimizer}"]
+    eager, _ = fit(tmp_path, *common, name="eager")
+    spy = Warnings()
+    compiled, summary = fit(tmp_path, COMPILE, *common, *extra, plugins=[spy], name="compiled")
+    assert summary["compile"]["graph"] == graph
+    # before: the float rate was a guard of the compiled update, recompiled at each of the 7 steps it changed
+    assert summary["compile"]["recompiles"] == 0
+    assert not [kw for _, event, kw in spy.events if event in ("recompiled", "recompile_limit")]
+    assert max_difference(params(eager), params(compiled)) < 1e-5
+    if optimizer == "SignMomentum":  # why the step is not one graph, and the fix: one line
+        reasons = [kw["reason"] for _, event, kw in spy.events if event == "step_compiled_per_function"]
+        assert reasons == [f"optimizer {__name__}.SignMomentum creates its state in its first step; give it a "
+                           "preinitialize() method that creates the state (torch's layout) to make the step one "
+                           "graph"]
+
+
+# -- settings, plainly ------------------------------------------------------------------------------------------
+def test_reduce_overhead_on_a_cpu_says_what_it_does_there(tmp_path):
+    spy = Warnings()
+    fit(tmp_path, COMPILE, "backend.compile_mode=reduce-overhead", "loop.max_steps=2", plugins=[spy])
+    notes = [kw for _, event, kw in spy.events if event == "compile_mode"]
+    assert notes == [{"mode": "reduce-overhead", "result": "on a CPU it compiles as default does: its CUDA graphs "
+                                                           "(the launch overhead it saves) exist on a GPU only"}]
+
+
+# -- a library, not the owner of the process --------------------------------------------------------------------
+def _process_settings() -> dict:
+    import logging
+
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    from csframework.compat import recompile_limit_key
+
+    return {"cache_env": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            "recompile_limit": getattr(dynamo_config, recompile_limit_key()),
+            "vec_isa_ok": inductor_config.cpp.vec_isa_ok,
+            "torch_handlers": list(logging.getLogger("torch._dynamo").handlers)}
+
+
+def test_a_compiled_fit_leaves_the_callers_compiled_functions_and_settings_alone(tmp_path):
+    """As in a notebook: the caller's function compiled before ``fit()`` is not compiled again after it, and the
+    process-wide settings (Inductor's cache, Dynamo's limit, the vector-instruction check, torch's log handlers)
+    read the same."""
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=counting)
+    def users(x):
+        return torch.sin(x) * 2
+
+    x = torch.randn(4)
+    users(x)
+    before = _process_settings()
+    _, summary = fit(tmp_path, COMPILE, "loop.max_steps=3")
+    assert summary["compile"]["graph"] == "whole step"
+    _, summary = fit(tmp_path, COMPILE, "backend.compile_whole_step=false", "loop.max_steps=3", name="functions")
+    assert summary["compile"]["graph"] == "per function"
+    users(x)
+    assert len(compiles) == 1  # before: torch._dynamo.reset() in every compiled run dropped it
+    assert _process_settings() == before

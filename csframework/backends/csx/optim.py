@@ -28,14 +28,34 @@ import torch
 BUILTIN = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
+def unwrapped(fn):
+    """``fn`` without the decorators that wrap it (``functools.wraps``: torch wraps ``Optimizer.step`` in its
+    profiling and grad-mode wrappers)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def builtin_base(cls: type) -> type | None:
+    """The built-in optimizer whose update optimizers of class ``cls`` run: the class itself, or the built-in
+    a user's subclass derives from when it keeps its ``step`` (``class MyAdamW(torch.optim.AdamW)`` that sets
+    its parameter groups); ``None`` for any other update."""
+    base = next((b for b in cls.__mro__ if b in BUILTIN), None)
+    if base is None or unwrapped(getattr(cls, "step", None)) is not unwrapped(base.step):
+        return None
+    return base
+
+
 def is_builtin(optimizer) -> bool:
-    return type(optimizer) in BUILTIN
+    """Whether ``optimizer``'s update is a built-in one (``step`` below performs it)."""
+    return builtin_base(type(optimizer)) is not None
 
 
 def preinitialisable(cls: type) -> bool:
     """Whether optimizers of class ``cls`` can have their state created before the trace: the built-ins
-    (SGD, Adam, AdamW) or a class with a ``preinitialize()`` method."""
-    return cls in BUILTIN or callable(getattr(cls, "preinitialize", None))
+    (SGD, Adam, AdamW) and their subclasses that keep the built-in update, or a class with a
+    ``preinitialize()`` method."""
+    return builtin_base(cls) is not None or callable(getattr(cls, "preinitialize", None))
 
 
 def _scalar_dtype() -> torch.dtype:
