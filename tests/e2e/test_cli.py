@@ -169,6 +169,29 @@ def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path, cli_env):
     assert list(tmp_path.iterdir()) == []  # no run directory
 
 
+def _schema_defaults(schema) -> dict:
+    """Every field of a backend schema with its default, as YAML reads it back."""
+    import dataclasses
+    from enum import Enum
+
+    values = {f.name: getattr(schema(), f.name) for f in dataclasses.fields(schema)}
+    return {k: v.value if isinstance(v, Enum) else v for k, v in values.items()}
+
+
+@pytest.mark.parametrize("flags, overrides, schema", [
+    (["--cfg", "job"], [], "CpuConfig"), (["--cfg", "job"], ["device=gpu"], "GpuConfig"), (["--help"], [], "CpuConfig"),
+], ids=["cfg-job-cpu", "cfg-job-gpu", "help"])
+def test_help_and_cfg_job_list_every_backend_key_with_its_default(tmp_path, cli_env, flags, overrides, schema):
+    from csframework.backends import eager
+
+    r = cli(*overrides, flags=flags, env=cli_env, cwd=tmp_path, tiny=False)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout if flags != ["--help"] else r.stdout.split("Override anything in the config")[1].split("\n", 1)[1]
+    shown = yaml.safe_load(text.split("Powered by Hydra")[0])["backend"]
+    # before: type, strategy and threads only (compile, compile_mode, timeout_s ... were accepted, never shown)
+    assert shown == _schema_defaults(getattr(eager, schema))
+
+
 def test_check_mode_from_the_cli_trains_nothing(tmp_path, cli_env):
     run_dir = tmp_path / "run"
     r = cli("mode=check", f"hydra.run.dir={run_dir}", env=cli_env)

@@ -74,3 +74,32 @@ def test_the_cli_refuses_a_graph_break_under_fullgraph_with_one_line(tmp_path, c
     assert len(errors) == 1 and "backend.compile_fullgraph: the step does not compile into one graph" in errors[0]
     assert "test_compiled.py:" in errors[0] and "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").glob("step-*"))
+
+
+@pytest.mark.parametrize("compiler_env", [
+    {"CC": "/nonexistent/cc", "CXX": "/nonexistent/g++"},  # set to a compiler that is not there
+    {"PATH": ""},  # unset, and no g++ to find (a slim container image)
+], ids=["cxx-missing", "no-compiler-on-path"])
+def test_without_a_cpp_compiler_the_run_trains_eagerly_with_one_warning(tmp_path, cli_env, compiler_env):
+    common = ["--config-dir", fixtures.CONF, "model=blobs_mlp", "data=blobs", "loop.max_steps=6", "loop.log_every=3",
+              "optimizer.schedule.warmup_steps=0", "backend.threads=1"]
+    env = {k: v for k, v in cli_env.items() if k not in ("CC", "CXX")}
+    # an empty Inductor cache: nothing compiled by an earlier run (with a compiler) is loaded instead
+    env.update(compiler_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    compiled = subprocess.run([sys.executable, "-m", "csframework", *common, "backend.compile=true",
+                               f"hydra.run.dir={tmp_path / 'compiled'}"], env=env, capture_output=True, text=True,
+                              timeout=300)
+    # before: a traceback, InvalidCxxCompiler raised by Inductor's vector-instruction check
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    warnings = [line for line in compiled.stderr.splitlines() if "[WARNING]" in line]
+    assert len(warnings) == 1 and "compile_failed" in warnings[0], warnings
+    assert "no working C++ compiler for Inductor: CXX" in warnings[0] and "set CXX to a C++ compiler" in warnings[0]
+    assert "Traceback" not in compiled.stderr
+    fallback = json.loads((tmp_path / "compiled" / "summary.json").read_text())["compile"]["fallback"]
+    assert fallback.startswith("no working C++ compiler for Inductor: CXX")
+    eager = subprocess.run([sys.executable, "-m", "csframework", *common, f"hydra.run.dir={tmp_path / 'eager'}"],
+                           env=cli_env, capture_output=True, text=True, timeout=300)
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    a, b = final_params(tmp_path / "eager"), final_params(tmp_path / "compiled")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)

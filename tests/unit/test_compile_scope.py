@@ -1,0 +1,153 @@
+"""What ``backend.compile`` sets up without compiling anything (fast; run on every supported torch): which
+optimizers run torch's own update, the learning rate as a tensor for any optimizer, and the process-wide torch
+settings held only while a run's compiled step runs (``backends/compile_scope.py``)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+
+from csframework.backends.compile_scope import CACHE_ENV, CompileScope, fresh
+from csframework.backends.compiled import prepare_optimizer, torch_optimizer
+from csframework.backends.csx.optim import builtin_base, is_builtin, preinitialisable
+from csframework.compat import recompile_limit_key
+
+
+class GroupedAdamW(torch.optim.AdamW):
+    """A user's subclass that only sets its parameter groups: torch's update."""
+
+    def __init__(self, params, lr=1e-3):
+        params = list(params)
+        super().__init__([{"params": params[:1], "weight_decay": 0.1}, {"params": params[1:], "weight_decay": 0.0}],
+                         lr=lr)
+
+
+class OwnStepAdamW(torch.optim.AdamW):
+    """A subclass with an update of its own."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+class Plain(torch.optim.Optimizer):
+    """Not one of torch's: its step reads the rate as a number."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+def params():
+    return list(nn.Linear(3, 2).parameters())
+
+
+def test_a_subclass_keeping_torchs_update_is_recognised_as_torchs():
+    # before: the class's module was read, so a user's subclass was "not torch's"
+    assert builtin_base(GroupedAdamW) is torch.optim.AdamW and preinitialisable(GroupedAdamW)
+    assert is_builtin(GroupedAdamW(params())) and torch_optimizer(GroupedAdamW(params()))
+    assert torch_optimizer(torch.optim.RMSprop(params())) and not is_builtin(torch.optim.RMSprop(params()))
+    assert builtin_base(torch.optim.SGD) is torch.optim.SGD and builtin_base(torch.optim.Adam) is torch.optim.Adam
+
+
+def test_a_subclass_with_its_own_step_is_not_torchs_update():
+    assert builtin_base(OwnStepAdamW) is None and not preinitialisable(OwnStepAdamW)
+    assert not torch_optimizer(OwnStepAdamW(params())) and not torch_optimizer(Plain(params()))
+
+
+def test_every_optimizers_rate_becomes_a_tensor_that_its_own_step_reads_as_a_number():
+    weights = params()
+    plain = Plain(weights, lr=0.5)
+    prepare_optimizer(plain, torch.device("cpu"))
+    lr = plain.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and lr.dtype == torch.float64 and float(lr) == 0.5
+    assert "foreach" not in plain.param_groups[0]  # only torch's own update gets torch's settings
+    before = [w.detach().clone() for w in weights]
+    for w in weights:
+        w.grad = torch.ones_like(w)
+    plain.step()
+    assert all(torch.equal(w, b - 0.5) for w, b in zip(weights, before))
+    adamw = GroupedAdamW(params())
+    prepare_optimizer(adamw, torch.device("cpu"))
+    assert all(g["foreach"] and g["capturable"] and isinstance(g["lr"], torch.Tensor) for g in adamw.param_groups)
+
+
+def test_a_group_without_a_rate_is_left_alone():
+    class NoRate(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": None})
+
+    optimizer = NoRate(params())
+    prepare_optimizer(optimizer, torch.device("cpu"))
+    assert optimizer.param_groups[0]["lr"] is None
+
+
+def _settings() -> dict:
+    import torch._dynamo.config as dynamo_config
+
+    return {"env": os.environ.get(CACHE_ENV), "limit": getattr(dynamo_config, recompile_limit_key()),
+            "handlers": {name: list(logging.getLogger(name).handlers) for name in ("torch", "torch._dynamo")}}
+
+
+def test_the_scope_sets_the_settings_while_entered_and_restores_them(tmp_path, monkeypatch):
+    import torch._dynamo.config as dynamo_config
+
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    records = []
+    scope = CompileScope(str(tmp_path), 11, records.append)
+    before = _settings()
+    for _ in range(2):  # entered again after a close (the next stage, a validate after fit)
+        scope.enter()
+        scope.enter()  # (entered already: nothing more to restore)
+        assert os.environ[CACHE_ENV] == str(tmp_path) and getattr(dynamo_config, recompile_limit_key()) == 11
+        logging.getLogger("torch._dynamo.convert_frame").warning("hit config.recompile_limit")
+        scope.close()
+        assert _settings() == before
+    assert [r.getMessage() for r in records] == ["hit config.recompile_limit"] * 2
+    assert CACHE_ENV not in os.environ  # unset before: unset after (Inductor's own default is not written)
+
+
+def test_other_torch_records_reach_torchs_handlers_in_the_scope(tmp_path):
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.name)
+
+    torch_logger = logging.getLogger("torch")
+    keep = Keep()
+    torch_logger.addHandler(keep)
+    try:
+        records = []
+        scope = CompileScope(str(tmp_path), 10, records.append)
+        scope.enter()
+        logging.getLogger("torch.utils.data").warning("a data loader's warning")
+        logging.getLogger("torch._guards").warning("a compile record")
+        scope.close()
+    finally:
+        torch_logger.removeHandler(keep)
+    assert seen == ["torch.utils.data"] and [r.name for r in records] == ["torch._guards"]
+
+
+def test_a_fresh_method_has_its_own_code_and_the_same_behaviour():
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def add(self, k):
+            self.n += k
+            return self.n
+
+    counter = Counter()
+    copy = fresh(counter.add)
+    assert copy.__func__.__code__ is not Counter.add.__code__
+    assert copy(2) == 2 and counter.add(3) == 5
