@@ -285,10 +285,10 @@ class CompiledStep:
         self.recompiles: list[str] = []
         self.reported = 0  # graph breaks already warned about
         self.eager: set[str] = set()  # the functions that run eagerly from now on (csframework's recompile bound)
-        self._notes: list[tuple[str, str, dict]] = []  # lines for the run's log once it is logging (in fit)
+        self._notes: list[Callable[[Any], None]] = []  # lines for the run's log once it is logging (in fit)
         if mode == "reduce-overhead" and device.type == "cpu":
-            self.note("info", "compile_mode", mode=mode, result="on a CPU it compiles as default does: its CUDA "
-                      "graphs (the launch overhead it saves) exist on a GPU only")
+            self.note(lambda log: log.info("compile_mode", mode=mode, result="on a CPU it compiles as default does: "
+                                           "its CUDA graphs (the launch overhead it saves) exist on a GPU only"))
         self.cache_counts = self._cache_counts()
         # the process's torch settings, csframework's while its compiled code runs (the caller's again by close());
         # torch's bound is above csframework's, per code object (a function's graph breaks make several)
@@ -360,15 +360,15 @@ class CompiledStep:
         if problem is not None:
             self._fall_back(problem)
 
-    def note(self, level: str, event: str, **fields) -> None:
-        """Log ``event`` when the run logs (its first compiled call, in ``fit``): the step is set up when the run
-        is built, before its log is open."""
-        self._notes.append((level, event, fields))
+    def note(self, say: Callable[[Any], None]) -> None:
+        """``say(run.log)`` when the run logs (at its first compiled call, in ``fit``): the step is set up when the
+        run is built, before its log is open."""
+        self._notes.append(say)
 
     def _log_notes(self) -> None:
         notes, self._notes = self._notes, []
-        for level, event, fields in notes:
-            getattr(self.run.log, level)(event, **fields)
+        for say in notes:
+            say(self.run.log)
 
     def _torch_log(self, record) -> None:
         """A record of torch's compile loggers: a ``torch_log`` event of the run (events.jsonl, not the console:
@@ -530,8 +530,8 @@ class CompiledStep:
         if reason.startswith(COMPILER_ERRORS):  # found when it compiled: say which setting names the compiler
             reason = compiler_failure(reason)
         self.failed = reason
-        self.note("warning", "compile_failed", problem=f"torch.compile failed: {reason}",
-                  result="the run goes on eagerly (backend.compile=false avoids the attempt)")
+        self.note(lambda log: log.warning("compile_failed", problem=f"torch.compile failed: {reason}",
+                                          result="the run goes on eagerly (backend.compile=false avoids the attempt)"))
         if self.run.status != "created":  # failed while the run logs (else: said at its first compiled call)
             self._log_notes()
 

@@ -243,7 +243,7 @@ class EagerBackend(BackendBase):
                                          sharded=self.sharded, whole=self.whole_step and refused is None,
                                          **self.compile_settings)
             if refused is not None:
-                self.compiled.note("info", "step_compiled_per_function", reason=refused)
+                self.compiled.note(lambda log: log.info("step_compiled_per_function", reason=refused))
             self.ops = CompiledOps(self.compiled)
 
     def to_device(self, batch):
