@@ -9,10 +9,11 @@ generates their code):
 * ``forward``: a micro-batch's forward and loss under the precision policy's autocast. AOTAutograd compiles its
   backward with it, so ``loss.backward()`` runs compiled code too (the loss scaling's multiplication, the
   ``1/grad_accum_steps`` division and the call itself stay eager: one operation each);
-* ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. The learning
-  rates of ``torch.optim`` optimizers become tensors that the schedule fills in place, so a new rate is an input,
-  not a recompilation; built-in optimizers run their ``foreach`` path with ``capturable`` state (the fastest
-  compiled update measured: docs/performance.md). Under dynamic loss scaling (``precision=float16``) the scaling
+* ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. Every
+  optimizer's learning rates become tensors that the schedule fills in place, so a new rate is an input, not a
+  recompilation (another optimizer's ``step`` reads it as a number); torch's optimizers, and subclasses keeping
+  torch's ``step``, run their ``foreach`` path with ``capturable`` state (the fastest compiled update measured:
+  docs/performance.md). Under dynamic loss scaling (``precision=float16``) the scaling
   is tensor operations, as on CSX (``csx/precision.GraphLossScaler``): the gradients are unscaled with one
   overflow check and the scale updated (one kernel each, between the compiled functions), and the compiled update
   is ``csx/optim``'s traceable optimizer step, which skips an overflowing step with ``torch.where``: nothing waits
@@ -25,11 +26,13 @@ everywhere: data-dependent code in a hook is no graph break. Data-dependent code
 ``if tensor:``) is: Dynamo runs that part eagerly, and ``graph_breaks`` reports it once, naming the user's file
 and line, the reason and the fix; ``backend.compile_fullgraph=true`` makes it an error before the first step
 changes anything. Each function is compiled for fixed shapes: a new input shape (the short last batch)
-compiles once more and is then reused every epoch; ``MAX_RECOMPILES`` bounds them (then Dynamo runs that
-function eagerly), and each is reported with its cause.
+compiles once more and is then reused every epoch; ``MAX_RECOMPILES`` bounds them (then that function runs
+eagerly), and each is reported with its cause. A recompilation for a Python value that changed (the value of an
+``.item()`` before a branch) would come at every step: after the first, the function runs eagerly.
 
 Inductor's cache (``cache_dir()``) keeps the generated code across runs, so an identical run compiles from it.
-When compiling fails (no C++ compiler, an Inductor error) the run goes on eagerly with one warning.
+When compiling fails (no C++ compiler: checked first; an Inductor error) the run goes on eagerly with one
+warning. The process-wide torch settings this needs are held only while the run uses them (``compile_scope``).
 """
 from __future__ import annotations
 
