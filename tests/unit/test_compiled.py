@@ -450,9 +450,12 @@ def test_a_compiled_fit_leaves_the_callers_compiled_functions_and_settings_alone
     x = torch.randn(4)
     users(x)
     before = _process_settings()
-    _, summary = fit(tmp_path, COMPILE, "loop.max_steps=3")
+    # (backend.threads=0: torch's thread count, which a run's backend.threads sets, is a guard of every compiled
+    # function; the compile settings are this test's subject)
+    _, summary = fit(tmp_path, COMPILE, "loop.max_steps=3", "backend.threads=0")
     assert summary["compile"]["graph"] == "whole step"
-    _, summary = fit(tmp_path, COMPILE, "backend.compile_whole_step=false", "loop.max_steps=3", name="functions")
+    _, summary = fit(tmp_path, COMPILE, "backend.compile_whole_step=false", "loop.max_steps=3", "backend.threads=0",
+                     name="functions")
     assert summary["compile"]["graph"] == "per function"
     users(x)
     assert len(compiles) == 1  # before: torch._dynamo.reset() in every compiled run dropped it
