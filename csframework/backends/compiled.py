@@ -105,7 +105,7 @@ def _trust_vector_isa() -> bool:
     return True
 
 
-#: The settings that name the C++ compiler Inductor builds CPU code with.
+#: The setting that names the C++ compiler Inductor builds CPU code with.
 COMPILER_SETTING = "CXX"
 #: Inductor's errors of a C++ compiler that is missing or fails (their names, as in a failure's one line).
 COMPILER_ERRORS = ("InvalidCxxCompiler", "CppCompileError")
@@ -124,7 +124,8 @@ def missing_compiler() -> str | None:
 def compiler_failure(reason: str) -> str:
     """``reason`` (a compiler's failure) with the setting to fix."""
     given = os.environ.get(COMPILER_SETTING)
-    setting = f"{COMPILER_SETTING}={given}" if given else f"{COMPILER_SETTING} is unset (Inductor looks for g++ on PATH)"
+    setting = (f"{COMPILER_SETTING}={given}" if given
+               else f"{COMPILER_SETTING} is unset (Inductor looks for g++ on PATH)")
     return (f"no working C++ compiler for Inductor: {setting}: {reason}; set {COMPILER_SETTING} to a C++ compiler "
             "(g++ or clang++)")
 
