@@ -151,3 +151,13 @@ def test_a_fresh_method_has_its_own_code_and_the_same_behaviour():
     copy = fresh(counter.add)
     assert copy.__func__.__code__ is not Counter.add.__code__
     assert copy(2) == 2 and counter.add(3) == 5
+
+
+def test_under_debug_torchs_log_handlers_stay_as_they_are(tmp_path):
+    before = _settings()["handlers"]
+    scope = CompileScope(str(tmp_path), 10, None)  # debug=true: no sink, torch prints its own lines
+    scope.enter()
+    try:
+        assert _settings()["handlers"] == before
+    finally:
+        scope.close()
