@@ -12,10 +12,11 @@ import ast
 import dataclasses
 import enum
 import inspect
+import re
 import textwrap
 import typing
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from omegaconf import MISSING
 
@@ -151,8 +152,9 @@ class Sources:
     """What the primary config (``conf/config.yaml``) sets below its defaults list, flattened."""
 
 
-def gather() -> Sources:
-    """The schemas, group options and defaults of this installation (entry-point plugins included)."""
+def gather(plugins: Iterable[Any] = ()) -> Sources:
+    """The schemas, group options and defaults of this installation (the entry-point plugins, and
+    ``plugins`` besides them, as ``csf.compose(plugins=...)`` takes them)."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
@@ -160,7 +162,7 @@ def gather() -> Sources:
     from . import hydra_session
     from .api import composition
 
-    found = composition()
+    found = composition(plugins)
     cfg = hydra_session.compose_dict(config_files=found.config_files, sections=found.sections)
     defaults = {group: str(cfg.hydra.runtime.choices[group]) for group in GROUPS}
     GlobalHydra.instance().clear()
@@ -266,12 +268,13 @@ def _plugin_sections(src: Sources) -> str:
 
 
 def _table(keys: Iterator[Key]) -> str:
-    rows = [f"| `{key.path}` | {key.type} | {'' if key.type == 'section' else f'`{_cell(key.default)}`'} | "
+    rows = [f"| `{key.path}` | `{key.type}` | {'' if key.type == 'section' else f'`{_cell(key.default)}`'} | "
             f"{', '.join(f'`{v}`' for v in key.allowed)} | {_cell(key.doc)} |" for key in keys]
     return "| key | type | default | allowed values | description |\n| --- | --- | --- | --- | --- |\n" + "\n".join(rows)
 
 
 def _cell(text: str) -> str:
-    """``text`` on one line of a Markdown table: reST's double backticks as code, no line breaks, pipes
-    escaped."""
-    return " ".join(text.replace("``", "`").split()).replace("|", "\\|")
+    """``text`` on one line of a Markdown table: reST's double backticks as code, no line breaks, and pipes
+    escaped outside code spans (inside one, a table keeps them as they are)."""
+    parts = re.split(r"(`[^`]*`)", " ".join(text.replace("``", "`").split()))
+    return "".join(part if part.startswith("`") else part.replace("|", "\\|") for part in parts)
