@@ -20,6 +20,8 @@ from typing import Any, Iterable, Iterator
 
 from omegaconf import MISSING
 
+from .config import RunConfig
+
 #: The config groups and what each picks; their options come from the config search path.
 GROUPS = {
     "device": "the device type (and with it the default backend)",
@@ -155,39 +157,28 @@ class Sources:
 def gather(plugins: Iterable[Any] = ()) -> Sources:
     """The schemas, group options and defaults of this installation (the entry-point plugins, and
     ``plugins`` besides them, as ``csf.compose(plugins=...)`` takes them)."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.global_hydra import GlobalHydra
-
     from . import hydra_session
     from .api import composition
 
     found = composition(plugins)
     cfg = hydra_session.compose_dict(config_files=found.config_files, sections=found.sections)
     defaults = {group: str(cfg.hydra.runtime.choices[group]) for group in GROUPS}
-    GlobalHydra.instance().clear()
-    try:
-        hydra = Hydra.create_main_hydra2(task_name=hydra_session.TASK_NAME,
-                                         config_search_path=create_config_search_path(hydra_session.CONFIG_PATH))
-        loader = hydra.config_loader
-        options = {group: {name: _plain(loader.repository.load_config(f"{group}/{name}").config)
-                           for name in loader.get_group_options(group)} for group in GROUPS}
-        primary = _plain(loader.repository.load_config("config").config)
-    finally:
-        GlobalHydra.instance().clear()
-    root = {key: value for key, value in _flatten(primary).items()
-            if not key.startswith("hydra.")}
+    primary, written = hydra_session.written_configs(GROUPS)
+    options = {group: {name: _plain(node) for name, node in by_name.items()} for group, by_name in written.items()}
+    root = {key: value for key, value in _flatten(_plain(primary)).items() if not key.startswith("hydra.")}
     return Sources(found.schemas, found.named, found.sections, options, defaults, root)
 
 
 def _plain(node: Any) -> dict[str, Any]:
+    """A config file's settings as plain data, its defaults list left out."""
     from omegaconf import OmegaConf
 
     value = OmegaConf.to_container(node, resolve=False) if node is not None else {}
-    return {k: v for k, v in (value or {}).items() if k != "defaults"} if isinstance(value, dict) else {}
+    return {str(k): v for k, v in value.items() if k != "defaults"} if isinstance(value, dict) else {}
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}`` (an empty dict stays a value)."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
@@ -200,20 +191,17 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # -- Markdown -------------------------------------------------------------------------------------------------
 def markdown(sources: Sources | None = None) -> str:
     """The whole reference (headings from level 2 down), for ``sources`` or this installation's."""
-    from .config import RunConfig
-
     src = sources or gather()
-    top = {f.name: f for f in dataclasses.fields(RunConfig)}
     hints = typing.get_type_hints(RunConfig)
     root_docs = field_docs(RunConfig)
-    parts = [_overview(src, root_docs)]
+    parts = [_overview(src)]
     for group in GROUPS:
         parts.append(f"## `{group}`\n\n{root_docs.get(group, '')}\n\n{_options(group, src)}")
         if group == "backend":
             parts.append(_backends(src))
         elif _dataclass_of(hints[group]) is not None:
             parts.append(_table(schema_keys(hints[group], group)))
-    for name in top:
+    for name in (f.name for f in dataclasses.fields(RunConfig)):
         if name in GROUPS:
             continue
         schema = _dataclass_of(hints[name])
@@ -224,7 +212,8 @@ def markdown(sources: Sources | None = None) -> str:
     return "\n\n".join(part.strip() for part in parts if part.strip()) + "\n"
 
 
-def _overview(src: Sources, root_docs: dict[str, str]) -> str:
+def _overview(src: Sources) -> str:
+    """What the default run composes, and the groups at a glance."""
     choices = " ".join(f"`{group}={option}`" for group, option in src.defaults.items())
     settings = ", ".join(f"`{key}={yaml_value(value)}`" for key, value in src.root_settings.items())
     rows = "\n".join(f"| [`{group}`](#{group}) | {what} | "
@@ -237,24 +226,23 @@ def _overview(src: Sources, root_docs: dict[str, str]) -> str:
 
 def _options(group: str, src: Sources) -> str:
     """Each option of ``group`` with what its file sets."""
-    lines = [f"- `{group}={name}`: " + (", ".join(f"`{key}={_cell(yaml_value(value))}`"
+    lines = [f"- `{group}={name}`: " + (", ".join(f"`{key}={yaml_value(value)}`"
                                                    for key, value in _flatten(values).items()) or "no settings")
              for name, values in src.options[group].items()]
     return f"Options (default `{src.defaults[group]}`):\n\n" + "\n".join(lines) if lines else ""
 
 
 def _backends(src: Sources) -> str:
-    parts = []
-    for device_type, schema in src.backends.items():
-        parts.append(f"### `backend.*` on device type `{device_type}`\n\n"
-                     f"Schema `{schema.__module__}.{schema.__qualname__}`.\n\n{_table(schema_keys(schema, 'backend'))}")
-    for name, (device_type, schema) in src.named_backends.items():
-        parts.append(f"### `backend.*` of `backend={name}` (device type `{device_type}`)\n\n"
-                     f"Schema `{schema.__module__}.{schema.__qualname__}`.\n\n{_table(schema_keys(schema, 'backend'))}")
-    return "\n\n".join(parts)
+    """``backend.*`` of each device type's backend and of each named backend."""
+    titled = [(f"on device type `{device_type}`", schema) for device_type, schema in src.backends.items()]
+    titled += [(f"of `backend={name}` (device type `{device_type}`)", schema)
+               for name, (device_type, schema) in src.named_backends.items()]
+    return "\n\n".join(f"### `backend.*` {title}\n\nSchema `{schema.__module__}.{schema.__qualname__}`.\n\n"
+                       f"{_table(schema_keys(schema, 'backend'))}" for title, schema in titled)
 
 
 def _plugin_sections(src: Sources) -> str:
+    """Each installed plugin's section: its schema's docstring and keys."""
     if not src.sections:
         return "## Plugin sections\n\nNo installed plugin declares a config section."
     parts = ["## Plugin sections\n\nDeclared by the installed plugins (`csframework_config_sections`); each is a "
@@ -267,8 +255,9 @@ def _plugin_sections(src: Sources) -> str:
     return "\n\n".join(parts)
 
 
-def _table(keys: Iterator[Key]) -> str:
-    rows = [f"| `{key.path}` | `{key.type}` | {'' if key.type == 'section' else f'`{_cell(key.default)}`'} | "
+def _table(keys: Iterable[Key]) -> str:
+    """The keys as one table: key, type, default, allowed values, description."""
+    rows = [f"| `{key.path}` | `{key.type}` | {'' if key.type == 'section' else f'`{key.default}`'} | "
             f"{', '.join(f'`{v}`' for v in key.allowed)} | {_cell(key.doc)} |" for key in keys]
     return "| key | type | default | allowed values | description |\n| --- | --- | --- | --- | --- |\n" + "\n".join(rows)
 
