@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import tomllib
 import typing
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -228,3 +228,16 @@ def test_the_docs_pages_are_all_in_the_site_navigation():
 
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+def test_ci_builds_the_site_strictly_after_the_readme_test_command():
+    """.ci/run keeps the README's test command as its first step and then builds the site with the docs
+    extra, strictly, and runs the docs' tests (the site test skips in the core suite, without the extra)."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    readme = next(i for i, line in enumerate(lines) if line.startswith("python3 -m venv"))
+    steps = [line.strip() for line in lines[readme + 1:]]
+    order = [next(i for i, step in enumerate(steps) if step.startswith(start)) for start in
+             ('pip install -q -e ".[docs]"', "NO_MKDOCS_2_WARNING=1 mkdocs build --strict", "python docs/screenshots.py site",
+              "python -m pytest -q tests/unit/test_docs.py tests/e2e/test_docs_site.py")]
+    assert order == sorted(order)
+    assert "docs" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
