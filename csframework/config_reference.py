@@ -267,3 +267,7 @@ def _cell(text: str) -> str:
     escaped outside code spans (inside one, a table keeps them as they are)."""
     parts = re.split(r"(`[^`]*`)", " ".join(text.replace("``", "`").split()))
     return "".join(part if part.startswith("`") else part.replace("|", "\\|") for part in parts)
+
+
+if __name__ == "__main__":  # `python -m csframework.config_reference`: the reference without building the site
+    print(markdown(), end="")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import subprocess
+import sys
 import tomllib
 import typing
 import unicodedata
@@ -241,3 +243,9 @@ def test_ci_builds_the_site_strictly_after_the_readme_test_command():
               "python -m pytest -q tests/unit/test_docs.py tests/e2e/test_docs_site.py")]
     assert order == sorted(order)
     assert "docs" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_the_reference_prints_without_the_site(reference):
+    done = subprocess.run([sys.executable, "-m", "csframework.config_reference"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout == reference, done.stderr[-2000:]
