@@ -1,1 +1,1 @@
-"""csframework's benchmarks: ``python -m benchmarks`` measures every figure of the README's table."""
+"""csframework's benchmarks: ``python -m benchmarks`` measures every figure of docs/design/figures.md."""

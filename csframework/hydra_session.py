@@ -166,6 +166,30 @@ def _composition_errors() -> Iterator[None]:
         raise
 
 
+def written_configs(groups: Iterable[str], config_name: str = "config") -> tuple[Any, dict[str, dict[str, Any]]]:
+    """The primary config ``config_name`` and each option of ``groups`` (name -> its config), as their files
+    (or the ConfigStore entries backends and plugins put there) write them: not merged, not resolved. Searched
+    as every composition searches (csframework's configs, the ConfigStore); what the config reference lists."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=create_config_search_path(CONFIG_PATH))
+        loader = hydra.config_loader
+        sources = loader.get_sources()
+
+        def load(path: str) -> Any:  # the first source on the search path that has it, as Hydra picks
+            return next(source.load_config(path).config for source in sources if source.is_config(path))
+
+        options = {group: {name: load(f"{group}/{name}") for name in loader.get_group_options(group)}
+                   for group in groups}
+        return load(config_name), options
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def resolve_run_dir(cfg: DictConfig) -> str:
     """``hydra.run.dir`` resolved as a run does before anything else (with ``HydraConfig`` set, for
     ``${hydra:...}``), so that its interpolation errors are ``ConfigError``s naming it too."""

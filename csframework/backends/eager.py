@@ -44,6 +44,7 @@ class MatmulPrecision(str, Enum):
 class CpuConfig(ReadOnly):
     """``backend.*`` on CPU."""
     type: str = "CPU"
+    """The device type this backend runs (``device=cpu`` and ``backend=cpu`` set it)."""
     strategy: Strategy = Strategy.single
     """``single`` process, ``ddp`` (data parallel under torchrun; gloo on CPU, NCCL on GPU) or ``fsdp``
     (parameters, gradients and optimizer state sharded over the ranks: FSDP2 ``fully_shard``)."""
@@ -79,6 +80,7 @@ class CpuConfig(ReadOnly):
 class GpuConfig(CpuConfig):
     """``backend.*`` on GPU."""
     type: str = "GPU"
+    """The device type this backend runs (``device=gpu`` and ``backend=gpu`` set it)."""
     device_index: int = 0
     """The CUDA device index for single-process runs (DDP uses LOCAL_RANK)."""
     float32_matmul_precision: Optional[MatmulPrecision] = None

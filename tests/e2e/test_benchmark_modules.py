@@ -54,14 +54,22 @@ def test_gpu_figures_checked_on_the_cpu(monkeypatch):
     assert figure.limit == 1.05 and "on CPU (CSF_BENCH_DEVICE=cpu)" in figure.name
 
 
-def test_readme_sections_are_written_apart(tmp_path, monkeypatch):
-    """The GPU table has a README section of its own: a CPU-only run rewrites the CPU table and leaves it."""
-    (tmp_path / "README.md").write_text("a\n<!-- benchmarks:start -->\nold cpu\n<!-- benchmarks:end -->\nb\n"
-                                        "<!-- benchmarks-gpu:start -->\nold gpu\n<!-- benchmarks-gpu:end -->\n")
+def test_table_sections_are_written_apart(tmp_path, monkeypatch):
+    """The GPU table has a section of its own: a CPU-only run rewrites the CPU table and leaves it."""
+    page = tmp_path / bench_main.TABLES_PAGE
+    page.parent.mkdir(parents=True)
+    page.write_text("a\n<!-- benchmarks:start -->\nold cpu\n<!-- benchmarks:end -->\nb\n"
+                    "<!-- benchmarks-gpu:start -->\nold gpu\n<!-- benchmarks-gpu:end -->\n")
     monkeypatch.setattr(harness, "ROOT", tmp_path)
-    bench_main.write_readme("benchmarks", "new cpu")
-    assert (tmp_path / "README.md").read_text() == ("a\n<!-- benchmarks:start -->\nnew cpu\n<!-- benchmarks:end -->\n"
-                                                     "b\n<!-- benchmarks-gpu:start -->\nold gpu\n"
-                                                     "<!-- benchmarks-gpu:end -->\n")
+    bench_main.write_table("benchmarks", "new cpu")
+    assert page.read_text() == ("a\n<!-- benchmarks:start -->\nnew cpu\n<!-- benchmarks:end -->\n"
+                                "b\n<!-- benchmarks-gpu:start -->\nold gpu\n<!-- benchmarks-gpu:end -->\n")
     with pytest.raises(SystemExit, match="benchmarks-tpu:start"):
-        bench_main.write_readme("benchmarks-tpu", "x")
+        bench_main.write_table("benchmarks-tpu", "x")
+
+
+def test_the_tables_page_has_both_sections():
+    """``--write`` finds its markers in the page the docs site shows."""
+    text = (harness.ROOT / bench_main.TABLES_PAGE).read_text()
+    for section in ("benchmarks", "benchmarks-gpu"):
+        assert f"<!-- {section}:start -->" in text and f"<!-- {section}:end -->" in text

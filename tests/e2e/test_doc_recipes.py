@@ -1,4 +1,4 @@
-"""Every recipe of README.md and docs/*.md runs as written (issue 29 item 3). ``BLOCKS`` lists each fenced
+"""Every recipe of README.md and the pages of docs/ runs as written (issue 29 item 3). ``BLOCKS`` lists each fenced
 block of those documents, named by its document and the start of its first line, with how it is run:
 
 - ``Run``: its command lines run, in order, in one fresh working directory (``python`` is this
@@ -125,33 +125,42 @@ loader = [(torch.randn(16, 8), torch.randint(0, 4, (16,))) for _ in range(3)]
 BLOCKS: dict[tuple[str, str], object] = {
     ("README.md", "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "): NotRunnable(
         "network: makes a virtual environment and installs torch and csframework from PyPI (test_readme checks "
-        "that it ends with `python -m csframework`, which the 'Using it' block runs)"),
+        "that it ends with `python -m csframework`, which the tour runs)"),
     ("README.md", "python3 -m venv .venv && . .venv/bin/activate && pip install -q torch"): NotRunnable(
         "network: installs every extra from PyPI; CI runs this very line (.ci/run, test_readme)"),
-    ("README.md", "python -m csframework                                    # the embedded default"): Run(),
-    ("README.md", "import csframework as csf\n\ncfg = csf.compose"): Python(prelude=MY_PLUGIN),
-    ("README.md", "python -m csframework --config-dir conf model=my_model data=my_data"): Run(setup="user_project"),
-    ("README.md", "# conf/my_run.yaml"): UserFile(used_by="python -m csframework --config-dir conf model=my_model"),
-    ("README.md", "python -m csframework optimizer._target_=torch.optim.RMSprop"): Run(),
-    ("README.md", "stages:"): Config(("stages.warmup.loop.max_steps=2", "stages.main.loop.max_steps=3")),
-    ("README.md", "import csframework as csf\n\nclass BestAccuracy"): Python(
+    ("README.md", "python -m csframework                                                # the embedded default"): Run(
+        setup="tour"),
+    ("README.md", 'pip install -e ".[docs]" && mkdocs serve'): NotRunnable(
+        "network: installs the docs extra from PyPI; CI builds the site (.ci/run) and test_docs_site.py checks it"),
+    ("docs/reference/cli.md", "python -m csframework                                    # the embedded default"): Run(),
+    ("docs/getting-started/index.md", "python -m csframework optimizer=sgd optimizer.lr=0.05"): Run(),
+    ("docs/getting-started/index.md", "import csframework as csf\n\ncfg = csf.compose"): Python(prelude=MY_PLUGIN),
+    ("docs/getting-started/own-model.md", "conf/model/my_model.yaml"): NotARecipe(
+        "the two files in brief; the user_project setup writes them in full"),
+    ("docs/getting-started/own-model.md", "python -m csframework --config-dir conf model=my_model data=my_data"): Run(
+        setup="user_project"),
+    ("docs/getting-started/own-model.md", "# conf/my_run.yaml"): UserFile(
+        used_by="python -m csframework --config-dir conf model=my_model"),
+    ("docs/concepts/index.md", "on_fit_start"): NotARecipe("pseudo-code: the order of the hooks"),
+    ("docs/concepts/validation.md", "csframework: error: model._target_: brokenmd.MLP: no module "): Elsewhere(
+        "tests/e2e/test_user_code_errors.py", "the CLI prints these lines (checked against the page there)"),
+    ("docs/guides/configs.md", "python -m csframework optimizer._target_=torch.optim.RMSprop"): Run(),
+    ("docs/guides/configs.md", "stages:"): Config(("stages.warmup.loop.max_steps=2", "stages.main.loop.max_steps=3")),
+    ("docs/guides/writing-plugins.md", "import csframework as csf\n\nclass BestAccuracy"): Python(
         prelude="import json\nfrom pathlib import Path\n", after=TINY_FIT),
-    ("README.md", "csframework-target/"): NotARecipe("the layout of the plugin package the next blocks spell out"),
-    ("README.md", "# csframework-target/pyproject.toml"): Elsewhere(
+    ("docs/guides/writing-plugins.md", "csframework-target/"): NotARecipe(
+        "the layout of the plugin package the next blocks spell out"),
+    ("docs/guides/writing-plugins.md", "# csframework-target/pyproject.toml"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
-    ("README.md", "# csframework-target/src/csf_target/__init__.py"): Elsewhere(
+    ("docs/guides/writing-plugins.md", "# csframework-target/src/csf_target/__init__.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
-    ("README.md", "# csframework-target/tests/test_target.py"): Elsewhere(
+    ("docs/guides/writing-plugins.md", "# csframework-target/tests/test_target.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
-    ("README.md", "conf/                 config.yaml"): NotARecipe("the project's layout"),
-    ("README.md", "csframework: error: model._target_: brokenmd.MLP: no module "): Elsewhere(
-        "tests/e2e/test_user_code_errors.py", "the CLI prints these lines (checked against the README there)"),
-    ("README.md", "cd examples/classify"): Elsewhere(
+    ("docs/guides/checkpoints.md", "cd examples/classify"): Elsewhere(
         "tests/e2e/test_weights_out.py", "trained as written"),
-    ("README.md", "import torch"): Elsewhere(
-        "tests/e2e/test_weights_out.py",
-        "run as written after that training"),
-    ("README.md", "python -m csframework backend.compile=true "): Run(skip={"device=gpu": GPU}),
+    ("docs/guides/checkpoints.md", "import torch"): Elsewhere(
+        "tests/e2e/test_weights_out.py", "run as written after that training"),
+    ("docs/guides/compiling.md", "python -m csframework backend.compile=true "): Run(skip={"device=gpu": GPU}),
     ("docs/architecture.md", "__main__.py (CLI)"): NotARecipe("the modules and what each does"),
     ("docs/architecture.md", "for each micro-batch"): NotARecipe("pseudo-code of one optimizer step"),
     ("docs/backends.md", "python -m csframework device=toy"): Run(setup="toy_backend"),
@@ -241,8 +250,8 @@ def test_a_shown_excerpt_is_the_code_of_its_file(block):
 
 # -- running the blocks ---------------------------------------------------------------------------------------
 def user_project(work: Path) -> dict:
-    """A user's project as the README's own-model block assumes it: a model of their own (a byte-level
-    bigram model with no ``block_size``), data of their own, and the primary config the README shows."""
+    """A user's project as the own-model page's block assumes it: a model of their own (a byte-level
+    bigram model with no ``block_size``), data of their own, and the primary config the page shows."""
     (work / "my_models.py").write_text(textwrap.dedent("""\
         import torch
 
@@ -263,7 +272,7 @@ def user_project(work: Path) -> dict:
         val: {_target_: csframework.defaults.StdlibText, split: val, block_size: 32, num_chars: 20000}
         batch_size: 16
         """))
-    my_run = block_named("README.md", "# conf/my_run.yaml")
+    my_run = block_named("docs/getting-started/own-model.md", "# conf/my_run.yaml")
     (work / "conf" / "my_run.yaml").write_text(my_run.text)
     return {"PYTHONPATH": fixtures.pythonpath(str(work))}
 
@@ -281,7 +290,14 @@ def toy_backend(work: Path) -> dict:
     return {"PYTHONPATH": fixtures.pythonpath(str(work / "site")), "CSFRAMEWORK_PLUGINS_AUTOLOAD": ",".join(group)}
 
 
-SETUPS = {"user_project": user_project, "toy_backend": toy_backend}
+def tour(work: Path) -> dict:
+    """What the README's tour takes as given: the user's project (``user_project``) and a plugin of theirs
+    in ``my_plugin.py``."""
+    (work / "my_plugin.py").write_text(textwrap.dedent(MY_PLUGIN))
+    return user_project(work)
+
+
+SETUPS = {"user_project": user_project, "toy_backend": toy_backend, "tour": tour}
 
 
 def run_commands(argvs: list[list[str]], work: Path, env: dict) -> list[dict]:
@@ -338,7 +354,7 @@ def test_a_python_recipe_runs_as_written(block, tmp_path, cli_env):
     done = subprocess.run([sys.executable, str(script)], env=cli_env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    if block.text.startswith("import csframework as csf\n\ncfg"):  # the README's Python API
+    if block.text.startswith("import csframework as csf\n\ncfg"):  # the Python API of getting started
         assert done.stdout.splitlines()[-1].startswith("completed ") and "MyPlugin: fit ended at step 50" in done.stdout
     elif "BestAccuracy" in block.text:
         assert 0 < float(done.stdout.split()[-1]) <= 1, done.stdout
@@ -361,7 +377,7 @@ def test_a_config_recipe_runs_as_written(block, tmp_path, cli_env):
 
 
 def test_the_readme_primary_config_recipe_composes_with_a_model_of_the_users_own(tmp_path):
-    """The README's template (defaults: [config, {override model: my_model}, _self_]) with a model that is not
+    """The own-model page's template (defaults: [config, {override model: my_model}, _self_]) with a model that is not
     the transformer composes, the built-in data included (it failed: data.train.block_size: Interpolation key
     'model.block_size' not found)."""
     import csframework as csf
@@ -374,10 +390,10 @@ def test_the_readme_primary_config_recipe_composes_with_a_model_of_the_users_own
 
 def test_the_run_directory_section_names_everything_a_run_leaves(tmp_path):
     """Issue 29 item 7: the lock file (and every other entry a run leaves in its directory) is documented in
-    the README's "The run directory"."""
+    "What a run leaves" of docs/getting-started/run-directory.md."""
     fixtures.fit(tmp_path, "checkpoint.every_steps=8")
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## The run directory"):readme.index("## Sweeps")]
+    page = (ROOT / "docs/getting-started/run-directory.md").read_text()
+    section = page[page.index("## What a run leaves"):page.index("## Logging")]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert ".csframework.lock" in left
     assert [name for name in left if f"`{name}" not in section] == [], section

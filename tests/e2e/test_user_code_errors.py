@@ -169,9 +169,9 @@ def test_debug_true_shows_the_user_s_traceback(project):
     assert "ModuleNotFoundError: No module named 'nonexistent_pkg'" in result["stderr"]
 
 
-def test_the_readme_shows_the_lines_a_user_sees():
-    readme = (ROOT / "README.md").read_text()
-    shown = [line for line in readme.splitlines() if line.startswith("csframework: error: model")]
+def test_the_docs_show_the_lines_a_user_sees():
+    page = (ROOT / "docs/concepts/validation.md").read_text()
+    shown = [line for line in page.splitlines() if line.startswith("csframework: error: model")]
     assert len(shown) == 3 and set(shown) <= {line for _, _, line in CASES}, shown
     forward = next(line for _, _, line in CASES if "model.forward" in line).removeprefix("csframework: error: ")
-    assert forward in " ".join(readme.split()), "the README's model.forward line differs from what the CLI prints"
+    assert forward in " ".join(page.split()), "the docs' model.forward line differs from what the CLI prints"

@@ -1,5 +1,5 @@
 """Weights out of a run (issue 29 item 8): a run trained with the CLI, read back with ``csf.load_checkpoint``
-into a model the user builds, holds the run's final parameters; the README's inference recipe ("Using the
+into a model the user builds, holds the run's final parameters; the inference recipe of docs/guides/checkpoints.md ("Using the
 trained weights") runs exactly as written. In-process cases: tests/unit/test_weights.py; sharded
 checkpoints: tests/e2e/test_fsdp.py."""
 from __future__ import annotations
@@ -44,18 +44,22 @@ def test_a_cli_runs_final_weights_load_into_a_fresh_model(tmp_path, cli_env):
     assert ckpt.config["loop"]["max_steps"] == 8
 
 
-def readme_blocks(title: str) -> list[str]:
-    """The fenced blocks of the README's section ``title``, in order."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index(f"\n## {title}\n")
-    end = readme.find("\n## ", start + 1)
-    return _BLOCK.findall(readme[start:end if end != -1 else None])
+#: The page that shows the inference recipe.
+GUIDE = ROOT / "docs/guides/checkpoints.md"
 
 
-def test_the_readme_inference_recipe_runs_as_written(tmp_path):
+def section_blocks(title: str) -> list[str]:
+    """The fenced blocks of the checkpoints guide's section ``title``, in order."""
+    page = GUIDE.read_text()
+    start = page.index(f"\n## {title}\n")
+    end = page.find("\n## ", start + 1)
+    return _BLOCK.findall(page[start:end if end != -1 else None])
+
+
+def test_the_documented_inference_recipe_runs_as_written(tmp_path):
     """The two blocks run as a user runs them: the shell block from the checkout's root (a copy of
     ``examples/classify`` here), the Python block from the example's directory."""
-    train, predict = readme_blocks("Using the trained weights")
+    train, predict = section_blocks("Using the trained weights")
     assert train.startswith("cd examples/classify\npython -m csframework ") and "load_checkpoint" in predict
     example = tmp_path / "examples" / "classify"
     shutil.copytree(ROOT / "examples" / "classify", example, ignore=shutil.ignore_patterns("outputs", "__pycache__"))

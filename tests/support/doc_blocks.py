@@ -1,4 +1,4 @@
-"""The fenced code blocks of README.md and docs/*.md, as the recipe tests read them
+"""The fenced code blocks of README.md and every page of docs/, as the recipe tests read them
 (tests/e2e/test_doc_recipes.py runs them, tests/e2e/test_plugin_recipes.py installs the plugin packages
 they spell out)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ _BLOCK = re.compile(r"^```([a-z]*)\n(.*?)^```", re.S | re.M)
 
 
 def documents() -> list[str]:
-    """README.md and every page of docs/, relative to the project root."""
-    return ["README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))]
+    """README.md and every page of docs/ (its subfolders included), relative to the project root."""
+    return ["README.md", *sorted(page.relative_to(ROOT).as_posix() for page in (ROOT / "docs").rglob("*.md"))]
 
 
 @dataclass(frozen=True)

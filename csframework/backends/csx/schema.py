@@ -14,6 +14,7 @@ from ...config.readonly import ReadOnly
 class CsxConfig(ReadOnly):
     """``backend.*`` on CSX."""
     type: str = "CSX"
+    """The device type this backend runs (``device=csx`` and ``backend=csx`` set it)."""
     retrace_every_iteration: bool = False
     """Trace the step every iteration (side effects every iteration); a changed graph is an error."""
     compile_only: bool = False
