@@ -48,7 +48,7 @@ def _matches(name: str, param: torch.Tensor, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def _unused(patterns: list[str], names: list[str], params: list[torch.Tensor], key: str) -> None:
+def _unused(patterns: list[str], names: list[str], params: list[torch.nn.Parameter], key: str) -> None:
     """A ``ConfigError`` naming the first pattern of ``key`` that matches no parameter (``ndim<2`` excepted:
     a model may have no bias)."""
     for pattern in patterns:
@@ -86,9 +86,9 @@ def parameter_groups(named: list[tuple[str, torch.nn.Parameter]], cfg: Optimizer
     for name, param in named:
         owner = next((g for g, spec in settings.items()
                       if any(_matches(name, param, pat) for pat in spec.params)), None)
-        spec = settings[owner] if owner is not None else None
-        scale = spec.lr_scale if spec is not None else 1.0
-        rate = spec.weight_decay if spec is not None and spec.weight_decay is not None else None
+        group_spec = settings[owner] if owner is not None else None
+        scale = group_spec.lr_scale if group_spec is not None else 1.0
+        rate = group_spec.weight_decay if group_spec is not None else None
         label, excluded = owner or DEFAULT, False
         if rate is None:
             rate = weight_decay

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 from .readonly import ReadOnly
 
@@ -106,7 +106,7 @@ def param_group_configs(groups: Dict[str, Any]) -> Dict[str, ParamGroupConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    typed = {}
+    typed: Dict[str, ParamGroupConfig] = {}
     for name, value in groups.items():
         key = f"optimizer.groups.{name}"
         if not isinstance(value, dict) and not OmegaConf.is_dict(value):
@@ -114,7 +114,7 @@ def param_group_configs(groups: Dict[str, Any]) -> Dict[str, ParamGroupConfig]:
                              f"e.g. +{key}.params=[encoder.*] +{key}.lr_scale=0.1")
         try:
             merged = OmegaConf.merge(OmegaConf.structured(ParamGroupConfig), value)
-            typed[name] = OmegaConf.to_object(merged)
+            typed[name] = cast(ParamGroupConfig, OmegaConf.to_object(merged))
         except OmegaConfBaseException as e:
             where = getattr(e, "full_key", None) or ""
             raise ValueError(f"{key}{'.' + where if where else ''}: {e.msg if hasattr(e, 'msg') else e}; "
