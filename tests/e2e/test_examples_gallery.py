@@ -103,8 +103,8 @@ def test_sweep_searches_lr_and_weight_decay_and_writes_its_table(tmp_path):
     run("sweep", SWEEP, f" hydra.sweeper.n_trials=3 loop.max_steps=150 hydra.sweep.dir={tmp_path}")
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert len(rows) == 3 and all(row["status"] == "completed" for row in rows)
-    swept = [(row["optimizer.lr"], row["optimizer.weight_decay"]) for row in rows]
+    swept = [(float(row["optimizer.lr"]), float(row["optimizer.weight_decay"])) for row in rows]  # as overridden
     assert len(set(swept)) == 3 and all(1e-4 <= lr <= 3e-2 and 0 <= wd <= 1 for lr, wd in swept)
-    assert min(row["val/loss"] for row in rows) < 0.5  # the curve's variance: about 0.6
+    assert min(row["val/loss"] for row in rows) < 0.35  # the curve's variance (predicting its mean): 0.425
     assert (tmp_path / "optimization_results.yaml").exists()
     assert (tmp_path / "sweep.png").exists() or (tmp_path / "sweep.svg").exists()

@@ -150,3 +150,15 @@ def test_invalid_group_settings_are_validation_errors():
         csf.Run(fixtures.compose(*ADAMW, "+optimizer.groups.head.params=[net.3.*]",
                                  "+optimizer.groups.head.lr_scale=-1"))
     assert "optimizer.groups.head.lr_scale" in str(e.value)
+
+
+@pytest.mark.slow
+def test_groups_compiled_match_eager(tmp_path):
+    """backend.compile=true: the whole step's graph updates each group with its own rate and decay."""
+    overrides = (*HEAD, "loop.max_steps=6", "backend.threads=1", "optimizer.schedule.warmup_steps=2")
+    eager = build(tmp_path / "eager", *overrides)
+    eager.fit()
+    compiled = build(tmp_path / "compiled", *overrides, "backend.compile=true")
+    assert compiled.fit()["compile"]["graph"] == "whole step"
+    for (name, a), (_, b) in zip(eager.model.named_parameters(), compiled.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
