@@ -117,7 +117,9 @@ def optimizer_params(groups: list[ParamGroup], lr: float | None, weight_decay: f
 
 def resume_problem(saved: list[dict] | None, groups: list[ParamGroup]) -> str | None:
     """Why a checkpoint whose groups are ``saved`` (``None``: a checkpoint from before groups were recorded)
-    cannot resume a run with ``groups``, or ``None`` when they agree."""
+    cannot resume a run with ``groups``, or ``None`` when they have the same names and members. Their
+    settings may differ: the optimizer's state restores the checkpoint's rates and decays, as for every
+    optimizer setting (the checkpoint plugin warns of a changed one)."""
     now = [g.describe() for g in groups]
     if saved is None or saved == now:
         return None
@@ -129,9 +131,11 @@ def resume_problem(saved: list[dict] | None, groups: list[ParamGroup]) -> str | 
         if old is None:
             return (f"this run has the parameter group '{group['name']}' ({len(group['params'])} tensors), "
                     f"which the checkpoint lacks (its groups: {', '.join(str(n) for n in then)})")
-        for key in ("params", "lr_scale", "weight_decay"):
-            if old.get(key) != group[key]:
-                what = "members" if key == "params" else key
-                return f"the parameter group '{group['name']}' has other {what} than in the checkpoint"
+        if old.get("params") != group["params"]:
+            return f"the parameter group '{group['name']}' has other members than in the checkpoint"
     gone = [str(n) for n in then if n not in {g["name"] for g in now}]
-    return f"the checkpoint has the parameter group '{gone[0]}', which this run lacks"
+    if gone:
+        return f"the checkpoint has the parameter group '{gone[0]}', which this run lacks"
+    if [g["name"] for g in now] != [g.get("name") for g in saved]:  # torch loads the groups by position
+        return "its parameter groups are in another order (optimizer.groups' order changed)"
+    return None

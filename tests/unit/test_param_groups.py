@@ -162,3 +162,12 @@ def test_groups_compiled_match_eager(tmp_path):
     assert compiled.fit()["compile"]["graph"] == "whole step"
     for (name, a), (_, b) in zip(eager.model.named_parameters(), compiled.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_resume_with_the_same_groups_but_another_decay_goes_on_with_the_checkpoints_settings(tmp_path):
+    """As for every optimizer setting: torch restores the saved group's decay (the checkpoint plugin warns)."""
+    build(tmp_path, "checkpoint.every_steps=4").fit()
+    again = build(tmp_path, "loop.max_steps=12", "checkpoint.resume=auto", "optimizer.weight_decay=0.3")
+    assert again.fit()["global_step"] == 12
+    assert {g["name"]: g["weight_decay"] for g in again.optimizer.param_groups} == {"default": 0.1, "no_decay": 0.0}
+    assert any(e["event"] == "resume_settings_changed" for e in fixtures.events(tmp_path))
