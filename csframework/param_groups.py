@@ -60,11 +60,12 @@ def _unused(patterns: list[str], names: list[str], params: list[torch.nn.Paramet
 
 def parameter_groups(named: list[tuple[str, torch.nn.Parameter]], cfg: OptimizerConfig,
                      weight_decay: float) -> list[ParamGroup]:
-    """The groups of the trainable parameters ``named`` under ``cfg``, in a fixed order (the named groups,
-    then the default one, each followed by its ``no_decay`` part); groups without members are left out.
+    """The groups of the parameters ``named`` under ``cfg``, in a fixed order (the named groups, then the
+    default one, each followed by its ``no_decay`` part); groups without members are left out. Frozen
+    parameters are kept, as ``model.parameters()`` keeps them: a plugin may unfreeze them later.
     ``weight_decay`` is the optimizer's own rate (``optimizer.weight_decay``, or a ``_target_``'s
     ``args.weight_decay``)."""
-    named = [(n, p) for n, p in named if p.requires_grad]
+    named = list(named)
     names, params = [n for n, _ in named], [p for _, p in named]
     exclude = list(cfg.weight_decay_exclude)
     _unused(exclude, names, params, "optimizer.weight_decay_exclude")
