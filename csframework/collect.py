@@ -28,8 +28,11 @@ class Collector:
         self.limit = max(1, int(max_memory_mb * MB))
         self.rank, self.world_size = run.rank, run.world_size
         self.group = run.backend.host_group  # gloo beside NCCL: gathers stay on the host
-        # the samples to keep (the rest is padding); an iterable dataset is not padded: keep every row
-        self.size = len(run.val_loader.dataset) if hasattr(run.val_loader.dataset, "__len__") else None
+        # the samples to keep (the rest is padding): a pass's (loop.eval_steps draws a sample of the set); an
+        # iterable dataset is not padded: keep every row
+        self.size = getattr(getattr(run.val_loader, "position", None), "count", None)
+        if self.size is None and hasattr(run.val_loader.dataset, "__len__"):
+            self.size = len(run.val_loader.dataset)
         self.run_dir: SafeDir = run.files
         self.spill_dir: SafeDir | None = None  # made on the first spill: private, unpredictably named
         self.parts: dict[str, list[torch.Tensor]] = {k: [] for k in self.keys}

@@ -57,12 +57,16 @@ class ResumableSampler(Sampler[int]):
     Every rank gets the same number of samples, so all take the same steps: training drops the remainder
     of ``size / world_size``; with ``pad`` (evaluation) the order wraps around to fill the last round
     instead, so every sample is seen; sample ``i`` of rank ``r`` is position ``i * world_size + r`` of the
-    order, and positions from ``size`` on are the padding (the output collector drops them)."""
+    order, and positions from ``size`` on are the padding (the output collector drops them).
+
+    With ``sample`` (``loop.eval_steps``), a pass reads that many indices drawn without replacement from the
+    whole set by ``seed + epoch`` (evaluation: ``set_epoch(draw)`` picks the draw), in dataset order."""
 
     def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                 tag_epoch: bool = False, pad: bool = False):
+                 tag_epoch: bool = False, pad: bool = False, sample: int | None = None):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.tag_epoch, self.pad = rank, world_size, tag_epoch, pad
+        self.sample = sample if sample is not None and sample < size else None  # None: every index
         self.epoch = 0
         self.start = 0
 
@@ -74,24 +78,32 @@ class ResumableSampler(Sampler[int]):
 
     def order(self) -> torch.Tensor:
         """The indices this pass yields, as one tensor."""
-        if self.shuffle:
+        if self.sample is not None:  # a stream of its own: not the training order of the same seed and epoch
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + 11)
+            order = torch.randperm(self.size, generator=g)[:self.sample].sort().values
+        elif self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
             order = torch.randperm(self.size, generator=g)
         else:
             order = torch.arange(self.size)
         total = self.per_rank * self.world_size
-        if total > self.size:
-            order = order.repeat(-(-total // self.size))
+        if total > len(order):
+            order = order.repeat(-(-total // len(order)))
         order = order[self.rank: total: self.world_size][self.start:]
         if self.tag_epoch:
             order = order + self.epoch * self.size
         return order
 
     @property
+    def count(self) -> int:
+        """The indices of a pass over all ranks (before padding): the sample's, or the set's size."""
+        return self.sample if self.sample is not None else self.size
+
+    @property
     def per_rank(self) -> int:
-        if self.pad and self.size:
-            return -(-self.size // self.world_size)
-        return self.size // self.world_size
+        if self.pad and self.count:
+            return -(-self.count // self.world_size)
+        return self.count // self.world_size
 
     def __len__(self) -> int:
         # a pass resumed after an epoch's short last batch starts past the end: no sample left, not fewer
@@ -398,13 +410,14 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
                 drop_last: bool, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
                 collate_fn=None, persistent_workers: bool = False, prefetch_factor: int | None = None,
                 timeout_s: float = 0, role: str = "data", pad: bool = False,
-                batched_fetch: bool = True) -> FrameworkLoader:
+                batched_fetch: bool = True, sample: int | None = None) -> FrameworkLoader:
     """A ``FrameworkLoader`` over ``dataset``: a map-style one through a ``ResumableSampler``
     (``loader.position``), an ``IterableDataset`` through ``IterableShards`` (``loader.dataset``, and its
     ``position``). ``timeout_s`` bounds the wait for a batch from the workers (``0``: none; no workers: does
     not apply); ``role`` names the loader in errors (``data.train``); ``pad``: see ``ResumableSampler``.
     ``batched_fetch``: read each batch of a map-style dataset that allows it in one operation
-    (``csframework.batched``; never with a ``collate_fn``), the same batches as sample by sample."""
+    (``csframework.batched``; never with a ``collate_fn``), the same batches as sample by sample.
+    ``sample``: a map-style dataset's passes read that many samples drawn over it (``ResumableSampler``)."""
     tagged = num_workers > 0
     if collate_fn is not None:
         collate_fn = CheckedCollate(collate_fn, role)
@@ -420,7 +433,7 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
         return FrameworkLoader(shards, batch_size=batch_size, drop_last=drop_last, collate_fn=collate_fn,
                                position=shards, **common)
     size = dataset_size(dataset, role)
-    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=tagged, pad=pad)
+    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=tagged, pad=pad, sample=sample)
     read = batch_reader(dataset) if batched_fetch and collate_fn is None else None
     if read is not None:  # no auto-batching: the sampler yields whole batches, the dataset reads them
         return FrameworkLoader(BatchReader(dataset, read, seed, tagged, role), batch_size=None, collate_fn=as_is,

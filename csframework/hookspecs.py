@@ -249,7 +249,8 @@ def on_train_step_end(run: RunProtocol, step: int, outputs: dict[str, Any]) -> N
 # -- evaluation -----------------------------------------------------------------------------------------
 @hookspec
 def on_eval_start(run: RunProtocol) -> None:
-    """Before an evaluation pass over ``data.val`` (the model is in eval mode).
+    """Before an evaluation: once, before the passes over every evaluation set (``data.val``, then
+    ``data.eval``'s; the model is in eval mode).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
     """
@@ -257,7 +258,8 @@ def on_eval_start(run: RunProtocol) -> None:
 
 @hookspec
 def on_eval_end(run: RunProtocol, metrics: dict[str, float]) -> None:
-    """After an evaluation pass. ``metrics`` maps names such as ``val/loss`` to floats; ``run.eval_outputs``
+    """After an evaluation: once, after every set's pass. ``metrics`` maps names such as ``val/loss`` (and
+    ``<set>/loss`` for each ``data.eval`` set) to floats; ``run.eval_outputs``
     holds the outputs named in ``loop.collect`` (name -> CPU tensor, every sample once in dataset order;
     complete on global rank 0, empty elsewhere; possibly memory-mapped, valid during this hook).
 
@@ -268,7 +270,8 @@ def on_eval_end(run: RunProtocol, metrics: dict[str, float]) -> None:
 
 @hookspec
 def on_eval_epoch_start(run: RunProtocol, epoch: int) -> None:
-    """Before the first evaluation batch; ``epoch`` is the current training epoch.
+    """Before the first batch of each evaluation set's pass (``run.eval_set`` names the set); ``epoch`` is
+    the current training epoch.
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
     :param epoch: the training epoch, 0-based, counted across the stage.
@@ -277,7 +280,7 @@ def on_eval_epoch_start(run: RunProtocol, epoch: int) -> None:
 
 @hookspec
 def on_eval_epoch_end(run: RunProtocol, epoch: int) -> None:
-    """After the last evaluation batch.
+    """After the last batch of each evaluation set's pass (``run.eval_set`` names the set).
 
     :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
     :param epoch: the training epoch, 0-based, counted across the stage.

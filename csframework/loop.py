@@ -58,6 +58,9 @@ def train_stage(run: RunProtocol) -> None:
     state.last_log = (time.perf_counter(), run.global_step)
     run.module.train()
     hooks.on_train_start(run=run)
+    if loop.eval_at_start and run.val_loader is not None and state.stage_step == 0 \
+            and state.last_eval_step != run.global_step:  # not again after a resume, or a stage's final one
+        evaluate(run)
     while not _stage_done(state, loop) and state.stop_reason is None:
         epoch = state.epoch
         hooks.on_train_epoch_start(run=run, epoch=epoch)
@@ -240,7 +243,8 @@ def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.
 
 
 def evaluate(run: RunProtocol) -> dict:
-    """One pass over ``data.val`` (at most ``loop.eval_steps`` batches); returns ``val/*``: the mean over
+    """One pass over each evaluation set (``data.val``, ``data.eval``: at most ``loop.eval_steps`` batches
+    each); returns ``<set>/*`` (``val/*``): the mean over
     samples of every scalar output (each batch's value weighted by its samples, so a short last batch
     counts for what it holds; an output that only some batches return is averaged over those).
 
@@ -264,41 +268,19 @@ def evaluate(run: RunProtocol) -> dict:
 
 
 def _evaluate(run: RunProtocol) -> dict:
-    hooks, backend = run.hooks, run.backend
-    loop = run.stage_config.loop
-    limit = loop.eval_steps
+    """``on_eval_start``, a pass over each evaluation set (``_evaluate_set``), ``on_eval_end`` with the
+    metrics of all; ``loop.collect`` collects the first set's outputs (``data.val``'s)."""
+    hooks, loop = run.hooks, run.stage_config.loop
     was_training = run.module.training
     run.module.eval()
     hooks.on_eval_start(run=run)
-    hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
-    sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
-    counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
+    metrics: dict[str, float] = {}
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
-
     try:
-        with torch.inference_mode() if loop.inference_mode else torch.no_grad():
-            for batch_idx, batch in enumerate(run.val_loader):
-                if limit is not None and batch_idx >= limit:
-                    break
-                batch = backend.to_device(batch)
-                hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
-                outputs = backend.eval_batch(run, batch)
-                hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-                counted = samples_in(batch)
-                samples = counted or 1  # a batch without tensors: its outputs count once each
-                for key, value in outputs.items():
-                    if isinstance(value, torch.Tensor) and value.ndim == 0:
-                        if key in sums:  # in place, one op a batch as a hand loop's; add_ upcasts to float32
-                            sums[key].add_(value, alpha=samples)
-                        else:  # a copy: the sum must not be the output tensor the hooks were given
-                            sums[key] = value.to(torch.float32, copy=True).mul_(samples)
-                        counts[key] = counts.get(key, 0) + samples
-                if collector is not None:
-                    collector.add(outputs, counted)
-        if run.world_size > 1:  # every rank evaluated its shard: average over all of them
-            sums, counts = _all_reduce(sums, counts)
-        read = torch.stack(list(sums.values())).tolist() if sums else []  # one read of the device for all
-        metrics = {f"val/{k}": v / max(counts[k], 1) for k, v in zip(sums, read)}
+        for index, (name, loader) in enumerate(run.eval_loaders.items()):
+            run.eval_set = name
+            metrics.update(_evaluate_set(run, name, loader, collector if index == 0 else None))
+        run.eval_set = None
         if collector is not None:
             run.eval_outputs = collector.finish()
             run.log.info("eval_outputs_collected", keys=list(run.eval_outputs), spilled=collector.spilled,
@@ -306,15 +288,53 @@ def _evaluate(run: RunProtocol) -> dict:
                          peak_mb=round(collector.peak / 2**20, 3))
             if loop.collect_save and run.rank == 0:
                 collector.save(run.eval_outputs, f"step_{run.global_step}.safetensors")
-        hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
         hooks.on_eval_end(run=run, metrics=metrics)
     finally:
+        run.eval_set = None
         run.eval_outputs = {}
         if collector is not None:
             collector.cleanup()
     run.report(metrics)
     run.module.train(was_training)
     return metrics
+
+
+def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None) -> dict[str, float]:
+    """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches: drawn over the whole set,
+    ``data.eval_sample``); returns ``<name>/*``, the mean over samples of every scalar output."""
+    hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
+    limit = loop.eval_steps
+    sampler = getattr(loader, "position", None)
+    if getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
+        fresh = getattr(run.stage_config.data.eval_sample, "value", run.stage_config.data.eval_sample) == "fresh"
+        sampler.set_epoch(run.global_step if fresh else 0)
+    hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
+    sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
+    counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
+    with torch.inference_mode() if loop.inference_mode else torch.no_grad():
+        for batch_idx, batch in enumerate(loader):
+            if limit is not None and batch_idx >= limit:  # an IterableDataset: its first batches
+                break
+            batch = backend.to_device(batch)
+            hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+            outputs = backend.eval_batch(run, batch)
+            hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            counted = samples_in(batch)
+            samples = counted or 1  # a batch without tensors: its outputs count once each
+            for key, value in outputs.items():
+                if isinstance(value, torch.Tensor) and value.ndim == 0:
+                    if key in sums:  # in place, one op a batch as a hand loop's; add_ upcasts to float32
+                        sums[key].add_(value, alpha=samples)
+                    else:  # a copy: the sum must not be the output tensor the hooks were given
+                        sums[key] = value.to(torch.float32, copy=True).mul_(samples)
+                    counts[key] = counts.get(key, 0) + samples
+            if collector is not None:
+                collector.add(outputs, counted)
+    if run.world_size > 1:  # every rank evaluated its shard: average over all of them
+        sums, counts = _all_reduce(sums, counts)
+    read = torch.stack(list(sums.values())).tolist() if sums else []  # one read of the device for all
+    hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
+    return {f"{name}/{k}": v / max(counts[k], 1) for k, v in zip(sums, read)}
 
 
 def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:

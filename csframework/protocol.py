@@ -33,6 +33,9 @@ class RunProtocol(Protocol):
     module: torch.nn.Module
     """What the steps call: the model, or its DDP/FSDP wrapper."""
     optimizer: torch.optim.Optimizer
+    param_groups: list[Any]
+    """The optimizer's parameter groups (``csframework.param_groups.ParamGroup``: name, members, settings),
+    in the order of ``optimizer.param_groups``."""
     scheduler: Any
     """The learning-rate schedule (``csframework.schedule``)."""
     state: RunState
@@ -55,6 +58,11 @@ class RunProtocol(Protocol):
     stages: list[tuple[str, RunConfig]]
     train_loader: Any
     val_loader: Any
+    """The first evaluation set's loader (``data.val``'s), or ``None`` without evaluation."""
+    eval_loaders: dict[str, Any]
+    """Every evaluation set's loader by name (``data.val`` as ``val``, then ``data.eval``)."""
+    eval_set: str | None
+    """During an evaluation, the name of the set being evaluated (its batch and epoch hooks); else ``None``."""
 
     @property
     def stage(self) -> str: ...

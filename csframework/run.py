@@ -19,6 +19,7 @@ from . import loop
 from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
+from .config.sections import eval_set_key, eval_sets
 from .backends.distributed import peer_lost
 from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
@@ -27,6 +28,7 @@ from .files import SafeDir
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs
 from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
+from .param_groups import ParamGroup, resume_problem
 from .schedule import build_optimizer, build_scheduler
 from .signals import stop_on_signals
 from .state import RunState
@@ -113,6 +115,9 @@ class Run:
         self.summary_extra: dict[str, Any] = {}
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
         self.train_loader = self.val_loader = None
+        self.eval_loaders: dict[str, Any] = {}  # the stage's evaluation sets' loaders, by name
+        self.eval_set: str | None = None  # the set an evaluation is reading
+        self.param_groups: list[ParamGroup] = []  # the stage's optimizer's groups (optimizer.groups)
 
         seed_everything(config.seed)
         self.model: torch.nn.Module = build(config.model, "model")
@@ -183,10 +188,11 @@ class Run:
         if index == 0:  # all ranks share rank 0's run directory
             self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
         self.module = self.backend.prepare_model(self.model)
-        self.train_loader, self.val_loader = self._loaders(cfg)
+        self.train_loader, self.eval_loaders = self._loaders(cfg)
+        self.val_loader = next(iter(self.eval_loaders.values()), None)  # the first set's (data.val's)
         try:
-            self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer,
-                                             fused=self.backend.fused_optimizer(self.model))
+            self.optimizer, self.param_groups = build_optimizer(
+                self.model.named_parameters(), cfg.optimizer, fused=self.backend.fused_optimizer(self.model))
         except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
             raise ConfigError(f"optimizer: {one_line(e)}") from e
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
@@ -195,7 +201,6 @@ class Run:
     def _loaders(self, cfg: RunConfig):
         data = cfg.data
         train = build(data.train, "data.train")
-        val = build(data.val, "data.val") if data.val else None
         pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
         common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
                       pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
@@ -217,14 +222,24 @@ class Run:
             raise ConfigError(f"loop.grad_accum_steps: a step takes {cfg.loop.grad_accum_steps} batches, and "
                               f"{cfg.loop.max_epochs} epoch(s) of {len(train_loader)} batch(es) make no step; "
                               "lower it, or raise loop.max_epochs")
-        val_loader = None
-        if val is not None:
-            val_loader = make_loader(val, data.eval_batch_size or data.batch_size, shuffle=False,
-                                     drop_last=False, role="data.val", pad=True, **common)
-            if not is_iterable(val_loader) and len(val) == 0:
-                raise ConfigError(f"data.val: the dataset is empty ({type(val).__name__} has no sample); "
-                                  "check it, or set data.val=null to train without evaluation")
-        return train_loader, val_loader
+        return train_loader, self._eval_loaders(cfg, common)
+
+    def _eval_loaders(self, cfg: RunConfig, common: dict) -> dict:
+        """A loader for each evaluation set (``data.val``, ``data.eval``), by name. With ``loop.eval_steps``
+        a pass reads that many batches per process of samples drawn over the whole set (``data.eval_sample``)."""
+        data, loaders = cfg.data, {}
+        batch_size = data.eval_batch_size or data.batch_size
+        steps = cfg.loop.eval_steps
+        for name, spec in eval_sets(data).items():
+            key = eval_set_key(data, name)
+            dataset = build(spec, key)
+            loader = make_loader(dataset, batch_size, shuffle=False, drop_last=False, role=key, pad=True,
+                                 sample=steps * batch_size * self.world_size if steps else None, **common)
+            if not is_iterable(loader) and len(dataset) == 0:
+                raise ConfigError(f"{key}: the dataset is empty ({type(dataset).__name__} has no sample); "
+                                  f"check it, or set {key}=null to train without evaluating it")
+            loaders[name] = loader
+        return loaders
 
     def total_steps(self, cfg: RunConfig) -> int:
         """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
@@ -309,7 +324,7 @@ class Run:
     def release(self) -> None:
         """Stop every data-loader worker process and wait for the backend's pending collectives. Run when
         ``fit``/``validate`` ends, however it ends, and before a stage's loaders and backend are replaced."""
-        for loader in (self.train_loader, self.val_loader):
+        for loader in (self.train_loader, *self.eval_loaders.values()):
             close = getattr(loader, "close", None)  # a framework loader (None: not built yet)
             if close is not None:
                 close()
@@ -389,6 +404,7 @@ class Run:
         return {
             "version": STATE_VERSION,
             **whole,
+            "param_groups": [group.describe() for group in self.param_groups],
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
             "loop": dict(self.state.position(), stage=self.stage),
@@ -396,6 +412,20 @@ class Run:
             "data": data,
             **({"data_pass_ended": True} if pass_ended else {}),
         }
+
+    def _check_param_groups(self, state: dict) -> None:
+        """Refuse a checkpoint whose optimizer state belongs to other parameter groups: torch would load it
+        by position, giving one group's state and settings to another's parameters."""
+        problem = resume_problem(state.get("param_groups"), self.param_groups)
+        saved = state.get("optimizer", {}).get("param_groups") if not state.get("sharded") else None
+        if problem is None and state.get("param_groups") is None and saved is not None \
+                and len(saved) != len(self.param_groups):
+            problem = (f"it has {len(saved)} parameter group(s), this run {len(self.param_groups)} (it predates "
+                       "optimizer.weight_decay_exclude, whose default now leaves biases and norm scales undecayed)")
+        if problem:
+            raise ConfigError(f"checkpoint: {problem}; resume it with the optimizer.groups and "
+                              "optimizer.weight_decay_exclude it was saved with (optimizer.weight_decay_exclude=[] "
+                              "decays every parameter, as before that setting), or start a new run")
 
     def _data_state(self):
         """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
@@ -416,6 +446,7 @@ class Run:
                               f"does not have at that position (stages: {[n for n, _ in self.stages]})")
         if position["stage_index"] != self.state.stage_index:
             self.enter_stage(position["stage_index"])
+        self._check_param_groups(state)
         if not state.get("sharded"):  # sharded: the checkpoint plugin loads them (Backend.load_sharded)
             try:
                 self.model.load_state_dict(state["model"])

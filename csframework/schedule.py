@@ -13,6 +13,7 @@ import torch
 from .config import OptimizerConfig
 from .config.optimizer import ScheduleName
 from .errors import ConfigError
+from .param_groups import ParamGroup, optimizer_params, parameter_groups
 from .targets import call, locate
 
 #: Settings of the ``optimizer`` group a ``_target_`` optimizer receives when its constructor takes them.
@@ -161,21 +162,30 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, tota
     return Schedule(optimizer, cfg, total_steps)
 
 
-def build_optimizer(params, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg``: the class of ``_target_``, or the built-in one ``cfg.name`` names (torch's
-    fused implementation with ``fused``: ``precision.FUSED_SKIPPING``)."""
+def build_optimizer(named_params, cfg: OptimizerConfig,
+                    fused: bool = False) -> tuple[torch.optim.Optimizer, list[ParamGroup]]:
+    """The optimizer of ``cfg`` over ``named_params`` (``model.named_parameters()``) and its parameter
+    groups (``optimizer.groups``, ``weight_decay_exclude``): the class of ``_target_``, or the built-in one
+    ``cfg.name`` names (torch's fused implementation with ``fused``: ``precision.FUSED_SKIPPING``)."""
     if cfg._target_:
         cls, kwargs = optimizer_spec(cfg)
-        return call("optimizer", cfg._target_, cls, params, **kwargs)
+        groups = parameter_groups(list(named_params), cfg, float(kwargs.get("weight_decay") or 0.0))
+        if "lr" not in kwargs and any(g.lr_scale != 1.0 for g in groups):
+            raise ConfigError(f"optimizer.groups: {cfg._target_} takes no 'lr', so a group's lr_scale has "
+                              "nothing to scale; remove lr_scale")
+        params = optimizer_params(groups, kwargs.get("lr"), float(kwargs.get("weight_decay") or 0.0))
+        return call("optimizer", cfg._target_, cls, params, **kwargs), groups
+    groups = parameter_groups(list(named_params), cfg, cfg.weight_decay)
+    params = optimizer_params(groups, cfg.lr, cfg.weight_decay)
     name = getattr(cfg.name, "value", cfg.name)
     kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {}))
     if name == "sgd":
-        return torch.optim.SGD(params, momentum=cfg.momentum or 0.0, nesterov=bool(cfg.nesterov), **kwargs)
+        return torch.optim.SGD(params, momentum=cfg.momentum or 0.0, nesterov=bool(cfg.nesterov), **kwargs), groups
     if cfg.betas is not None:
         kwargs["betas"] = tuple(cfg.betas)
     if cfg.eps is not None:
         kwargs["eps"] = cfg.eps
-    return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, **kwargs)
+    return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, **kwargs), groups
 
 
 # -- classes by `_target_` ----------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ class LoggingPlugin:
             wrapper_class=structlog.make_filtering_bound_logger(20),
             cache_logger_on_first_use=True)  # else every event binds a new logger first (a third of its cost)
         run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
-                     stages=[name for name, _ in run.stages], **run.distribution)
+                     stages=[name for name, _ in run.stages], **run.distribution,
+                     param_groups=[group.summary() for group in getattr(run, "param_groups", ())])
 
     @hookimpl
     def on_log_metrics(self, run, metrics, step):

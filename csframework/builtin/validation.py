@@ -13,6 +13,8 @@ import os
 from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage, stage_config, stage_configs
 from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE, MAX_SEED,  # noqa: F401
                              MAX_MEMORY_MB, MAX_TIMEOUT_S, check_range)
+from ..config.optimizer import param_group_configs
+from ..config.sections import eval_sets
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..schedule import optimizer_spec, schedule_spec
@@ -127,6 +129,14 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
         problems.append(f"optimizer.betas: {list(o.betas)} must be two numbers in [0, 1)")
     for i, beta in enumerate(o.betas or ()):
         problems += check_range(f"optimizer.betas[{i}]", beta, 0.0, 1.0, open_high=True)
+    try:
+        groups = param_group_configs(o.groups)
+    except ValueError as e:
+        problems.append(str(e))
+        groups = {}
+    for group_name, group in groups.items():
+        problems += (check_range(f"optimizer.groups.{group_name}.lr_scale", group.lr_scale, 0.0)
+                     + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0))
     s = o.schedule
     return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
             + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
@@ -159,7 +169,7 @@ def loop_rules(cfg: RunConfig) -> list[str]:
         problems += check_range(f"loop.{key}", getattr(lp, key), 1, MAX_COUNT)
     problems += check_range("loop.collect_max_memory_mb", lp.collect_max_memory_mb, 0.0, MAX_MEMORY_MB,
                             open_low=True)
-    if lp.collect and cfg.data.val is None:
+    if lp.collect and not eval_sets(cfg.data):
         problems.append("loop.collect: it collects evaluation outputs, and this run has no data.val; "
                         "set data.val or remove loop.collect")
     if lp.collect_save and not lp.collect:
@@ -176,6 +186,7 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append("data.train: needs a _target_ that builds a torch Dataset")
     if d.val is not None and (not isinstance(d.val, dict) or "_target_" not in d.val):
         problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
+    problems += eval_set_rules(d)
     problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
                  + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
                  + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL)
@@ -193,12 +204,27 @@ def data_rules(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def eval_set_rules(d) -> list[str]:
+    """``data.eval``: named datasets whose names make metric prefixes of their own."""
+    problems = []
+    if d.val is not None and d.eval.get("val") is not None:
+        problems.append("data.eval.val: data.val is set too, and it is the short form of data.eval.val; keep one")
+    for name, spec in d.eval.items():
+        if name == "train" or "/" in name or not name:
+            problems.append(f"data.eval.{name}: the metrics of a set are <name>/loss ...; "
+                            + ("train/* are the training metrics" if name == "train" else "a name needs no '/'")
+                            + "; name it otherwise (e.g. data.eval.train_sample)")
+        elif spec is not None and (not isinstance(spec, dict) or "_target_" not in spec):
+            problems.append(f"data.eval.{name}: needs a _target_ that builds a torch Dataset, or null")
+    return problems
+
+
 def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
     problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
                 + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
     monitor = c.keep_best.monitor
-    if monitor and monitor.startswith("val/") and cfg.data.val is None:
+    if monitor and monitor.startswith("val/") and "val" not in eval_sets(cfg.data):
         problems.append(f"checkpoint.keep_best.monitor: {monitor} comes from evaluation, but data.val is null; "
                         "set data.val, or monitor a train/ metric")
     if c.resume not in ("auto", "never") and not os.path.exists(c.resume):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .backend import BackendConfig, DeviceConfig
 from .describe import describe_error
-from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ScheduleConfig
+from .optimizer import FIELDS_BY_OPTIMIZER, OptimizerConfig, ParamGroupConfig, ScheduleConfig
 from .precision import PRECISIONS, PrecisionConfig
 from .run import STAGE_KEYS, Mode, RunConfig
 from .schema import cached_schema, disabled_section, flat_config, plugin_sections, run_config_type
@@ -20,7 +20,8 @@ from .user_files import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, c
                          user_config_dirs)
 
 __all__ = [
-    "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ScheduleConfig", "PrecisionConfig",
+    "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ParamGroupConfig", "ScheduleConfig",
+    "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
     "FIELDS_BY_OPTIMIZER", "PRECISIONS", "to_run_config", "stage_config", "stage_configs", "for_each_stage",
     "explicit_groups", "describe_error", "user_config_dirs", "check_config_files", "run_config_type",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 from .readonly import ReadOnly
 
@@ -42,6 +42,24 @@ class ScheduleConfig(ReadOnly):
     """The learning rate at the last step for ``linear`` and ``cosine``."""
 
 
+#: The entry of ``optimizer.weight_decay_exclude`` that stands for every parameter with fewer than two
+#: dimensions (biases, norm scales), rather than a name pattern.
+BELOW_2D = "ndim<2"
+
+
+@dataclass
+class ParamGroupConfig(ReadOnly):
+    """One named parameter group of ``optimizer.groups``."""
+
+    params: List[str] = field(default_factory=list)
+    """Name patterns (``fnmatch``: ``encoder.*``, ``*.bias``) of the parameters in this group; a parameter
+    joins the first group, in the mapping's order, with a pattern matching its name."""
+    lr_scale: float = 1.0
+    """This group's learning rate as a multiple of ``optimizer.lr`` (the schedule scales it alike)."""
+    weight_decay: Optional[float] = None
+    """This group's weight decay; ``null``: ``optimizer.weight_decay``, with ``weight_decay_exclude``."""
+
+
 @dataclass
 class OptimizerConfig(ReadOnly):
     _target_: Optional[str] = None
@@ -65,9 +83,40 @@ class OptimizerConfig(ReadOnly):
     """adam/adamw only: the two decay rates."""
     eps: Optional[float] = None
     """adam/adamw only: denominator epsilon."""
+    weight_decay_exclude: List[str] = field(default_factory=lambda: [BELOW_2D])
+    """Parameters that get no weight decay: name patterns (``fnmatch``: ``*.bias``, ``wte.*``) and
+    ``ndim<2``, every parameter with fewer than two dimensions (biases and norm scales, as nanoGPT, minGPT
+    and Hugging Face's Trainer do; the default). ``[]`` decays every parameter (what every run did before
+    this setting existed)."""
+    groups: Dict[str, Any] = field(default_factory=dict)
+    """Named parameter groups with their own learning-rate scale or weight decay, each a
+    ``ParamGroupConfig`` (``+optimizer.groups.head.params=[lm_head.*] +optimizer.groups.head.lr_scale=0.1``;
+    typed when the run is built: OmegaConf cannot add to a mapping of dataclasses from the command line)."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """The learning-rate schedule."""
 
 
 #: Settings only some optimizers understand.
 FIELDS_BY_OPTIMIZER = {"sgd": ("momentum", "nesterov"), "adam": ("betas", "eps"), "adamw": ("betas", "eps")}
+
+
+def param_group_configs(groups: Dict[str, Any]) -> Dict[str, ParamGroupConfig]:
+    """``optimizer.groups`` typed: each entry as a ``ParamGroupConfig``; a ``ValueError`` naming the key of
+    an entry that is not one (an unknown key, a value of the wrong type)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    typed: Dict[str, ParamGroupConfig] = {}
+    for name, value in groups.items():
+        key = f"optimizer.groups.{name}"
+        if not isinstance(value, dict) and not OmegaConf.is_dict(value):
+            raise ValueError(f"{key}: needs params (name patterns) and lr_scale or weight_decay, "
+                             f"e.g. +{key}.params=[encoder.*] +{key}.lr_scale=0.1")
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(ParamGroupConfig), value)
+            typed[name] = cast(ParamGroupConfig, OmegaConf.to_object(merged))
+        except OmegaConfBaseException as e:
+            where = getattr(e, "full_key", None) or ""
+            raise ValueError(f"{key}{'.' + where if where else ''}: {e.msg if hasattr(e, 'msg') else e}; "
+                             "its keys are params, lr_scale and weight_decay") from e
+    return typed

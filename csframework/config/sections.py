@@ -3,11 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
 from .readonly import ReadOnly
+
+
+class EvalSample(str, Enum):
+    fixed = "fixed"
+    fresh = "fresh"
 
 
 @dataclass
@@ -16,7 +21,15 @@ class DataConfig(ReadOnly):
     """A ``_target_`` building the training dataset: map-style, or an ``IterableDataset`` (then
     ``loop.max_steps`` is required; an epoch ends when its iterator does)."""
     val: Any = None
-    """A ``_target_`` building the validation dataset, or ``null`` for no evaluation."""
+    """A ``_target_`` building the validation dataset, or ``null`` for no evaluation: the short form of
+    ``data.eval.val`` (its metrics are ``val/loss`` ...)."""
+    eval: Dict[str, Any] = field(default_factory=dict)
+    """Named evaluation sets, each a ``_target_`` building a dataset, evaluated in this order at every
+    evaluation; the metrics of set ``<name>`` are ``<name>/loss`` ... (``data.eval.holdout._target_=...``)."""
+    eval_sample: EvalSample = EvalSample.fixed
+    """With ``loop.eval_steps``, which samples an evaluation reads: ``fixed``, the same ones drawn from
+    ``seed`` over the whole set at every evaluation (a curve compares like with like); ``fresh``, new ones
+    at each evaluation (drawn from ``seed`` and the step, as nanoGPT's ``estimate_loss``)."""
     batch_size: int = 32
     """Batch size per process (per step micro-batch when ``loop.grad_accum_steps > 1``)."""
     eval_batch_size: Optional[int] = None
@@ -53,9 +66,13 @@ class LoopConfig(ReadOnly):
     max_epochs: Optional[int] = None
     """Epochs to train; set exactly one of ``max_steps`` and ``max_epochs``."""
     eval_every: Optional[int] = None
-    """Evaluate on ``data.val`` every this many steps (and after the last step); ``null``: only at the end."""
+    """Evaluate on ``data.val`` (and every ``data.eval`` set) every this many steps (and after the last
+    step); ``null``: only at the end."""
     eval_steps: Optional[int] = None
-    """Evaluation batches per evaluation; ``null``: the whole validation set."""
+    """Evaluation batches per evaluation and set; ``null``: the whole set. They hold samples drawn over the
+    whole set (``data.eval_sample``), not its first batches (an ``IterableDataset``: its first batches)."""
+    eval_at_start: bool = False
+    """Also evaluate before the first step (step 0), as nanoGPT does; a resumed run does not again."""
     grad_accum_steps: int = 1
     """Batches whose gradients are accumulated into one optimizer step."""
     log_every: int = 10
@@ -126,3 +143,16 @@ class SweepConfig(ReadOnly):
     that ``sweep.png`` plots against each swept key."""
     direction: Direction = Direction.minimize
     """``minimize`` or ``maximize`` the objective (``hydra/sweeper=optuna`` follows it)."""
+
+
+def eval_sets(data: DataConfig) -> dict[str, Any]:
+    """The evaluation sets of ``data`` by name, in evaluation order: ``data.val`` (as ``val``) first, then
+    ``data.eval``'s."""
+    sets = {"val": data.val} if data.val is not None else {}
+    sets.update((name, spec) for name, spec in data.eval.items() if spec is not None)
+    return sets
+
+
+def eval_set_key(data: DataConfig, name: str) -> str:
+    """The config key of evaluation set ``name`` (``data.val`` for its short form)."""
+    return "data.val" if name == "val" and data.val is not None else f"data.eval.{name}"

@@ -100,7 +100,7 @@ class CerebrasBackend(BackendBase):
         scaler (cstorch sets it up on the optimizers it knows)."""
         self.run = run
         cfg = run.stage_config
-        run.optimizer = build_optimizer(self.cstorch, run.model, cfg.optimizer)
+        run.optimizer = build_optimizer(self.cstorch, run.param_groups, cfg.optimizer)
         run.scheduler = build_schedule(self.cstorch, run.optimizer, cfg.optimizer, run.total_steps(cfg))
         self.precision.attach()
 

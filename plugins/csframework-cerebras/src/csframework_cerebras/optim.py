@@ -7,12 +7,17 @@ import warnings
 from .config import OPTIMIZERS
 
 
-def build_optimizer(cstorch, model, cfg):
+def build_optimizer(cstorch, param_groups, cfg):
     """The cstorch optimizer of the ``optimizer`` group: ``cstorch.optim.SGD``, ``Adam`` or ``AdamW`` with
-    the group's settings (its state is preinitialized by cstorch before the first trace)."""
+    the group's settings (its state is preinitialized by cstorch before the first trace), over the run's
+    parameter groups (``run.param_groups``: ``optimizer.groups``, ``optimizer.weight_decay_exclude``)."""
+    from csframework.param_groups import optimizer_params
+
     name = OPTIMIZERS[cfg._target_] if cfg._target_ else getattr(cfg.name, "value", cfg.name)
     name = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}.get(name, name)
-    params = model.parameters()
+    # torch's param-group dicts (params, and the lr / weight_decay a group differs in), without the name
+    params = [{k: v for k, v in group.items() if k != "name"}
+              for group in optimizer_params(param_groups, cfg.lr, cfg.weight_decay)]
     if name == "SGD":
         return cstorch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum or 0.0, weight_decay=cfg.weight_decay,
                                  nesterov=bool(cfg.nesterov))

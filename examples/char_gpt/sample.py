@@ -1,0 +1,51 @@
+"""Generate text with the weights of a trained run (read with ``csf.load_checkpoint``: plain tensors, nothing in
+the checkpoint can run code):
+
+    python sample.py outputs/shakespeare --start "ROMEO:" --chars 300
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import csframework as csf
+from chars import Alphabet, read_text
+from gpt import CharGPT
+
+
+def load(run_dir: str, which: str = "newest") -> tuple[CharGPT, Alphabet]:
+    """The run's model with its checkpoint's weights, and the alphabet of the text it was trained on."""
+    checkpoint = csf.load_checkpoint(run_dir, which=which)
+    text = checkpoint.config["data"]["train"]
+    alphabet = Alphabet(read_text(text["path"], text["num_chars"]))
+    settings = {k: v for k, v in checkpoint.config["model"].items() if k not in ("_target_", "vocab_size")}
+    model = CharGPT(vocab_size=len(alphabet.chars), **settings)
+    model.load_state_dict(checkpoint.model)
+    return model.eval(), alphabet
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a run directory (or one of its checkpoints)")
+    parser.add_argument("--which", default="newest", help="newest, best or step-<N>")
+    parser.add_argument("--start", default="\n", help="the text to continue")
+    parser.add_argument("--chars", type=int, default=300, help="characters to generate")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    model, alphabet = load(args.run_dir, args.which)
+    unknown = sorted(set(args.start) - set(alphabet.chars))
+    if unknown:
+        parser.error(f"--start: the characters {unknown!r} are not in the training text's alphabet")
+    start = alphabet.encode(args.start)[None, :]
+    out = model.generate(start, args.chars, temperature=args.temperature, top_k=args.top_k,
+                         generator=torch.Generator().manual_seed(args.seed))
+    text = alphabet.decode(out[0].tolist())
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The examples gallery (issue 40 item 3): each example runs, in a short form, with a command its README
+shows, and reaches a stated result (a loss below a bound, an accuracy above one), not only exit 0.
+examples/classify has its own tests (test_example.py, test_collect_example.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fixtures
+from gallery import EXAMPLES, run, summary
+
+pytestmark = pytest.mark.slow
+
+
+# -- char_gpt --------------------------------------------------------------------------------------------
+CHAR_GPT = "python -m csframework --config-dir conf +experiment=shakespeare_char"
+#: a smaller model on the first 60,000 characters of the stdlib's source, a short warm-up
+CHAR_GPT_SHORT = (" data.train.num_chars=60000 model.layers=2 model.width=64 model.heads=2 loop.max_steps=60"
+                  " loop.eval_every=null loop.eval_steps=4 loop.log_every=20 optimizer.lr=3e-3"
+                  " optimizer.schedule.warmup_steps=5 optimizer.schedule.min_lr=3e-4 checkpoint.every_steps=null")
+
+
+def test_char_gpt_learns_characters_and_sample_py_generates_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "chars"
+    run("char_gpt", CHAR_GPT, f"{CHAR_GPT_SHORT} hydra.run.dir={run_dir}")
+    metrics = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    val = [(int(step), float(value)) for step, _, name, value in metrics if name == "val/loss"]
+    assert [step for step, _ in val] == [0, 60]  # loop.eval_at_start: the untrained model's loss first
+    assert val[0][1] > 4.0 and val[1][1] < 3.0, val  # ln(alphabet) ~ 4.5 at the start
+    events = fixtures.events(run_dir)
+    groups = events[0]["param_groups"]
+    assert groups[0].startswith("default: ") and groups[1].startswith("no_decay: ")
+
+    sampled = subprocess.run([sys.executable, "sample.py", str(run_dir), "--start", "def ", "--chars", "40"],
+                             cwd=EXAMPLES / "char_gpt", capture_output=True, text=True, timeout=120)
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.startswith("def ") and len(sampled.stdout.rstrip("\n")) >= 44
+
+
+# -- digits ----------------------------------------------------------------------------------------------
+DIGITS = "python -m csframework --config-dir conf +experiment=digits"
+
+
+def test_digits_reaches_high_accuracy_on_scikit_learns_split(tmp_path):
+    fixtures.needs("sklearn")
+    run("digits", DIGITS, f" loop.max_epochs=4 loop.eval_every=null hydra.run.dir={tmp_path}")
+    assert summary(tmp_path)["metrics"]["val/accuracy"] > 0.9
+
+
+# -- csx_walkthrough ------------------------------------------------------------------------------------
+WALKTHROUGH = "python -m csframework --config-dir conf +experiment=walkthrough"
+
+
+def test_csx_walkthrough_error_fix_and_compile_only(tmp_path):
+    failed = run("csx_walkthrough", WALKTHROUGH, f" hydra.run.dir={tmp_path / 'branch'}", status=1)
+    error = failed.stderr.strip().splitlines()[-1]
+    assert error.startswith("csframework: error: Python control flow on a tensor value at ")
+    assert "gated.py:20 in forward" in error and "torch.where" in error and "Traceback" not in failed.stderr
+
+    fixed = WALKTHROUGH + " model.net._target_=gated.WhereGatedNet"
+    run("csx_walkthrough", fixed, f" hydra.run.dir={tmp_path / 'fixed'}")
+    result = summary(tmp_path / "fixed")
+    assert result["status"] == "completed" and result["traces"] == 1
+    assert result["metrics"]["val/accuracy"] > 0.9
+
+    compile_only = fixed + " backend.compile_only=true"
+    run("csx_walkthrough", compile_only, f" hydra.run.dir={tmp_path / 'compiled'}")
+    assert summary(tmp_path / "compiled")["status"] == "compiled"
+    report = json.loads((tmp_path / "compiled" / "compile_report.json").read_text())
+    assert report["ops"]["by_op"]["aten.where.self"] >= 1
+    assert not (tmp_path / "compiled" / "checkpoints").exists()
+
+
+# -- plugin_package -------------------------------------------------------------------------------------
+PLUGIN_RUN = ("python -m csframework model=tiny_linear data=tiny_clusters optimizer=sgd optimizer.lr=0.1 "
+              "loop.max_steps=200 loop.eval_every=5 loop.eval_steps=null target.metric=val/accuracy "
+              "target.mode=max target.value=0.9")
+
+
+def test_plugin_package_installs_and_is_active_and_its_own_tests_pass(tmp_path):
+    site = tmp_path / "site"
+    fixtures.pip_install_target(EXAMPLES / "plugin_package", site)
+    env = {"PYTHONPATH": str(site), "CSFRAMEWORK_PLUGINS_AUTOLOAD": "target"}
+    run("plugin_package", PLUGIN_RUN, f" hydra.run.dir={tmp_path / 'run'}", env=env)
+    result = summary(tmp_path / "run")
+    assert result["stop_reason"] == "val/accuracy reached 0.9"
+    assert result["target_reached_at"] == result["global_step"] < 200
+
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                           cwd=EXAMPLES / "plugin_package", capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(site)})
+    assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout[-3000:]
+
+
+# -- sweep -----------------------------------------------------------------------------------------------
+SWEEP = "python -m csframework -m --config-dir conf +experiment=curve_sweep"
+
+
+def test_sweep_searches_lr_and_weight_decay_and_writes_its_table(tmp_path):
+    fixtures.needs("hydra_plugins.hydra_optuna_sweeper")
+    run("sweep", SWEEP, f" hydra.sweeper.n_trials=3 loop.max_steps=150 hydra.sweep.dir={tmp_path}")
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(rows) == 3 and all(row["status"] == "completed" for row in rows)
+    swept = [(float(row["optimizer.lr"]), float(row["optimizer.weight_decay"])) for row in rows]  # as overridden
+    assert len(set(swept)) == 3 and all(1e-4 <= lr <= 3e-2 and 0 <= wd <= 1 for lr, wd in swept)
+    assert min(row["val/loss"] for row in rows) < 0.35  # the curve's variance (predicting its mean): 0.425
+    assert (tmp_path / "optimization_results.yaml").exists()
+    assert (tmp_path / "sweep.png").exists() or (tmp_path / "sweep.svg").exists()
