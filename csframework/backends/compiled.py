@@ -46,6 +46,7 @@ from .. import step
 from ..compat import inductor_default_cache_dir, pick_vec_isa, set_recompile_limit
 from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
+from .cachedir import trusted_root
 from .csx.compiler import CompileCache, Compiled
 from .csx import optim as csx_optim
 from .csx.optim import preinitialisable, preinitialize
@@ -72,12 +73,12 @@ def cache_dir() -> Path:
     return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
 
 
-def _isa_marker_path() -> Path:
-    """The file saying that Inductor built and ran code for this CPU's vector instructions in the cache."""
-    return cache_dir() / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
+def _isa_marker_path(root: Path) -> Path:
+    """The file saying that Inductor built and ran code for this CPU's vector instructions in cache ``root``."""
+    return root / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
 
 
-def _trust_vector_isa() -> None:
+def _trust_vector_isa(root: Path) -> None:
     """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
     programs for it (about 4 s of a cached run's compile time). The check's result is part of Inductor's cache
     keys, so every run, the first included, compiles with it set."""
@@ -85,7 +86,7 @@ def _trust_vector_isa() -> None:
 
     if torch.cuda.is_available():
         return
-    marker = _isa_marker_path()
+    marker = _isa_marker_path(root)
     if not marker.is_file():
         if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
             return
@@ -248,8 +249,11 @@ class CompiledStep:
         self.recompiles: list[str] = []
         self.reported = 0  # graph breaks already warned about
         self.cache_counts = self._cache_counts()
-        os.environ[CACHE_ENV] = str(cache_dir())
-        _trust_vector_isa()
+        # Inductor imports what its cache holds: only a cache of this user's alone is used (cachedir.py)
+        self._warn_cache = lambda problem: run.log.warning("compile_cache_untrusted", problem=problem)
+        root = trusted_root(cache_dir(), self._warn_cache)
+        os.environ[CACHE_ENV] = str(root)
+        _trust_vector_isa(root)
         # a run starts with Dynamo's caches empty: the compiled functions of an earlier run in this process (a
         # sweep's job, a test) would count towards this one's recompilation limit
         torch._dynamo.reset()
@@ -274,7 +278,7 @@ class CompiledStep:
         self.graph_loads = self.graph_compiles = 0  # the whole step's graphs loaded from the cache, compiled
         self._limit_reported = False
         if whole:
-            self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(cache_dir() / f"steps-{mode}"),
+            self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(root / f"steps-{mode}", self._warn_cache),
                                    max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
                                    on_compile=self._whole_compiled)
         else:

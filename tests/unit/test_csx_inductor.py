@@ -16,6 +16,7 @@ import fixtures
 from csframework import compat
 from csframework.backends.csx import inductor, lowlevel
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
+from csframework.files import PrivateDir
 from csx_runs import max_diff, params_of, run_on
 # the model whose error must name its line in test_csx_backend.py, and the finder of that line
 from test_csx_backend import Changing, line_of
@@ -78,7 +79,7 @@ def test_an_artifact_is_loaded_only_for_the_settings_and_torch_it_was_compiled_w
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x * 2).sum(0))(torch.randn(4, 3))
-    entry = tmp_path / "fingerprint"
+    entry = PrivateDir(tmp_path, "fingerprint")
 
     def status(patches):
         fn, info = inductor.compile_graph(gm, entry, tmp_path, patches)
@@ -91,7 +92,7 @@ def test_an_artifact_is_loaded_only_for_the_settings_and_torch_it_was_compiled_w
     assert status({"epilogue_fusion": False}) == "loaded" and status({}) == "loaded"
     monkeypatch.setattr(torch, "__version__", "0.0.0-another")
     assert status({}) == "compiled"
-    assert len(list(entry.glob("inductor-*.bin"))) == 3
+    assert len(list(entry.path.glob("inductor-*.bin"))) == 3
 
 
 @pytest.mark.slow
