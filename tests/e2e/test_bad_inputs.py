@@ -56,6 +56,7 @@ CASES = [
     ("bfloat16-scaled", ["precision=bfloat16", "precision.loss_scaling=dynamic"], "precision.loss_scaling"),
     ("no-length", ["loop.max_steps=null"], "loop.max_steps, loop.max_epochs"),
     ("stage-on-other-device", ["+stages={warmup:{device:csx},main:{loop:{max_steps:2}}}"], "stages.warmup.device"),
+    ("stage-name-with-a-separator", ["device=csx", "+stages={a/b:{loop:{max_steps:2}}}"], "stages.a/b"),
     ("sgd-with-betas", ["optimizer=sgd", "optimizer.betas=[0.9,0.99]"], "optimizer.betas"),
     # out-of-range numbers
     ("negative-steps", ["loop.max_steps=-1"], "loop.max_steps"),

@@ -124,6 +124,23 @@ def test_which_is_newest_best_or_a_step(trained):
         csf.load_checkpoint(run_dir / "checkpoints" / "step-00000006", which="best")
 
 
+@pytest.mark.parametrize("which", [6, None, b"newest", "step-" + "9" * 5000, 1.5])
+def test_which_of_another_type_or_size_is_the_documented_value_error(trained, which):
+    """Before (issue 37): an int, None or bytes were a TypeError, a 5000-digit step an int conversion error."""
+    with pytest.raises(ValueError, match=r"load_checkpoint: which=.*: give 'newest', 'best' or 'step-<N>'"):
+        csf.load_checkpoint(trained[0], which=which)
+
+
+def test_a_run_directorys_checkpoints_that_is_a_link_is_refused_as_resume_refuses_it(copy, trained, tmp_path):
+    """Before (issue 37): the link was followed and another run's weights returned as this run's."""
+    other = tmp_path / "other"
+    shutil.copytree(trained[0], other)
+    shutil.rmtree(copy / "checkpoints")
+    (copy / "checkpoints").symlink_to(other / "checkpoints", target_is_directory=True)
+    with pytest.raises(csf.CsfError, match=re.escape(f"{copy / 'checkpoints'}: it is a symbolic link")):
+        csf.load_checkpoint(copy)
+
+
 # -- damaged, planted ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage, says", [
     ("truncate", r"state.pt has \d+ bytes, \d+ were written \(truncated or damaged\)"),
