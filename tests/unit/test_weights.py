@@ -254,6 +254,31 @@ def test_sharded_metadata_claiming_more_than_its_shards_hold_is_refused_before_a
         csf.load_checkpoint(tmp_path)
 
 
+def test_sharded_metadata_whose_negative_size_cancels_a_huge_one_is_refused_before_allocating(tmp_path):
+    """Before (issue 37): a tensor of -1 GiB cancelled one of 1 GiB in the size bound, and 1 GiB was allocated
+    for shards of kilobytes before the refusal."""
+    def cancelling(metadata):
+        weights = [k for k in metadata.state_dict_metadata if k.startswith("model.") and k.endswith("weight")]
+        metadata.state_dict_metadata[weights[0]].size = torch.Size([1 << 17, 1 << 11])
+        metadata.state_dict_metadata[weights[1]].size = torch.Size([-(1 << 17), 1 << 11])
+
+    path = sharded_checkpoint(tmp_path / "checkpoints", user_model().state_dict(), forge=cancelling)
+    with pytest.raises(csf.DamagedCheckpoint, match=re.escape(f"checkpoint {path}: refused to load sharded/ "
+                                                              "(ValueError: its metadata gives 'model.net.")
+                       + r".*the size \[-131072, 2048\], which no tensor has"):
+        csf.load_checkpoint(tmp_path)
+
+
+def test_a_sharded_directory_that_is_a_link_is_not_read_through(tmp_path):
+    """Before (issue 37): the shards were read through the link (another checkpoint's, anywhere)."""
+    path = sharded_checkpoint(tmp_path / "checkpoints", user_model().state_dict())
+    elsewhere = tmp_path / "elsewhere"
+    (path / "sharded").rename(elsewhere)
+    (path / "sharded").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(csf.DamagedCheckpoint, match=re.escape(f"checkpoint {path}: sharded/ is not a real directory")):
+        csf.load_checkpoint(tmp_path)
+
+
 # -- a model wrapped when it was saved ---------------------------------------------------------------------------
 @pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", ""])
 def test_wrapper_prefixes_are_removed_so_the_weights_load_into_the_plain_model(tmp_path, prefix):
