@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from . import loop
 from .backends.base import Backend
+from .backends.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
 from .backends.distributed import peer_lost
@@ -106,6 +107,7 @@ class Run:
         self.run_id = uuid.uuid4().hex[:12]
         self.device_type = config.device.type
         self.log = _quiet_logger()
+        usable_inductor_env(lambda problem: self.log.warning("compile_cache_untrusted", problem=problem))
         self.status = "created"
         self.state = RunState()
         self._pid = os.getpid()  # the run's process: request_stop anywhere else could not reach the run

@@ -47,3 +47,17 @@ def trusted_root(root: str | os.PathLike, warn: Callable[[str], None] | None = N
     (warn or _warn)(f"compile cache {path} not used: {problem}; this run compiles afresh in {private} (make the "
                     "cache yours alone, e.g. chmod -R go-w it, or point it at a directory of your own)")
     return private
+
+
+#: Inductor's cache directory variable, which torch reads when its compiler is first imported.
+INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def usable_inductor_env(warn: Callable[[str], None] | None = None) -> None:
+    """Make ``$TORCHINDUCTOR_CACHE_DIR`` a directory torch can use before anything imports its compiler
+    (building an optimizer does, with or without ``backend.compile``): torch creates it then, and a file, a
+    FIFO or a path below a file there is a traceback from inside torch. Such a setting is replaced by
+    ``trusted_root``'s private directory, after one warning naming it."""
+    given = os.environ.get(INDUCTOR_ENV)
+    if given and not os.path.isdir(given):
+        os.environ[INDUCTOR_ENV] = str(trusted_root(given, warn))

@@ -126,3 +126,22 @@ def test_float32_and_cbfloat16_compiled_into_one_cache_each_keep_their_own_losse
     for p in precisions:
         for name in (f"together-{p}", f"after-{p}"):
             assert losses(tmp_path / name) == pytest.approx(reference[p], rel=1e-4), name
+
+
+@pytest.mark.parametrize("kind, compiled", [("file", False), ("fifo", False), ("below-a-file", False),
+                                            ("file", True)])
+def test_an_inductor_cache_setting_that_is_no_directory_is_one_warning_not_a_traceback(tmp_path, cli_env, kind,
+                                                                                        compiled):
+    """``$TORCHINDUCTOR_CACHE_DIR`` a file, a FIFO or below a file: torch creates it when building the optimizer
+    imports its compiler, with or without ``backend.compile``. Before: a traceback from inside torch."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes\n")
+    cache = {"file": notes, "below-a-file": notes / "cache", "fifo": tmp_path / "fifo"}[kind]
+    if kind == "fifo":
+        os.mkfifo(cache)
+    args = WHOLE_STEP if compiled else TINY
+    result = cli(cli_env, tmp_path, args, tmp_path / "run", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    assert "Traceback" not in result.stderr
+    told = warnings_of(result)
+    assert len(told) == 1 and f"compile cache {cache} not used" in told[0]
+    assert notes.read_text() == "notes\n"

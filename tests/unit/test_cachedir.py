@@ -122,7 +122,10 @@ def test_a_fifo_or_a_hard_link_at_the_report_is_a_miss_without_blocking(tmp_path
     assert result == [(None, None)]
 
 
-@pytest.mark.parametrize("text", ['[1, 2]', '"report"', '{"version": 1}', '{"version": 1, "fingerprint": 7}'])
+@pytest.mark.parametrize("text", ['[1, 2]', '"report"', '{"version": 1}', '{"version": 1, "fingerprint": 7}',
+                                  '{"version": 1, "fingerprint": "abc"}',
+                                  '{"version": 1, "fingerprint": "abc", "ops": {"total": "many"}}',
+                                  '{"version": 1, "fingerprint": "abc", "ops": {"total": 3}, "memory": {"x": "y"}}'])
 def test_a_report_of_the_wrong_shape_is_a_miss(tmp_path, text):
     cache = tmp_path / "cache"
     (cache / "abc").mkdir(parents=True)

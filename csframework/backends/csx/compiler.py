@@ -37,6 +37,16 @@ REPORT_VERSION = 1
 MAX_REPORT_BYTES = 16 << 20
 
 
+def _well_formed(report, fp: str) -> bool:
+    """Whether ``report`` (read back from a cache entry) is what ``compile_traced`` writes for ``fp``, in
+    the parts a run reads: this version and graph, an op count, memory figures that are numbers."""
+    if not isinstance(report, dict) or report.get("version") != REPORT_VERSION or report.get("fingerprint") != fp:
+        return False
+    ops, memory = report.get("ops"), report.get("memory", {})
+    return (isinstance(ops, dict) and type(ops.get("total")) is int and isinstance(memory, dict)
+            and all(type(v) in (int, float) for v in memory.values()))
+
+
 class CompileCache:
     """``<compile_dir>/<fingerprint>/{report.json, graph.py}``, used only when it is this user's alone
     (``cachedir.trusted_root``: else this process compiles into a private directory of its own, after one
@@ -58,9 +68,7 @@ class CompileCache:
             report = json.loads(self.entry_dir(fp).read("report.json", MAX_REPORT_BYTES))
         except (OSError, ValueError, CsfError):
             return None
-        if not isinstance(report, dict) or report.get("version") != REPORT_VERSION or report.get("fingerprint") != fp:
-            return None
-        return report
+        return report if _well_formed(report, fp) else None
 
     def store(self, fp: str, report: dict, code: str) -> None:
         try:
