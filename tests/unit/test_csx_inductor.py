@@ -7,6 +7,7 @@ the tiny Blobs MLP, and marked ``slow``."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -189,9 +190,12 @@ def test_graph_compiler_must_be_inductor_or_none(tmp_path):
         csf.csx.backend("CSX", graph_compiler="tvm")
 
 
-def test_a_bad_graph_compiler_from_the_environment_names_the_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv("CSF_CSX_GRAPH_COMPILER", "tvm")  # the default's source: the command line never shows it
-    from_env = r"'tvm' is not one of inductor, none \(from the environment variable CSF_CSX_GRAPH_COMPILER"
+@pytest.mark.parametrize("value", ["tvm", "x${oc.env:HOME}", "${oc.env:CSF_NO_SUCH_VARIABLE}", "\\${x}"])
+def test_a_bad_graph_compiler_from_the_environment_names_the_variable(tmp_path, monkeypatch, value):
+    """The variable's value is data: before (issue 37) ``x${oc.env:HOME}`` was resolved to the home path, and an
+    interpolation that failed to resolve did not name the variable."""
+    monkeypatch.setenv("CSF_CSX_GRAPH_COMPILER", value)  # the default's source: the command line never shows it
+    from_env = re.escape(f"{value!r} is not one of inductor, none (from the environment variable CSF_CSX_GRAPH_COMPILER")
     with pytest.raises(csf.ValidationError, match="backend.graph_compiler: " + from_env):
         run_on("csx", tmp_path)
     with pytest.raises(csf.ConfigError, match="graph_compiler: " + from_env):
