@@ -69,11 +69,11 @@ class JsonDict(dict):
         jsonable({key: value}, self.where)
         super().__setitem__(key, value)
 
-    def update(self, *args, **kwargs) -> None:  # type: ignore[override]
+    def update(self, *args, **kwargs) -> None:
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def setdefault(self, key, default=None):  # type: ignore[override]
+    def setdefault(self, key, default=None):
         if key not in self:
             self[key] = default
         return self[key]

@@ -36,7 +36,9 @@ def trusted_root(root: str | os.PathLike, warn: Callable[[str], None] | None = N
     if key in _replacements:
         return _replacements[key]
     try:
-        problem = PrivateDir(path).sub(create=True).problem()
+        tree = PrivateDir(path)
+        tree.sub(create=True)  # made if absent, and its root checked
+        problem = tree.problem()
     except (CsfError, OSError) as e:
         problem = str(e)
     if problem is None:

@@ -52,11 +52,13 @@ def position_problems(run, loop) -> list[str]:
     index = loop["stage_index"]
     cfg = run.stages[index][1]
     accum = cfg.loop.grad_accum_steps
-    limit = stage_limits(run)[index]
+    limits = stage_limits(run)
+    limit, earlier = limits[index], limits[:index]
     found += _count("loop.stage_step", loop.get("stage_step"), 0, limit if limit is not None else MAX_COUNT)
-    earlier = stage_limits(run)[:index]
+    if found:
+        return found
+    stage_step: int = loop["stage_step"]
     before = sum(n for n in earlier if n is not None) if None not in earlier else MAX_COUNT
-    stage_step = loop.get("stage_step") if not found else 0
     found += _count("loop.global_step", loop.get("global_step"), stage_step, stage_step + before)
     if found:
         return found
