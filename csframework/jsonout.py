@@ -56,6 +56,29 @@ def jsonable(value: Any, where: str = "value") -> Any:
                     "list or mapping")
 
 
+class JsonDict(dict):
+    """A dict whose values are checked to be JSON data (``jsonable``) as they are set: a value JSON cannot hold
+    is a ``TypeError`` naming its key where it is set, so the plugin that set it is the one blamed, not the
+    one that writes the file later. (A value changed inside a nested container is checked when written.)"""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+
+    def __setitem__(self, key, value) -> None:
+        jsonable({key: value}, self.where)
+        super().__setitem__(key, value)
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+
 def dumps(value: Any, indent: int | None = None, where: str = "value") -> str:
     """``value`` as strict JSON text (``jsonable``)."""
     return json.dumps(jsonable(value, where), indent=indent, allow_nan=False, ensure_ascii=False)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from . import loop
 from .backends.base import Backend
+from .backends.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
 from .config.sections import eval_set_key, eval_sets
@@ -25,6 +26,7 @@ from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, WrongProcessError, one_line
 from .files import SafeDir
+from .jsonout import JsonDict
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs
 from .rundir import run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
@@ -107,12 +109,14 @@ class Run:
         self.run_id = uuid.uuid4().hex[:12]
         self.device_type = config.device.type
         self.log = _quiet_logger()
+        usable_inductor_env(lambda problem: self.log.warning("compile_cache_untrusted", problem=problem))
         self.status = "created"
         self.state = RunState()
         self._pid = os.getpid()  # the run's process: request_stop anywhere else could not reach the run
         self.eval_outputs: dict[str, torch.Tensor] = {}  # loop.collect's outputs, during on_eval_end
         self.mode = "fit"  # what the run is doing: "fit" or "validate"
-        self.summary_extra: dict[str, Any] = {}
+        # checked as set: a value JSON cannot hold is the setting plugin's error, naming its key
+        self.summary_extra: dict[str, Any] = JsonDict("summary_extra")
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
         self.train_loader = self.val_loader = None
         self.eval_loaders: dict[str, Any] = {}  # the stage's evaluation sets' loaders, by name

@@ -91,6 +91,9 @@ def check_run_dir(run_dir: Path | None) -> None:
         mode = os.lstat(run_dir).st_mode
     except FileNotFoundError:
         return
+    except NotADirectoryError:  # a file where one of its parents belongs
+        raise UnsafePathError(f"run directory {run_dir}: a file lies where one of its parent directories belongs; "
+                              "give another directory (hydra.run.dir=...)") from None
     if stat.S_ISLNK(mode):
         raise UnsafePathError(f"run directory {run_dir}: it is a symbolic link (to {os.readlink(run_dir)}); give "
                               "the directory itself (hydra.run.dir=...) or remove the link")

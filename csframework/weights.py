@@ -27,7 +27,7 @@ from .errors import CheckpointNotFound, DamagedCheckpoint
 
 #: What ``which`` may name besides ``newest`` and ``best``: a checkpoint by its step, ``step-40`` or
 #: ``step-00000040`` (the directory's name).
-_STEP = re.compile(r"step-(\d+)")
+_STEP = re.compile(r"step-(\d{1,16})")  # at most 16 digits: a step is below 2**53
 #: Prefixes a wrapper adds to every key of a model's state dict: ``DistributedDataParallel`` (``module.``),
 #: ``torch.compile`` (``_orig_mod.``).
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -65,8 +65,11 @@ def load_checkpoint(path: str | os.PathLike[str], which: str = "newest") -> Chec
 
     Raises ``CheckpointNotFound`` when ``path`` is no checkpoint, checkpoints/ or run directory or the run
     has no such checkpoint, ``DamagedCheckpoint`` naming the file when the checkpoint is incomplete,
-    damaged or not plain data (nothing in it can run code), ``ValueError`` for any other ``which``.
+    damaged or not plain data (nothing in it can run code), ``UnsafePathError`` when the run directory's
+    ``checkpoints`` is a link (as resume refuses it), ``ValueError`` for any other ``which``.
     """
+    if not isinstance(which, str):
+        raise ValueError(f"load_checkpoint: which={which!r:.60}: give 'newest', 'best' or 'step-<N>' (a string)")
     target, is_root = locate(Path(path))
     if not is_root:
         if which != "newest" and _step_name(which) != target.name:

@@ -50,6 +50,7 @@ from .. import step
 from ..compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
 from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
+from .cachedir import trusted_root
 from .compile_scope import CACHE_ENV, CompileScope, fresh
 from .csx.compiler import CompileCache, Compiled
 from .csx import optim as csx_optim
@@ -81,19 +82,19 @@ def cache_dir() -> Path:
     return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
 
 
-def _isa_marker_path() -> Path:
-    """The file saying that Inductor built and ran code for this CPU's vector instructions in the cache."""
-    return cache_dir() / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
+def _isa_marker_path(root: Path) -> Path:
+    """The file saying that Inductor built and ran code for this CPU's vector instructions in cache ``root``."""
+    return root / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
 
 
-def _trust_vector_isa() -> bool:
+def _trust_vector_isa(root: Path) -> bool:
     """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
     programs for it (about 4 s of a cached run's compile time). Returns whether the check passed, here or in an
     earlier run (then ``CompileScope`` sets Inductor's ``cpp.vec_isa_ok``: the check's result is part of
     Inductor's cache keys, so every run, the first included, compiles with it set)."""
     if torch.cuda.is_available():
         return False
-    marker = _isa_marker_path()
+    marker = _isa_marker_path(root)
     if not marker.is_file():
         if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
             return False
@@ -294,10 +295,13 @@ class CompiledStep:
             self.note(lambda log: log.info("compile_mode", mode=mode, result="on a CPU it compiles as default does: "
                                            "its CUDA graphs (the launch overhead it saves) exist on a GPU only"))
         self.cache_counts = self._cache_counts()
+        # Inductor imports what its cache holds: only a cache of this user's alone is used (cachedir.py)
+        self._warn_cache = lambda problem: run.log.warning("compile_cache_untrusted", problem=problem)
+        self.cache_root = trusted_root(cache_dir(), self._warn_cache)
         # the process's torch settings, csframework's while its compiled code runs (the caller's again by close());
         # torch's bound is above csframework's, per code object (a function's graph breaks make several)
         debug = bool(getattr(run.config, "debug", False))
-        self.scope = CompileScope(str(cache_dir()), MAX_RECOMPILES + 2, None if debug else self._torch_log)
+        self.scope = CompileScope(str(self.cache_root), MAX_RECOMPILES + 2, None if debug else self._torch_log)
         if device.type == "cpu":
             self._check_compiler()
         self.recorder = Recorder(mode)
@@ -324,7 +328,8 @@ class CompiledStep:
         if self.failed is not None:
             return
         if whole:
-            self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(cache_dir() / f"steps-{mode}"),
+            self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(self.cache_root / f"steps-{mode}",
+                                                                                     self._warn_cache),
                                    max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
                                    on_compile=self._whole_compiled)
         else:
@@ -356,7 +361,7 @@ class CompiledStep:
         if problem is None:
             self.scope.enter()  # (the vector-instruction check builds in csframework's cache)
             try:
-                self.scope.vec_isa_ok = _trust_vector_isa()
+                self.scope.vec_isa_ok = _trust_vector_isa(self.cache_root)
             except Exception as e:  # the compiler runs, but cannot build the check's programs
                 problem = compiler_failure(_one_line(e))
             finally:
@@ -510,7 +515,7 @@ class CompiledStep:
                                              "(data.drop_last=true, padding to a few lengths)")
         else:
             self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
-                              cache=self.cache_status(), cache_dir=str(cache_dir()), graph=self.graph())
+                              cache=self.cache_status(), cache_dir=str(self.cache_root), graph=self.graph())
         self._shapes[name] = shape
         for found in self.recorder.breaks[self.reported:]:
             self.run.log.warning("graph_break", where=found.where, problem=str(found),

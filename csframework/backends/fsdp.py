@@ -88,6 +88,8 @@ def read_model(directory: Path, files: set[str]) -> dict[str, Any]:
         if len(path) < 2 or not all(type(p) is str or (type(p) is int and 0 <= p < len(entries)) for p in path):
             raise ValueError(f"its metadata holds {key!r} at {path!r}, which is no place in a model state dict")
         if isinstance(item, dcp_metadata.TensorStorageMetadata):
+            if not all(type(n) is int and n >= 0 for n in item.size):  # (-1, -n) would cancel in the product
+                raise ValueError(f"its metadata gives {key!r} the size {list(item.size)!r:.80}, which no tensor has")
             total += math.prod(item.size) * item.properties.dtype.itemsize
         wanted.append((path, item))
     held = sum(os.stat(directory / name, follow_symlinks=False).st_size for name in files)

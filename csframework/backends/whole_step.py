@@ -24,7 +24,7 @@ from .. import step
 from ..compat import needs_torch
 from ..errors import CompileError, TracingError
 from .csx import optim as csx_optim
-from .csx.compiler import CompileCache, Compiled, GraphLimitError, StaticStep
+from .csx.compiler import CompileCache, Compiled, GraphLimitError, StaticStep, numerics_key
 from .csx.inductor import STANDALONE_TORCH
 from .csx.precision import GraphLossScaler
 
@@ -71,7 +71,7 @@ class WholeStep:
         self.graphs = StaticStep(self._step, "train_step", retrace=False, cache=cache, keyed=True,
                                  modules=[run.model], optimizers=[run.optimizer], extras=extras,
                                  graph_compiler="inductor", max_graphs=max_graphs, config_patches=config_patches,
-                                 on_compile=self._compiled)
+                                 on_compile=self._compiled, key=numerics_key(run.stage_config.precision))
         self.full = False  # max_graphs reached: batches of other shapes run eagerly
         self._started = 0.0
 

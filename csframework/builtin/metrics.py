@@ -5,6 +5,7 @@ line) and the loss curves (``curves.png`` or ``curves.svg``)."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shlex
 import sys
@@ -113,11 +114,13 @@ class MetricsPlugin:
 
     @staticmethod
     def _completed_before(run) -> bool:
-        """Whether the run directory's ``summary.json`` (read as untrusted) says completed at this step."""
+        """Whether the run directory's ``summary.json`` (read as untrusted) says completed at this step, with
+        the metrics the checkpoint resumed holds (derived, not believed: an edited summary is rewritten)."""
         from ..sweep.table import read_summary
 
         summary, _ = read_summary(run.files)
-        return summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
+        return (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
+                and summary["metrics"] == json.loads(dumps(dict(run.metrics))))
 
     def _figures(self, run) -> dict:
         """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's

@@ -123,7 +123,16 @@ def svg_curves(series: Mapping[str, Sequence[tuple[float, float]]], title: str =
 
 
 def have_matplotlib() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    """Whether matplotlib is installed and imports: a broken install (its import raising) means the SVG
+    plot, as no matplotlib does, not a run failing at its end."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return False
+    try:
+        import matplotlib.figure  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
+    except Exception:  # noqa: BLE001 - whatever a broken install raises
+        return False
+    return True
 
 
 def png_curves(series: dict[str, list[tuple[int, float]]], out, title: str = "") -> None:

@@ -24,6 +24,10 @@ from ..schedule import optimizer_spec, schedule_spec
 def csframework_validate(config: RunConfig) -> list[str]:
     problems = device_choice(config)
     for name, partial in config.stages.items():
+        if not stage_name_ok(str(name)):
+            problems.append(f"stages.{name}: a stage's name is part of file names (its compile report); give it a "
+                            "name without '/', '\\' or control characters, and not '.' or '..'")
+            continue
         try:
             stage_config(config, name, partial)
         except ConfigError as e:  # a stage that does not merge (the other rules skip it)
@@ -51,6 +55,11 @@ def on_train_start(run) -> None:
                                 "learning rate never reaches optimizer.lr",
                         fix=f"set optimizer.schedule.warmup_steps={steps // 10} (any value up to {steps} works)",
                         console=first_in_sweep("warmup_longer_than_training"))
+
+
+def stage_name_ok(name: str) -> bool:
+    """Whether ``name`` can be one component of a file name on every system (a stage's compile report)."""
+    return bool(name) and name not in (".", "..") and not any(c in "/\\" or ord(c) < 32 for c in name)
 
 
 def device_choice(cfg: RunConfig) -> list[str]:

@@ -2,6 +2,7 @@
 device type (or its named backend)."""
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from typing import Any, Iterable, Mapping, Sequence, cast
 
@@ -127,9 +128,35 @@ def _typed_backend(values: Any, device_type: str, backends: Mapping[str, type],
         else:
             problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
                             f"{', '.join(sorted(own - {'type'}))})")
+    problems += _numbers_for_booleans(values, schema)
     if problems:
         raise ValidationError(problems)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), _literal(values)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"backend.{describe_error(e)}") from e
+
+
+def _numbers_for_booleans(values: Any, schema: type) -> list[str]:
+    """A number given for a boolean setting of ``schema`` (OmegaConf would take ``backend.compile=2`` or
+    ``-1`` as true): refused naming the key, as any other wrong type is."""
+    booleans = [f.name for f in fields(schema) if f.type in (bool, "bool")]
+    return [f"backend.{key}: {values[key]!r} is a number, and it takes true or false"
+            for key in booleans if type(values.get(key)) in (int, float)]
+
+
+_INTERPOLATION = re.compile(r"(\\*)\$\{")
+
+
+def _literal(value: Any) -> Any:
+    """Values already resolved, escaped so that OmegaConf keeps them as they are: a string that came from an
+    environment variable (``backend.graph_compiler``'s ``$CSF_CSX_GRAPH_COMPILER``) is data, never resolved
+    as an interpolation a second time."""
+    if isinstance(value, str):
+        # OmegaConf's escapes: ``\${`` is a literal ``${``, and each backslash before it is written doubled
+        return _INTERPOLATION.sub(lambda m: m.group(1) * 2 + "\\${", value)
+    if isinstance(value, Mapping):
+        return {key: _literal(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_literal(item) for item in value]
+    return value

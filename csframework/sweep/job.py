@@ -15,7 +15,9 @@ the directory.
 
 Under ``checkpoint.resume=auto`` a job counts as completed before only when its ``summary.json`` is
 well-formed, says ``completed`` and agrees with the job's own checkpoints (the newest is at the summary's
-``global_step``); anything else is run again (resuming from its checkpoints) with a one-line note.
+``global_step``) and its ``.hydra/overrides.yaml`` records the job's own overrides; its metrics are then
+that checkpoint's (derived, not believed). Anything else is run again (resuming from its checkpoints) with a
+one-line note; a job directory recording other overrides (another sweep's) is refused.
 
 Everything in the sweep directory is read and written through ``files.SafeDir``: a job directory that is a
 link or not a directory is refused for that job, before the run writes anything.
@@ -44,7 +46,7 @@ from ..files import SafeDir
 from ..jsonout import dumps
 from ..process_state import clean_process_state
 from ..signals import Interrupted, caught_stop_signal, exit_status, forget_stop_signals, signal_name
-from .table import (locked, make_row, override_columns, read_rows, read_summary, record_row,
+from .table import (locked, make_row, override_columns, read_rows, read_summary, record_row, recorded_overrides,
                     row_overrides)
 
 INTERRUPTED = ".interrupted"
@@ -262,9 +264,18 @@ def job_dir(sweep_dir: Path, run_dir: Path) -> SafeDir:
         raise UnsafePathError(f"{run_dir}: the job's run directory is missing") from e
 
 
+def recorded_point(job: SafeDir) -> dict[str, str] | None:
+    """The point (overrides, ``checkpoint.resume`` aside) the job directory's ``.hydra/overrides.yaml``
+    records of the run that wrote it, or None when it records none."""
+    recorded = recorded_overrides(job)
+    return _point(override_columns(recorded)) if recorded else None
+
+
 def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
     """The job's summary if it shows a completed job that its own checkpoints confirm (the newest is at the
-    summary's ``global_step``); else None and, when the directory claims more than it shows, why."""
+    summary's ``global_step``), with the metrics of that checkpoint (derived, not believed: a summary.json
+    can be edited, the checkpoint's are what the run's state holds); else None and, when the directory claims
+    more than it shows, why."""
     from ..builtin.checkpoint import checkpoint_names, read_meta
 
     summary, problem = read_summary(job)
@@ -285,12 +296,12 @@ def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
         if int(names[-1][len("step-"):]) != step:
             return None, (f"its summary.json says completed at step {step} but its newest checkpoint is "
                           f"{names[-1]}")
-        meta_step = read_meta(root / names[-1]).get("global_step")
+        meta = read_meta(root / names[-1])
     except (CsfError, ValueError, OSError) as e:  # DamagedCheckpoint, UnreadableCheckpoints
         return None, f"its checkpoints cannot confirm its summary.json ({printable(str(e))})"
-    if meta_step != step:
-        return None, f"its summary.json says step {step}, its checkpoint {names[-1]} says {meta_step}"
-    return summary, None
+    if meta.get("global_step") != step:
+        return None, f"its summary.json says step {step}, its checkpoint {names[-1]} says {meta.get('global_step')}"
+    return {**summary, "metrics": dict(meta.get("metrics") or {})}, None
 
 
 def run_sweep_job(cfg, run_job) -> float | None:
@@ -331,7 +342,17 @@ def _run_sweep_job(cfg, run_job) -> float | None:
                  f"of another sweep ({other}); run this sweep in a new hydra.sweep.dir")
             refuse(sweep_dir, num)  # the multirun exits 1; the other sweep's row stays
             return None
+        recorded, point = recorded_point(job), _point(override_columns(overrides))
+        if recorded is not None and recorded != point:
+            other = printable(" ".join(f"{k}={recorded.get(k, '(unset)')}" for k in {**recorded, **point}
+                                       if recorded.get(k) != point.get(k)))
+            _say(f"{describe(num, overrides)} failed: its run directory {printable(str(run_dir))} holds the run "
+                 f"of other overrides ({other}), another sweep's; run this sweep in a new hydra.sweep.dir")
+            refuse(sweep_dir, num)  # the multirun exits 1; the other sweep's job and row stay
+            return None
         done, why = completed_before(job)
+        if done is not None and recorded is None:  # counted only as the run of this job's own overrides
+            done, why = None, "its .hydra/overrides.yaml records no overrides to show it is this job's run"
         if done is not None:
             _say(f"{describe(num, overrides)} completed before; not run again")
             # its row is rewritten from what was verified (a lost, stale, forged or copied row says otherwise)

@@ -154,7 +154,7 @@ def read_summary(job_dir: SafeDir, since: float = 0.0) -> tuple[dict | None, str
     return (None, problem) if problem else (summary, None)
 
 
-def _overrides(job_dir: SafeDir) -> list[str]:
+def recorded_overrides(job_dir: SafeDir) -> list[str]:
     """The overrides a job directory's ``.hydra/overrides.yaml`` records (a list of strings), else []."""
     try:
         data = job_dir.sub(".hydra", create=False).read("overrides.yaml", MAX_OVERRIDES_BYTES)
@@ -178,7 +178,7 @@ def rebuild_rows(sweep_dir: Path) -> list[dict]:
         summary, _ = read_summary(job_dir)
         if summary is None or summary["status"] not in STATUSES:
             continue
-        rows.append(make_row(int(name), _overrides(job_dir), summary["status"], summary, None, job_dir.path))
+        rows.append(make_row(int(name), recorded_overrides(job_dir), summary["status"], summary, None, job_dir.path))
     return sorted(rows, key=lambda r: r["job"])
 
 

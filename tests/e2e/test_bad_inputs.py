@@ -56,6 +56,9 @@ CASES = [
     ("bfloat16-scaled", ["precision=bfloat16", "precision.loss_scaling=dynamic"], "precision.loss_scaling"),
     ("no-length", ["loop.max_steps=null"], "loop.max_steps, loop.max_epochs"),
     ("stage-on-other-device", ["+stages={warmup:{device:csx},main:{loop:{max_steps:2}}}"], "stages.warmup.device"),
+    ("stage-name-with-a-separator", ["device=csx", "+stages={a/b:{loop:{max_steps:2}}}"], "stages.a/b"),
+    ("compile-a-number", ["backend.compile=2"], "backend.compile: 2 is a number"),
+    ("compile-whole-step-a-negative-number", ["backend.compile_whole_step=-1"], "backend.compile_whole_step"),
     ("sgd-with-betas", ["optimizer=sgd", "optimizer.betas=[0.9,0.99]"], "optimizer.betas"),
     # out-of-range numbers
     ("negative-steps", ["loop.max_steps=-1"], "loop.max_steps"),

@@ -153,11 +153,13 @@ def test_a_new_run_over_a_planted_path(fresh, cli_env, where, kind, extra):
     assert_completed_if_it_succeeded(out, fresh.run, 3)
 
 
-def test_a_run_directory_that_is_a_file(fresh, cli_env):
-    """``hydra.run.dir`` names a regular file (someone else's): one line naming it, the file untouched."""
+@pytest.mark.parametrize("below", [False, True], ids=["the-file", "below-the-file"])
+def test_a_run_directory_that_is_a_file(fresh, cli_env, below):
+    """``hydra.run.dir`` names a regular file (someone else's), or a directory below one (before, issue 37: a
+    ``NotADirectoryError`` traceback): one line naming it, the file untouched."""
     path = fresh.h.plant(fresh.root / "not-a-directory", "forged", content=b"someone else's file\n")
     fresh.h.guard()  # nothing is the run's: the file it was pointed at is not its own either
-    out = fresh.h.cli([*FRESH_RUN, f"hydra.run.dir={path}"], cli_env)
+    out = fresh.h.cli([*FRESH_RUN, f"hydra.run.dir={path / 'sub' if below else path}"], cli_env)
     assert_outcome(out, path, allow_success=False)
     fresh.h.assert_untouched()
 

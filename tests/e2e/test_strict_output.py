@@ -71,6 +71,8 @@ def test_values_json_cannot_hold_in_the_summary_are_named_not_reprd(tmp_path):
         assert_strict_run_files(tmp_path)
     if error is not None:
         assert "odd_extra" in str(error), error
+        # the plugin that put it there is blamed (issue 37: it was plugin 'metrics', which writes the file)
+        assert "plugin 'odd_summary'" in str(error) and "plugin 'metrics'" not in str(error), error
     else:  # accepted: then an object cannot have been written as its repr (checked above), so it was refused
         pytest.fail("a summary value JSON cannot hold (object()) was accepted without an error naming it")
 

@@ -180,3 +180,39 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_a_completed_jobs_row_takes_its_metrics_from_its_checkpoint_not_its_summary(area):
+    """Derived, not believed (issue 37): a rerun that skips a completed job reports the metrics its newest
+    checkpoint holds. Before: the forged summary's val/loss 0.0001 became the job's row and objective."""
+    assert multirun(area, "optimizer.lr=0.1,0.05").returncode == 0
+    truth = json.loads((area.sweep / "0" / "summary.json").read_text())["metrics"]["val/loss"]
+    summary = json.loads((area.sweep / "0" / "summary.json").read_text())
+    summary["metrics"]["val/loss"] = 0.0001
+    (area.sweep / "0" / "summary.json").write_text(json.dumps(summary))
+    out = multirun(area, "optimizer.lr=0.1,0.05", "checkpoint.resume=auto")
+    assert_bounded(out)
+    assert out.returncode == 0, out
+    line = next(x for x in out.stderr.splitlines() if x.startswith("csframework: job 0 ("))
+    assert "optimizer.lr=0.1 " in line and line.endswith("completed before; not run again"), line
+    assert [r["val/loss"] for r in rows(area.sweep) if r["job"] == 0] == [truth]
+
+
+@pytest.mark.slow
+def test_a_second_sweep_with_other_points_in_the_same_directory_is_refused_naming_the_first(area):
+    """Two sweeps in one sweep directory (the second started before the first's rows were written: no
+    sweep.json to compare with). Before: the second skipped its points as completed before and reported the
+    first sweep's metrics as its own."""
+    assert multirun(area, "optimizer.lr=0.1,0.05").returncode == 0
+    (area.sweep / "sweep.json").unlink()
+    (area.sweep / "sweep.csv").unlink()
+    first = {n: json.loads((area.sweep / str(n) / "summary.json").read_text()) for n in (0, 1)}
+    out = multirun(area, "optimizer.lr=0.2,0.3", "checkpoint.resume=auto")
+    assert_bounded(out)
+    assert out.returncode == 1, out
+    assert "completed before" not in out.stderr
+    for num, lr in ((0, "0.1"), (1, "0.05")):
+        line = next(x for x in out.stderr.splitlines() if x.startswith(f"csframework: job {num} ("))
+        assert f"holds the run of other overrides (optimizer.lr={lr}), another sweep's" in line, line
+        assert json.loads((area.sweep / str(num) / "summary.json").read_text()) == first[num]  # the first's stays

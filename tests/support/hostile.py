@@ -10,6 +10,7 @@ either succeeded or ended with one line naming what was planted, in bounded time
   byte-identical: paths, types, permissions, bytes, link targets; nothing created or removed), and
   ``cli(args)``: ``python -m csframework`` in its own session with a hard timeout (a hung run is stopped
   with SIGTERM, then SIGKILL, and reported as hung).
+- :func:`forge_state`: a checkpoint's state rewritten with consistent checksums (a forged value, not damage).
 - :func:`assert_outcome`: exit 0, or exit 1/2 with one ``csframework: error:`` line naming the planted path;
   never a traceback, never a hang.
 - Plugins for CLI runs (``plugins.enable=[hostile:Planter]`` etc.; tests/support is on ``PYTHONPATH``):
@@ -179,6 +180,25 @@ def plant(path: Path, kind: str, victim: Path, *, content: bytes = b"", size: in
 def deep_json(levels: int = 100_000) -> bytes:
     """A JSON document nested ``levels`` deep (Python's parser recurses: RecursionError)."""
     return b"[" * levels + b"]" * levels
+
+
+def forge_state(checkpoint: Path, change, meta_step: int | None = None) -> None:
+    """Rewrite ``checkpoint``'s ``state.pt`` with ``change(state)`` applied, and its meta.json's sizes and
+    checksums to match (a forger can compute them too: they prove consistency, not authorship);
+    ``meta_step`` also forges meta.json's ``global_step``."""
+    import torch
+
+    from csframework.builtin.checkpoint.format import file_crc32
+
+    state = torch.load(checkpoint / "state.pt", weights_only=True)
+    change(state)
+    torch.save(state, checkpoint / "state.pt")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"]["state.pt"] = {"bytes": (checkpoint / "state.pt").stat().st_size,
+                                 "crc32": file_crc32(checkpoint / "state.pt")}
+    if meta_step is not None:
+        meta["global_step"] = meta_step
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
 
 
 class Outcome(NamedTuple):

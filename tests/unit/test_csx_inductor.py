@@ -7,6 +7,7 @@ the tiny Blobs MLP, and marked ``slow``."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import fixtures
 from csframework import compat
 from csframework.backends.csx import inductor, lowlevel
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
+from csframework.files import PrivateDir
 from csx_runs import max_diff, params_of, run_on
 # the model whose error must name its line in test_csx_backend.py, and the finder of that line
 from test_csx_backend import Changing, line_of
@@ -78,7 +80,7 @@ def test_an_artifact_is_loaded_only_for_the_settings_and_torch_it_was_compiled_w
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x * 2).sum(0))(torch.randn(4, 3))
-    entry = tmp_path / "fingerprint"
+    entry = PrivateDir(tmp_path, "fingerprint")
 
     def status(patches):
         fn, info = inductor.compile_graph(gm, entry, tmp_path, patches)
@@ -91,7 +93,7 @@ def test_an_artifact_is_loaded_only_for_the_settings_and_torch_it_was_compiled_w
     assert status({"epilogue_fusion": False}) == "loaded" and status({}) == "loaded"
     monkeypatch.setattr(torch, "__version__", "0.0.0-another")
     assert status({}) == "compiled"
-    assert len(list(entry.glob("inductor-*.bin"))) == 3
+    assert len(list(entry.path.glob("inductor-*.bin"))) == 3
 
 
 @pytest.mark.slow
@@ -188,9 +190,12 @@ def test_graph_compiler_must_be_inductor_or_none(tmp_path):
         csf.csx.backend("CSX", graph_compiler="tvm")
 
 
-def test_a_bad_graph_compiler_from_the_environment_names_the_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv("CSF_CSX_GRAPH_COMPILER", "tvm")  # the default's source: the command line never shows it
-    from_env = r"'tvm' is not one of inductor, none \(from the environment variable CSF_CSX_GRAPH_COMPILER"
+@pytest.mark.parametrize("value", ["tvm", "x${oc.env:HOME}", "${oc.env:CSF_NO_SUCH_VARIABLE}", "\\${x}"])
+def test_a_bad_graph_compiler_from_the_environment_names_the_variable(tmp_path, monkeypatch, value):
+    """The variable's value is data: before (issue 37) ``x${oc.env:HOME}`` was resolved to the home path, and an
+    interpolation that failed to resolve did not name the variable."""
+    monkeypatch.setenv("CSF_CSX_GRAPH_COMPILER", value)  # the default's source: the command line never shows it
+    from_env = re.escape(f"{value!r} is not one of inductor, none (from the environment variable CSF_CSX_GRAPH_COMPILER")
     with pytest.raises(csf.ValidationError, match="backend.graph_compiler: " + from_env):
         run_on("csx", tmp_path)
     with pytest.raises(csf.ConfigError, match="graph_compiler: " + from_env):

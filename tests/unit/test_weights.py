@@ -124,6 +124,23 @@ def test_which_is_newest_best_or_a_step(trained):
         csf.load_checkpoint(run_dir / "checkpoints" / "step-00000006", which="best")
 
 
+@pytest.mark.parametrize("which", [6, None, b"newest", "step-" + "9" * 5000, 1.5])
+def test_which_of_another_type_or_size_is_the_documented_value_error(trained, which):
+    """Before (issue 37): an int, None or bytes were a TypeError, a 5000-digit step an int conversion error."""
+    with pytest.raises(ValueError, match=r"load_checkpoint: which=.*: give 'newest', 'best' or 'step-<N>'"):
+        csf.load_checkpoint(trained[0], which=which)
+
+
+def test_a_run_directorys_checkpoints_that_is_a_link_is_refused_as_resume_refuses_it(copy, trained, tmp_path):
+    """Before (issue 37): the link was followed and another run's weights returned as this run's."""
+    other = tmp_path / "other"
+    shutil.copytree(trained[0], other)
+    shutil.rmtree(copy / "checkpoints")
+    (copy / "checkpoints").symlink_to(other / "checkpoints", target_is_directory=True)
+    with pytest.raises(csf.CsfError, match=re.escape(f"{copy / 'checkpoints'}: it is a symbolic link")):
+        csf.load_checkpoint(copy)
+
+
 # -- damaged, planted ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage, says", [
     ("truncate", r"state.pt has \d+ bytes, \d+ were written \(truncated or damaged\)"),
@@ -234,6 +251,31 @@ def test_sharded_metadata_claiming_more_than_its_shards_hold_is_refused_before_a
     path = sharded_checkpoint(tmp_path / "checkpoints", user_model().state_dict(), forge=huge)
     with pytest.raises(csf.DamagedCheckpoint, match=re.escape(f"checkpoint {path}: refused to load sharded/ "
                                                               "(ValueError: its metadata describes")):
+        csf.load_checkpoint(tmp_path)
+
+
+def test_sharded_metadata_whose_negative_size_cancels_a_huge_one_is_refused_before_allocating(tmp_path):
+    """Before (issue 37): a tensor of -1 GiB cancelled one of 1 GiB in the size bound, and 1 GiB was allocated
+    for shards of kilobytes before the refusal."""
+    def cancelling(metadata):
+        weights = [k for k in metadata.state_dict_metadata if k.startswith("model.") and k.endswith("weight")]
+        metadata.state_dict_metadata[weights[0]].size = torch.Size([1 << 17, 1 << 11])
+        metadata.state_dict_metadata[weights[1]].size = torch.Size([-(1 << 17), 1 << 11])
+
+    path = sharded_checkpoint(tmp_path / "checkpoints", user_model().state_dict(), forge=cancelling)
+    with pytest.raises(csf.DamagedCheckpoint, match=re.escape(f"checkpoint {path}: refused to load sharded/ "
+                                                              "(ValueError: its metadata gives 'model.net.")
+                       + r".*the size \[-131072, 2048\], which no tensor has"):
+        csf.load_checkpoint(tmp_path)
+
+
+def test_a_sharded_directory_that_is_a_link_is_not_read_through(tmp_path):
+    """Before (issue 37): the shards were read through the link (another checkpoint's, anywhere)."""
+    path = sharded_checkpoint(tmp_path / "checkpoints", user_model().state_dict())
+    elsewhere = tmp_path / "elsewhere"
+    (path / "sharded").rename(elsewhere)
+    (path / "sharded").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(csf.DamagedCheckpoint, match=re.escape(f"checkpoint {path}: sharded/ is not a real directory")):
         csf.load_checkpoint(tmp_path)
 
 

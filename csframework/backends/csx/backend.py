@@ -19,7 +19,7 @@ from ...data import epoch_batches, move_to
 from ...jsonout import dumps
 from ..base import BackendBase
 from . import optim as csx_optim
-from .compiler import CompileCache, Compiled, StaticStep, device_for_host
+from .compiler import CompileCache, Compiled, StaticStep, device_for_host, numerics_key
 from .precision import CsxPrecision
 from .tracer import step_closure
 
@@ -38,7 +38,8 @@ class CsxBackend(BackendBase):
         self.compile_only, self.validate_only = b.compile_only, b.validate_only
         self.dry_run = "compiled" if b.compile_only else "validated" if b.validate_only else None
         self.num_csx, self.num_workers_per_csx = b.num_csx, b.num_workers_per_csx
-        self.cache = CompileCache(b.compile_dir)
+        self.cache = CompileCache(b.compile_dir, lambda problem: run.log.warning("compile_cache_untrusted",
+                                                                                 problem=problem))
         self.graph_compiler = b.graph_compiler
         self.precision = CsxPrecision(cfg.precision, self.device)
         self.max_grad_norm = cfg.optimizer.max_grad_norm
@@ -67,10 +68,12 @@ class CsxBackend(BackendBase):
         self.train_step = StaticStep(self._train_step, "train_step", retrace=self.retrace, cache=self.cache,
                                      modules=[run.model], optimizers=[run.optimizer],
                                      extras=self.precision.scaler.state_attrs(), report_extra=extra,
-                                     on_compile=self._compiled, graph_compiler=self.graph_compiler)
+                                     on_compile=self._compiled, graph_compiler=self.graph_compiler,
+                                     key=numerics_key(run.stage_config.precision))
         # evaluation graphs (one per batch shape) stay interpreted: compiling each would cost more than it saves
         self.eval_step = StaticStep(self._eval_step, "eval_step", retrace=self.retrace, cache=self.cache,
-                                    keyed=True, modules=[run.model], report_extra=extra)
+                                    keyed=True, modules=[run.model], report_extra=extra,
+                                    key=numerics_key(run.stage_config.precision))
 
     def to_device(self, batch):
         return batch if self.device.type == "cpu" else move_to(batch, self.device, non_blocking=True)

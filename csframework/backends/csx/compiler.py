@@ -11,6 +11,7 @@ graph skips compilation on a Cerebras cluster.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,8 +21,10 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ...errors import CompileError
-from ...files import write_json_atomic, write_text_atomic
+from ...errors import CompileError, CsfError
+from ...files import PrivateDir
+from ...jsonout import dumps
+from ..cachedir import trusted_root
 from . import graph as graphs
 from . import inductor
 from .tracer import Signature, StepTracer, Traced, detailed_difference
@@ -30,30 +33,49 @@ DEFAULT_COMPILE_DIR = "~/.cache/csframework/csx"
 REPORT_VERSION = 1
 
 
-class CompileCache:
-    """``<compile_dir>/<fingerprint>/{report.json, graph.py}``."""
+#: The largest compile report read back from a cache entry.
+MAX_REPORT_BYTES = 16 << 20
 
-    def __init__(self, directory: str | os.PathLike | None):
-        self.directory = Path(os.path.expanduser(str(directory or DEFAULT_COMPILE_DIR)))
+
+def _well_formed(report, fp: str) -> bool:
+    """Whether ``report`` (read back from a cache entry) is what ``compile_traced`` writes for ``fp``, in
+    the parts a run reads: this version and graph, an op count, memory figures that are numbers."""
+    if not isinstance(report, dict) or report.get("version") != REPORT_VERSION or report.get("fingerprint") != fp:
+        return False
+    ops, memory = report.get("ops"), report.get("memory", {})
+    return (isinstance(ops, dict) and type(ops.get("total")) is int and isinstance(memory, dict)
+            and all(type(v) in (int, float) for v in memory.values()))
+
+
+class CompileCache:
+    """``<compile_dir>/<fingerprint>/{report.json, graph.py}``, used only when it is this user's alone
+    (``cachedir.trusted_root``: else this process compiles into a private directory of its own, after one
+    ``warn``), its entries read and written through the no-follow layer (``files.PrivateDir``)."""
+
+    def __init__(self, directory: str | os.PathLike | None, warn: Callable[[str], None] | None = None):
+        self.directory = trusted_root(directory or DEFAULT_COMPILE_DIR, warn)
 
     def entry(self, fp: str) -> Path:
         return self.directory / fp
 
+    def entry_dir(self, fp: str) -> PrivateDir:
+        """The entry of fingerprint ``fp``, to read or write files of (``PrivateDir``)."""
+        return PrivateDir(self.directory, fp)
+
     def load(self, fp: str) -> dict | None:
-        path = self.entry(fp) / "report.json"
+        """The report cached for ``fp``, or None: absent, unreadable, damaged, or not of this version and graph."""
         try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            report = json.loads(self.entry_dir(fp).read("report.json", MAX_REPORT_BYTES))
+        except (OSError, ValueError, CsfError):
             return None
-        return report if report.get("version") == REPORT_VERSION and report.get("fingerprint") == fp else None
+        return report if _well_formed(report, fp) else None
 
     def store(self, fp: str, report: dict, code: str) -> None:
-        entry = self.entry(fp)
         try:
-            entry.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(entry / "graph.py", code, durable=False)
-            write_json_atomic(entry / "report.json", report, durable=False)
-        except OSError as e:  # a read-only cache must not stop training
+            entry = self.entry_dir(fp).sub()
+            entry.write("graph.py", code, durable=False)
+            entry.write("report.json", dumps(report, indent=2), durable=False)
+        except (OSError, CsfError) as e:  # a read-only cache must not stop training
             report.setdefault("warnings", []).append(f"compile cache not written: {e}")
 
 
@@ -78,7 +100,7 @@ def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compile
     if graph_compiler == "none":
         report["graph_compiler"] = {"name": "none", "status": "interpreted"}
         return
-    entry = cache.entry(compiled.fingerprint) if cache is not None else None
+    entry = cache.entry_dir(compiled.fingerprint) if cache is not None else None
     runner, info = inductor.compile_graph(compiled.gm, entry, cache.directory if cache is not None else None,
                                           config_patches)
     if runner is not None:
@@ -86,15 +108,31 @@ def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compile
     report["graph_compiler"] = {"name": graph_compiler, **info}
 
 
+def numerics_key(precision: Any) -> dict:
+    """What decides a compiled graph's numbers besides its operations: the precision policy (format, loss
+    scaling: the ``precision`` config), the cbfloat16 emulation's format, and csframework's and torch's versions.
+    Part of every cache entry's name, so two runs that differ in any of them never share an entry."""
+    from ... import __version__
+    from . import cbfloat16
+
+    policy = {f.name: getattr(precision, f.name) for f in dataclasses.fields(precision)} \
+        if dataclasses.is_dataclass(precision) else dict(precision or {})
+    return {"precision": policy, "csframework": __version__, "torch": torch.__version__,
+            "cbfloat16": [cbfloat16.EXPONENT_BITS, cbfloat16.MANTISSA_BITS, cbfloat16.BIAS]}
+
+
 def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra: dict | None = None,
-                   graph_compiler: str = "none", config_patches: dict | None = None) -> Compiled:
+                   graph_compiler: str = "none", config_patches: dict | None = None,
+                   key: dict | None = None) -> Compiled:
     """Clean, fingerprint and analyse a traced graph, or take the analysis from the cache; then compile it
-    with ``graph_compiler`` (``inductor`` or ``none``: the interpreted graph)."""
+    with ``graph_compiler`` (``inductor`` or ``none``: the interpreted graph). The cache entry's name hashes the
+    graph, ``key`` (``numerics_key``) and ``config_patches``."""
     raw_lines = graphs.canonical(traced.gm)
     raw_wheres = graphs.wheres(traced.gm)
     graphs.postprocess(traced.gm)
     lines = graphs.canonical(traced.gm)
-    fp = graphs.fingerprint(lines)
+    context = json.dumps([key, sorted((config_patches or {}).items())], sort_keys=True, default=repr)
+    fp = graphs.fingerprint([*lines, f"context {context}"])
     start = time.perf_counter()
     report = cache.load(fp) if cache is not None else None
     hit = report is not None
@@ -141,11 +179,13 @@ class StaticStep:
     def __init__(self, fn: Callable, name: str, *, retrace: bool, cache: CompileCache | None,
                  keyed: bool = False, modules=(), optimizers=(), extras=(), compute_context=None,
                  report_extra: Callable[[], dict] | None = None, on_compile: Callable[[Compiled], Any] | None = None,
-                 graph_compiler: str = "none", max_graphs: int | None = None, config_patches: dict | None = None):
+                 graph_compiler: str = "none", max_graphs: int | None = None, config_patches: dict | None = None,
+                 key: dict | None = None):
         self.tracer = StepTracer(fn, name, modules=modules, optimizers=optimizers, extras=extras,
                                  compute_context=compute_context)
         self.name, self.retrace, self.cache, self.keyed = name, retrace, cache, keyed
         self.graph_compiler, self.config_patches, self.max_graphs = graph_compiler, config_patches, max_graphs
+        self.key = key  # numerics_key: part of the cache entry's name
         self.report_extra = report_extra or dict
         self.on_compile = on_compile
         self.graphs: dict[Any, tuple[Signature, Compiled]] = {}
@@ -189,7 +229,7 @@ class StaticStep:
         self.trace_seconds += traced.seconds
         if known is None:
             compiled = compile_traced(traced, self.cache, self.name, self.report_extra(), self.graph_compiler,
-                                      self.config_patches)
+                                      self.config_patches, self.key)
             self.graphs[sig.values] = (sig, compiled)
             if self.first is None:
                 self.first = (sig, compiled)

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,8 @@ from typing import Callable
 import torch
 
 from ...compat import needs_torch
+from ...errors import CsfError
+from ...files import PrivateDir
 
 #: The first torch with ``torch._inductor.standalone_compile`` and ``CompiledArtifact``.
 STANDALONE_TORCH = (2, 8)
@@ -52,12 +55,45 @@ def _host_tag() -> str:
 BASE_PATCHES = {"fallback_random": True, "unroll_reductions_threshold": 1}
 
 
-def artifact_path(entry: Path, config_patches: dict) -> Path:
-    """The artifact of the graph of ``entry`` built here with ``config_patches`` by this torch: a graph compiled
-    with other Inductor settings (another ``backend.compile_mode``, another csframework's) or by another torch
-    is another file, never loaded in its place."""
+def artifact_name(config_patches: dict) -> str:
+    """The file name, in the graph's cache entry, of its artifact built here with ``config_patches`` by this
+    torch: a graph compiled with other Inductor settings (another ``backend.compile_mode``, another
+    csframework's) or by another torch is another file, never loaded in its place."""
     settings = json.dumps([torch.__version__, sorted(config_patches.items())], default=repr)
-    return entry / f"inductor-{_host_tag()}-{hashlib.sha256(settings.encode()).hexdigest()[:12]}.bin"
+    return f"inductor-{_host_tag()}-{hashlib.sha256(settings.encode()).hexdigest()[:12]}.bin"
+
+
+#: The largest artifact read back from a cache entry.
+MAX_ARTIFACT_BYTES = 1 << 30
+
+
+def _load_artifact(entry: PrivateDir, name: str):
+    """The artifact ``name`` of ``entry`` (read through the no-follow layer: the user's own regular file), or
+    None when absent. Inductor loads artifacts from a path only: the bytes go through a private copy."""
+    try:
+        data = entry.read(name, MAX_ARTIFACT_BYTES)
+    except (OSError, ValueError, CsfError):
+        return None
+    import torch._inductor
+    import torch._inductor.config as inductor_config
+
+    with tempfile.TemporaryDirectory(prefix="csframework-artifact-") as private:
+        path = os.path.join(private, name)
+        with open(path, "xb") as f:
+            f.write(data)
+        # the artifact was built (and its vector ISA probed) on a CPU of this ISA: skip the probe, which builds
+        # and loads test programs in subprocesses (seconds)
+        with inductor_config.patch({"cpp.vec_isa_ok": True}):
+            return torch._inductor.CompiledArtifact.load(path=path, format="binary")
+
+
+def _save_artifact(artifact, entry: PrivateDir, name: str) -> None:
+    """Save ``artifact`` as ``name`` in ``entry``, atomically, through the no-follow layer."""
+    with tempfile.TemporaryDirectory(prefix="csframework-artifact-") as private:
+        path = os.path.join(private, name)
+        artifact.save(path=path, format="binary")
+        with open(path, "rb") as f:
+            entry.sub().write(name, f.read(), durable=False)
 
 
 def example_inputs(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
@@ -79,15 +115,15 @@ def _inductor_cache(directory: Path):
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
+        PrivateDir(directory).sub()
+    except (OSError, CsfError):
         yield
         return
     with temporary_cache_dir(str(directory)):
         yield
 
 
-def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path | None,
+def compile_graph(gm: torch.fx.GraphModule, entry: PrivateDir | None, cache_root: Path | None,
                   config_patches: dict | None = None) -> tuple[Callable | None, dict]:
     """Compile ``gm`` (or load its artifact from ``entry``); returns ``(callable or None, info)``.
 
@@ -102,29 +138,25 @@ def compile_graph(gm: torch.fx.GraphModule, entry: Path | None, cache_root: Path
     if too_old:  # the Cerebras stack pins torch 2.4: the interpreted graph runs, with this one-line reason
         return None, {"status": "fallback", "seconds": 0.0, "reason": too_old}
     patches = {**BASE_PATCHES, **(config_patches or {})}
-    path = artifact_path(entry, patches) if entry is not None else None
+    name = artifact_name(patches)
     try:
         import torch._inductor
-        import torch._inductor.config as inductor_config
 
         cache = _inductor_cache(cache_root / "inductor") if cache_root is not None else contextlib.nullcontext()
         with cache, torch.no_grad():
-            if path is not None and path.is_file():
+            if entry is not None:
                 try:
-                    # the artifact was built (and its vector ISA probed) on a CPU of this ISA: skip the probe,
-                    # which builds and loads test programs in subprocesses (seconds)
-                    with inductor_config.patch({"cpp.vec_isa_ok": True}):
-                        fn = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
-                    return fn, {"status": "loaded", "seconds": round(time.perf_counter() - start, 3)}
+                    fn = _load_artifact(entry, name)
+                    if fn is not None:
+                        return fn, {"status": "loaded", "seconds": round(time.perf_counter() - start, 3)}
                 except Exception:  # a stale or damaged artifact: compile again
                     pass
             artifact = torch._inductor.standalone_compile(gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
                                                           options={"config_patches": patches})
             compilations += 1
-            if path is not None:
+            if entry is not None:
                 try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    artifact.save(path=str(path), format="binary")
+                    _save_artifact(artifact, entry, name)
                 except Exception:  # a read-only or unserialisable cache must not stop training
                     pass
         return artifact, {"status": "compiled", "seconds": round(time.perf_counter() - start, 3)}

@@ -314,6 +314,9 @@ def read_checkpoint(path: Path, read_shard_metadata: Callable[[Path], object] | 
             or (shards and f"{SHARDED}/.metadata" not in shards)):
         raise DamagedCheckpoint(f"checkpoint {path}: meta.json lists other files than state.pt, config.yaml "
                                 f"and {SHARDED}/ (.metadata and __<rank>_<n>.distcp)")
+    if shards and SafeDir(path).kind(SHARDED) != "dir":  # its files would be read through the link
+        raise DamagedCheckpoint(f"checkpoint {path}: {SHARDED}/ is not a real directory (a symbolic link, which "
+                                "csframework never writes, or a file)")
     for name, expected in files.items():
         if name != "state.pt":
             _check_file(path / name, expected)

@@ -25,6 +25,7 @@ from ...schedule import Schedule, lr_factor
 from . import store
 from .format import (MAX_CONFIG_BYTES, MAX_META_BYTES, SHARDED, read_checkpoint, read_config_yaml, temporary_dir,
                      write_checkpoint)
+from .readback import state_problem
 from .store import INDEX, checkpoint_names, read_best, resume_source, step_of
 
 #: What the plugins' state may take in meta.json (the rest of ``MAX_META_BYTES`` is the files table).
@@ -246,6 +247,10 @@ class CheckpointPlugin:
         for path in candidates:
             try:
                 state, meta = read_checkpoint(path, shard_check)
+                problem = state_problem(run, state)
+                if problem:  # forged or damaged values: what the config itself would refuse
+                    raise DamagedCheckpoint(f"checkpoint {path}: state.pt holds values this run's config refuses "
+                                            f"({problem})")
             except DamagedCheckpoint as e:
                 if not fallback:
                     raise ConfigError(f"checkpoint.resume: {e}") from e

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ...errors import CheckpointNotFound, ConfigError, UnreadableCheckpoints
+from ...errors import CheckpointNotFound, ConfigError, UnreadableCheckpoints, UnsafePathError
 from ...files import SafeDir
 from ...jsonout import dumps
 from .untrusted import read_json
@@ -100,8 +100,9 @@ def read_best(root: Path) -> dict | None:
 def locate(target: Path) -> tuple[Path, bool]:
     """What a user's path to a checkpoint names, resolved: ``(a checkpoint directory, False)``, or ``(a
     checkpoints/ directory, True)`` to choose among (for a run directory, its ``checkpoints/``).
-    ``CheckpointNotFound`` naming the path and what it lacks when it is neither. The path itself is the
-    user's (trusted, so resolved); what lies in it is not."""
+    ``CheckpointNotFound`` naming the path and what it lacks when it is neither; ``UnsafePathError`` when a run
+    directory's ``checkpoints`` is a link. The path itself is the user's (trusted, so resolved); what lies in it
+    is not."""
     target = Path(os.path.realpath(target))
     if not target.exists():
         raise CheckpointNotFound(f"{target} does not exist; give a checkpoint, checkpoints/ or run directory")
@@ -111,8 +112,12 @@ def locate(target: Path) -> tuple[Path, bool]:
                                  "checkpoints/ or run directory")
     if (target / "meta.json").exists() or (target / "state.pt").exists():
         return target, False
-    if (target / "checkpoints").is_dir():
+    kind = SafeDir(target).kind("checkpoints")
+    if kind == "dir":
         return target / "checkpoints", True
+    if kind == "link":  # as in the run's own resume: never followed to another run's checkpoints
+        raise UnsafePathError(f"{target / 'checkpoints'}: it is a symbolic link, which csframework never creates; "
+                              "remove it, or name the checkpoints directory it points to")
     if not scan_checkpoints(target):
         raise CheckpointNotFound(f"{target} is not a csframework checkpoint: it holds no meta.json, no "
                                  "checkpoints/ and no step-NNNNNNNN/ checkpoint directories")

@@ -1,0 +1,138 @@
+"""Everything a checkpoint's state holds, checked against the rules the config itself must pass before it is
+used (docs/durability.md, "Derived, not believed"): a checkpoint is untrusted input, and its checksums prove
+only that its writer was consistent, not that it was csframework. A value the config would refuse (a
+non-finite loss scale, a negative learning rate, a position past the end of its stage) makes the checkpoint
+damaged, so resume falls back to an older one, naming it, instead of training on the forged value.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...config.optimizer import ScheduleName
+from ...config.ranges import MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_SCALE, check_range
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float)
+
+
+def _count(key: str, value, low: int, high: int) -> list[str]:
+    """``key`` must be an integer (not a bool, float or tensor) in ``[low, high]``."""
+    if type(value) is not int:
+        return [f"{key}: {type(value).__name__} {value!r:.40} is not an integer"]
+    return check_range(key, value, low, high)
+
+
+def _rate(key: str, value) -> list[str]:
+    """A learning rate: a finite number >= 0, as ``optimizer.lr`` must be."""
+    if not _number(value):
+        return [f"{key}: {type(value).__name__} is not a number"]
+    return check_range(key, value, 0.0, None)
+
+
+def stage_limits(run) -> list[int | None]:
+    """The optimizer steps each stage of this run's config may take (``None`` where it is counted in epochs of
+    a stage not yet built: bounded by the epoch check instead)."""
+    limits: list[int | None] = []
+    for index, (_, cfg) in enumerate(run.stages):
+        if cfg.loop.max_steps is not None:
+            limits.append(cfg.loop.max_steps)
+        else:
+            limits.append(run.total_steps(cfg) if index == run.stage_index else None)
+    return limits
+
+
+def position_problems(run, loop) -> list[str]:
+    """The loop position (``state["loop"]``) against the stages of this run's config."""
+    if not isinstance(loop, dict):
+        return ["loop is not a table"]
+    found = _count("loop.stage_index", loop.get("stage_index"), 0, len(run.stages) - 1)
+    if found:
+        return found
+    index = loop["stage_index"]
+    cfg = run.stages[index][1]
+    accum = cfg.loop.grad_accum_steps
+    limits = stage_limits(run)
+    limit, earlier = limits[index], limits[:index]
+    found += _count("loop.stage_step", loop.get("stage_step"), 0, limit if limit is not None else MAX_COUNT)
+    if found:
+        return found
+    stage_step: int = loop["stage_step"]
+    before = sum(n for n in earlier if n is not None) if None not in earlier else MAX_COUNT
+    found += _count("loop.global_step", loop.get("global_step"), stage_step, stage_step + before)
+    if found:
+        return found
+    batches = (loop["stage_step"] + 1) * accum + 1  # each epoch before the current one took a batch at least
+    epochs = cfg.loop.max_epochs if cfg.loop.max_steps is None else batches
+    found += _count("loop.epoch", loop.get("epoch"), 0, min(epochs, batches))
+    found += _count("loop.batch_in_epoch", loop.get("batch_in_epoch", 0), 0, batches)
+    done = loop["stage_step"] * accum  # micro_step: the stage's batches, a step's worth per step taken
+    found += _count("loop.micro_step", loop.get("micro_step", done), done, done + accum - 1)
+    found += _count("loop.last_eval_step", loop.get("last_eval_step", -1), -1, loop["global_step"])
+    return found
+
+
+def scaler_problems(precision) -> list[str]:
+    """The loss scaler's state (``GradScaler``'s keys): the ranges ``precision.*`` must be in."""
+    if not precision:
+        return []
+    if not isinstance(precision, dict):
+        return ["backend.precision is not a table"]
+    found = []
+    if "scale" in precision:
+        scale = precision["scale"]
+        found += (check_range("backend.precision.scale", scale, 0.0, MAX_SCALE, open_low=True) if _number(scale)
+                  else [f"backend.precision.scale: {type(scale).__name__} is not a number"])
+    if "_growth_tracker" in precision:
+        found += _count("backend.precision._growth_tracker", precision["_growth_tracker"], 0, MAX_GROWTH_INTERVAL)
+    return found
+
+
+def schedule_problems(run, scheduler) -> list[str]:
+    """The built-in schedule's state (``schedule.Schedule.state_dict``): base rates one per parameter group,
+    and a plan ``optimizer.*`` would accept. A ``_target_`` scheduler's state is its own."""
+    if not isinstance(scheduler, dict) or "plan" not in scheduler:
+        return []
+    found = _count("scheduler.last_epoch", scheduler.get("last_epoch"), -1, MAX_COUNT)
+    base_lrs, groups = scheduler.get("base_lrs"), len(run.optimizer.param_groups)
+    if not isinstance(base_lrs, list) or len(base_lrs) != groups:
+        found.append(f"scheduler.base_lrs: it must be a list of {groups} learning rate(s), one per parameter group")
+    else:
+        for i, lr in enumerate(base_lrs):
+            found += _rate(f"scheduler.base_lrs[{i}]", lr)
+    plan = scheduler["plan"]
+    if not isinstance(plan, dict):
+        return [*found, "scheduler.plan is not a table"]
+    if plan.get("name") not in [s.value for s in ScheduleName]:
+        found.append(f"scheduler.plan.name: {plan.get('name')!r:.40} is no schedule")
+    found += _rate("scheduler.plan.lr", plan.get("lr")) + _rate("scheduler.plan.min_lr", plan.get("min_lr"))
+    found += _count("scheduler.plan.total_steps", plan.get("total_steps"), 0, MAX_COUNT)
+    found += _count("scheduler.plan.warmup_steps", plan.get("warmup_steps"), 0, MAX_COUNT)
+    return found
+
+
+def optimizer_problems(optimizer) -> list[str]:
+    """The learning rates of the saved parameter groups."""
+    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return ["optimizer.param_groups is not a list of tables"]
+    found = []
+    for i, group in enumerate(groups):
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) and lr.numel() == 1:  # a compiled update's rate tensor
+            lr = float(lr)
+        if lr is not None:
+            found += _rate(f"optimizer.param_groups[{i}].lr", lr)
+    return found
+
+
+def state_problem(run, state: dict) -> str | None:
+    """Why ``state`` (a checkpoint's ``state.pt``) breaks this run's config rules, or None: every problem,
+    ``; ``-separated, each naming the value's key in the state."""
+    found = position_problems(run, state.get("loop"))
+    backend = state.get("backend")
+    found += scaler_problems(backend.get("precision") if isinstance(backend, dict) else None)
+    found += schedule_problems(run, state.get("scheduler"))
+    if not state.get("sharded"):
+        found += optimizer_problems(state.get("optimizer"))
+    return "; ".join(found) if found else None

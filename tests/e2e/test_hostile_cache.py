@@ -1,0 +1,147 @@
+"""Hostile compile caches (issue 37): what a compile cache holds is executed (Inductor imports the Python
+modules it generated, the whole step's artifacts are pickles), so a cache that others can write is never read.
+
+A real compile fills a cache (``backend.compile=true``: the whole step's artifacts and Inductor's modules of the
+per-function evaluation; ``device=csx backend.graph_compiler=inductor``: ``backend.compile_dir``); then every
+generated module gets a payload that creates a marker file, and the cache is made group-writable, as a team's
+shared directory is. A later run must write no marker, give one warning naming the cache and why, compile
+afresh and complete. Also: float32 and cbfloat16 compiled into one cache, one after the other and both at once,
+each end with their own losses. Inductor compiles take a minute here: every test is ``slow``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from csframework.backends.csx import inductor
+from fixtures import CONF
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.requires_torch(inductor.STANDALONE_TORCH, "torch._inductor.standalone_compile")]
+
+TINY = ["--config-dir", CONF, "model=blobs_mlp", "data=blobs", "loop.max_steps=3", "loop.eval_every=null",
+        "loop.eval_steps=null", "loop.log_every=1", "optimizer=sgd", "optimizer.lr=0.1"]
+WHOLE_STEP = [*TINY, "backend.compile=true"]
+CSX = [*TINY, "device=csx", "backend.graph_compiler=inductor"]
+
+
+def cli(cli_env, cwd: Path, args: list[str], run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "csframework", *args, f"hydra.run.dir={run_dir}"], cwd=cwd,
+                            env={**cli_env, **env}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory, cli_env_module):
+    """``inductor/`` (``$TORCHINDUCTOR_CACHE_DIR`` of a ``backend.compile=true`` run) and ``csx/`` (the
+    ``compile_dir`` of a compiled CSX run), each filled by a real compile."""
+    base = tmp_path_factory.mktemp("caches")
+    cli(cli_env_module, base, WHOLE_STEP, base / "run-whole", TORCHINDUCTOR_CACHE_DIR=str(base / "inductor"))
+    cli(cli_env_module, base, [*CSX, f"backend.compile_dir={base / 'csx'}"], base / "run-csx")
+    return base
+
+
+def plant_payloads(cache: Path, marker: Path) -> int:
+    """Append code that creates ``marker`` to every module in ``cache``; returns how many."""
+    modules = sorted(cache.rglob("*.py"))
+    for module in modules:
+        with open(module, "a") as f:
+            f.write(f"\nopen({str(marker)!r}, 'a').write({module.name!r} + '\\n')\n")
+    return len(modules)
+
+
+def share(cache: Path) -> None:
+    """Make ``cache`` a team's shared directory: writable by its group."""
+    os.chmod(cache, 0o775)
+
+
+def warnings_of(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if "compile_cache_untrusted" in line]
+
+
+@pytest.mark.parametrize("which", ["inductor", "csx"])
+def test_a_planted_module_in_a_shared_cache_never_runs(filled, tmp_path, cli_env, which):
+    cache = tmp_path / which
+    shutil.copytree(filled / which, cache)
+    marker = tmp_path / "payload-ran"
+    assert plant_payloads(cache, marker) >= 1
+    share(cache)
+    if which == "inductor":
+        result = cli(cli_env, tmp_path, WHOLE_STEP, tmp_path / "run", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    else:
+        result = cli(cli_env, tmp_path, [*CSX, f"backend.compile_dir={cache}"], tmp_path / "run")
+    assert not marker.exists(), f"the planted code ran: {marker.read_text()}"
+    told = warnings_of(result)
+    assert len(told) == 1 and f"compile cache {cache} not used: {cache}: it is writable by group or others" in told[0]
+    assert '"status": "completed"' in (tmp_path / "run" / "summary.json").read_text()
+
+
+def test_a_cache_entry_that_is_a_link_writes_nothing_outside(filled, tmp_path, cli_env):
+    """The whole step's entry replaced by a link to a directory elsewhere: nothing is written there."""
+    cache = tmp_path / "inductor"
+    shutil.copytree(filled / "inductor", cache)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for entry in [p for p in (cache / "steps-default").iterdir() if p.name != "inductor"]:
+        shutil.rmtree(entry)
+        os.symlink(outside, entry)
+    result = cli(cli_env, tmp_path, WHOLE_STEP, tmp_path / "run", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    assert list(outside.iterdir()) == []
+    assert len(warnings_of(result)) == 1 and "it is not a regular file" in warnings_of(result)[0]
+
+
+def losses(run_dir: Path) -> list[float]:
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    values = [dict(zip(header, row.split(","))) for row in rows[1:]]
+    return [float(v["value"]) for v in values if v.get("name") == "train/loss"]
+
+
+def test_float32_and_cbfloat16_compiled_into_one_cache_each_keep_their_own_losses(tmp_path, cli_env):
+    """The interpreted graph gives each precision's reference; then both compile into one fresh cache at once,
+    and again one after the other (loading what the other compiled): each run's losses are its own."""
+    precisions = ["float32", "cbfloat16"]
+    runs = {p: [*TINY, "device=csx", "loop.max_steps=6", "seed=5", f"precision={p}"] for p in precisions}
+    reference = {}
+    for p in precisions:
+        cli(cli_env, tmp_path, [*runs[p], "backend.graph_compiler=none", f"backend.compile_dir={tmp_path / p}"],
+            tmp_path / f"ref-{p}")
+        reference[p] = losses(tmp_path / f"ref-{p}")
+    assert reference["float32"] != reference["cbfloat16"]
+    shared = [f"backend.compile_dir={tmp_path / 'shared'}", "backend.graph_compiler=inductor"]
+    both = [subprocess.Popen([sys.executable, "-m", "csframework", *runs[p], *shared,
+                              f"hydra.run.dir={tmp_path / f'together-{p}'}"], cwd=tmp_path, env=cli_env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in precisions]
+    for proc in both:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    for p in precisions:
+        cli(cli_env, tmp_path, [*runs[p], *shared], tmp_path / f"after-{p}")
+    for p in precisions:
+        for name in (f"together-{p}", f"after-{p}"):
+            assert losses(tmp_path / name) == pytest.approx(reference[p], rel=1e-4), name
+
+
+@pytest.mark.parametrize("kind, compiled", [("file", False), ("fifo", False), ("below-a-file", False),
+                                            ("file", True)])
+def test_an_inductor_cache_setting_that_is_no_directory_is_one_warning_not_a_traceback(tmp_path, cli_env, kind,
+                                                                                        compiled):
+    """``$TORCHINDUCTOR_CACHE_DIR`` a file, a FIFO or below a file: torch creates it when building the optimizer
+    imports its compiler, with or without ``backend.compile``. Before: a traceback from inside torch."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes\n")
+    cache = {"file": notes, "below-a-file": notes / "cache", "fifo": tmp_path / "fifo"}[kind]
+    if kind == "fifo":
+        os.mkfifo(cache)
+    args = WHOLE_STEP if compiled else TINY
+    result = cli(cli_env, tmp_path, args, tmp_path / "run", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    assert "Traceback" not in result.stderr
+    told = warnings_of(result)
+    assert len(told) == 1 and f"compile cache {cache} not used" in told[0]
+    assert notes.read_text() == "notes\n"

@@ -1,0 +1,141 @@
+"""Compile caches trusted like ``~/.ssh`` (issue 37): ``files.PrivateDir``, ``backends.cachedir.trusted_root``
+and the CSX ``CompileCache`` built on them. A cache that is not this user's alone (a directory writable by
+group or others, a link, a FIFO, a hard-linked file, a file where the directory belongs) is never read: the
+run compiles afresh in a private directory after one warning naming the cache and why; an entry that is a
+link is never written through."""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import pytest
+
+from csframework.backends import cachedir
+from csframework.backends.csx.compiler import REPORT_VERSION, CompileCache
+from csframework.files import PrivateDir, UntrustedDirError
+
+
+@pytest.fixture(autouse=True)
+def fresh_replacements(monkeypatch):
+    """Each test starts with no cache replaced yet (the warning is once per cache and process)."""
+    monkeypatch.setattr(cachedir, "_replacements", {})
+
+
+def report(fp: str) -> str:
+    return f'{{"version": {REPORT_VERSION}, "fingerprint": "{fp}", "ops": {{"total": 1}}}}'
+
+
+def test_a_private_tree_is_trusted_and_each_breach_of_the_rule_is_named(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "entry").mkdir(parents=True)
+    (cache / "entry" / "report.json").write_text("{}")
+    assert PrivateDir(cache).problem() is None
+    os.chmod(cache / "entry", 0o775)
+    assert PrivateDir(cache).problem() == f"{cache / 'entry'}: it is writable by group or others (chmod go-w it)"
+    os.chmod(cache / "entry", 0o755)
+    os.link(cache / "entry" / "report.json", tmp_path / "other-name")
+    assert "report.json: it has 2 names (a hard link)" in PrivateDir(cache).problem()
+    os.unlink(tmp_path / "other-name")
+    os.symlink(tmp_path, cache / "entry" / "graph.py")
+    assert "graph.py: it is not a regular file" in PrivateDir(cache).problem()
+    os.unlink(cache / "entry" / "graph.py")
+    os.mkfifo(cache / "entry" / "fifo")
+    assert "fifo: it is not a regular file" in PrivateDir(cache).problem()
+    os.chmod(cache, 0o757)
+    assert PrivateDir(cache).problem().startswith(f"{cache}: it is writable by group or others")
+
+
+def test_a_shared_cache_is_replaced_by_a_private_one_with_one_warning(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)  # a team's project directory: anyone can plant an entry
+    told: list[str] = []
+    used = cachedir.trusted_root(shared, told.append)
+    assert used != shared and PrivateDir(used).problem() is None
+    assert cachedir.trusted_root(shared, told.append) == used  # the same replacement, no second warning
+    assert told == [f"compile cache {shared} not used: {shared}: it is writable by group or others (chmod go-w it); "
+                    f"this run compiles afresh in {used} (make the cache yours alone, e.g. chmod -R go-w it, or "
+                    "point it at a directory of your own)"]
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "link", "below-a-file"])
+def test_a_cache_root_that_is_no_directory_of_the_users_is_a_warning_not_a_traceback(tmp_path, kind):
+    root = tmp_path / "cache"
+    if kind == "file":
+        root.write_text("notes")
+    elif kind == "fifo":
+        os.mkfifo(root)
+    elif kind == "link":
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", root)
+    else:
+        (tmp_path / "notes.txt").write_text("notes")
+        root = tmp_path / "notes.txt" / "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        used = cachedir.trusted_root(root)
+    assert used != root and used.is_dir()
+    assert [str(w.message).split(":")[0] for w in caught] == [f"compile cache {root} not used"]
+    assert not (tmp_path / "elsewhere").exists() or not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_read_only_cache_of_the_users_is_still_read(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "abc").mkdir(parents=True)
+    (cache / "abc" / "report.json").write_text(report("abc"))
+    os.chmod(cache, 0o555)
+    try:
+        assert CompileCache(cache).load("abc") == {"version": REPORT_VERSION, "fingerprint": "abc", "ops": {"total": 1}}
+    finally:
+        os.chmod(cache, 0o755)
+
+
+def test_an_entry_that_is_a_link_is_neither_read_nor_written_through(tmp_path):
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    cache.mkdir()
+    outside.mkdir()
+    (outside / "report.json").write_text(report("abc"))
+    compile_cache = CompileCache(cache)
+    os.symlink(outside, cache / "abc")  # planted after the cache was found private
+    assert compile_cache.load("abc") is None
+    entry_report: dict = {}
+    compile_cache.store("abc", entry_report, "def f(): pass\n")
+    assert sorted(os.listdir(outside)) == ["report.json"]  # no graph.py, report.json untouched
+    assert (outside / "report.json").read_text() == report("abc")
+    assert "compile cache not written" in entry_report["warnings"][0]
+
+
+def test_a_fifo_or_a_hard_link_at_the_report_is_a_miss_without_blocking(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "fifo").mkdir(parents=True)
+    (cache / "linked").mkdir()
+    compile_cache = CompileCache(cache)
+    os.mkfifo(cache / "fifo" / "report.json")
+    (tmp_path / "forged.json").write_text(report("linked"))
+    os.link(tmp_path / "forged.json", cache / "linked" / "report.json")
+    result: list = []
+    reader = threading.Thread(target=lambda: result.append((compile_cache.load("fifo"), compile_cache.load("linked"))),
+                              daemon=True)
+    reader.start()
+    reader.join(10)
+    assert result == [(None, None)]
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '"report"', '{"version": 1}', '{"version": 1, "fingerprint": 7}',
+                                  '{"version": 1, "fingerprint": "abc"}',
+                                  '{"version": 1, "fingerprint": "abc", "ops": {"total": "many"}}',
+                                  '{"version": 1, "fingerprint": "abc", "ops": {"total": 3}, "memory": {"x": "y"}}'])
+def test_a_report_of_the_wrong_shape_is_a_miss(tmp_path, text):
+    cache = tmp_path / "cache"
+    (cache / "abc").mkdir(parents=True)
+    (cache / "abc" / "report.json").write_text(text)
+    assert CompileCache(cache).load("abc") is None
+
+
+def test_a_directory_of_another_owner_is_refused(tmp_path, monkeypatch):
+    """Files of another user cannot be made without root: pretend this process is another user."""
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    with pytest.raises(UntrustedDirError, match=f"{tmp_path / 'cache'}: it is owned by uid {os.getuid()}"):
+        PrivateDir(tmp_path / "cache").sub(create=False)
