@@ -14,9 +14,11 @@ writes it once the run starts), and the run directory, resolved here and handed 
 with the parents this process created for it when nothing was written there (``mode=check``, a refused
 run, a torchrun rank other than 0, which writes into rank 0's directory).
 
-Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
-rejected run, a plugin whose hooks match no hook, a ``_target_`` that does not import or build, or a loss
-``model.forward`` returns that cannot be trained on (nothing trained, no checkpoint); 130 stopped by SIGINT
+Exit status: 0 done; 1 a run that failed (the user's code raised at some step: one line naming the step, the
+user's file:line and the exception, the traceback in the run directory's ``error.txt``, ``failures.py``; a
+non-finite loss, a tracing error); 2 a bad config, a rejected run, a plugin whose hooks match no hook, a
+``_target_`` that does not import or build, or a loss ``model.forward`` returns that cannot be trained on, or
+none (nothing trained, no checkpoint); 130 stopped by SIGINT
 and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
 ``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
 failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import api, hydra_session
+from . import api, failures, hydra_session
 from .config import RunConfig, check_config_files, describe_error, explicit_groups, to_run_config, user_config_dirs
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
@@ -162,7 +164,12 @@ def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = No
         result = run.check()
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
-    summary = run.validate() if mode == "validate" else run.fit()
+    try:
+        summary = run.validate() if mode == "validate" else run.fit()
+    except Exception as e:  # the user's code failed the run: one line (failures.py), its traceback in error.txt
+        if not failures.is_user_failure(e):
+            raise
+        raise failures.run_failed(run, e, run.error_file) from e
     if run.already_complete:
         print(f"csframework: already complete at step {run.global_step}; nothing to do")
     metrics = summary["metrics"]

@@ -15,7 +15,7 @@ import structlog
 import torch
 from omegaconf import DictConfig
 
-from . import loop
+from . import failures, loop
 from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
@@ -72,7 +72,8 @@ class Run:
     reported metric); during ``on_eval_end`` ``eval_outputs`` (the outputs named in ``loop.collect``, name ->
     CPU tensor in dataset order; complete on rank 0, empty on the other ranks; see ``csframework.collect``).
     Plugins may add entries to ``summary_extra`` (merged into ``summary.json``). ``already_complete``:
-    ``fit`` resumed the run at its end and had nothing to train.
+    ``fit`` resumed the run at its end and had nothing to train. ``error_file``: the run directory's
+    ``error.txt``, which holds the traceback when the user's code (a forward, a dataset, a plugin) failed it.
     """
 
     backend: Backend | None = None
@@ -112,6 +113,7 @@ class Run:
         self.mode = "fit"  # what the run is doing: "fit" or "validate"
         self.summary_extra: dict[str, Any] = {}
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
+        self.error_file: Path | None = None  # error.txt, once the user's code failed the run (failures.py)
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -295,6 +297,8 @@ class Run:
         except BaseException as e:
             _leave_if_forked(owner, e)
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            if failures.is_user_failure(e):  # the user's code failed: its traceback is kept in error.txt
+                self.error_file = failures.write_traceback(self, e)
             # every plugin cleans up, whichever fails doing so; the original error is the one raised
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
                 self.log.error("on_exception_failed", plugin=plugin, error=str(failure))

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import one_line
+from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
 from .plot import write_curves
@@ -106,7 +106,7 @@ class MetricsPlugin:
         summary = run.summary()
         summary.update(self._figures(run))
         if error is not None:
-            summary["error"] = f"{type(error).__name__}: {one_line(error)}"  # one line, as the console's
+            summary["error"] = error_record(run, error)  # one line, as the console's
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
             write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
