@@ -31,7 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import api, failures, hydra_session
+from . import api, command, failures, hydra_session
 from .config import RunConfig, check_config_files, describe_error, explicit_groups, to_run_config, user_config_dirs
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
@@ -171,7 +171,8 @@ def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = No
             raise
         raise failures.run_failed(run, e, run.error_file) from e
     if run.already_complete:
-        print(f"csframework: already complete at step {run.global_step}; nothing to do")
+        stopped = f" (stopped early: {printable(run.stop_reason)})" if run.stop_reason else ""
+        print(f"csframework: already complete at step {run.global_step}{stopped}; nothing to do")
     metrics = summary["metrics"]
     return metrics.get("val/loss", metrics.get("train/loss"))
 
@@ -203,15 +204,25 @@ def single_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None =
         report_error(e)
         sys.exit(e.exit_code)
     except KeyboardInterrupt as e:  # signals.Interrupted carries the signal's status (130 / 143)
-        sys.stderr.write(f"csframework: interrupted: {e}\n" if str(e) else "csframework: interrupted\n")
+        sys.stderr.write(printable(interrupted_line(e)) + "\n")
         sys.exit(getattr(e, "exit_code", EXIT_INTERRUPTED))
+
+
+def interrupted_line(error: KeyboardInterrupt) -> str:
+    """What the CLI says when a run stopped on a signal: what happened and the whole command that continues
+    the run (the command as typed, with ``checkpoint.resume=auto`` and this run's directory)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    reason = getattr(error, "reason", None) or str(error)
+    line = f"csframework: interrupted: {reason}" if reason else "csframework: interrupted"
+    if HydraConfig.initialized():
+        line += f"; continue with: {command.continue_command(HydraConfig.get().runtime.output_dir)}"
+    return line
 
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
-    from .builtin import metrics
-
-    metrics.ARGV = list(sys.argv)  # summary.json records the command as typed
+    command.ARGV = list(sys.argv)  # summary.json records the command as typed; hints continue it
     composed = None
     try:
         args = hydra_session.parse_command_line(sys.argv[1:])

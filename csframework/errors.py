@@ -118,6 +118,11 @@ class RunDirInUse(ConfigError):
     """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
 
 
+class RunDirHoldsRun(ConfigError):
+    """A fresh run was asked for in a run directory that holds a run (``checkpoint.start_over`` not set):
+    the message names the directory and the ways on (continue it, another directory, start over)."""
+
+
 class DataTimeoutError(CsfError):
     """A data-loader worker gave no batch within ``data.timeout_s``; the message names the worker."""
 

@@ -114,12 +114,15 @@ def _stage_end_in(batches, epoch: int, start: int, loop) -> int | None:
 
 
 def finished(run: RunProtocol) -> bool:
-    """Whether the run is at its end: its last stage has taken its steps and, with ``data.val``, evaluated
-    the last one (so a run resumed from the checkpoint of its last step has nothing left to do)."""
+    """Whether the run is at its end: its last stage has taken its steps, or ``request_stop`` ended it (the
+    plugins' settings unchanged since), and, with ``data.val``, evaluated the last one (so a run resumed from
+    the checkpoint of its last step has nothing left to do)."""
     state = run.state
-    if state.stage_index != len(run.stages) - 1 or state.global_step == 0:
+    if state.global_step == 0 or (run.val_loader is not None and state.last_eval_step != state.global_step):
         return False
-    if run.val_loader is not None and state.last_eval_step != state.global_step:
+    if state.stop_reason is not None:  # resumed at the step where request_stop ended it (Run.load_state_dict)
+        return True
+    if state.stage_index != len(run.stages) - 1:
         return False
     # max_epochs: every full step of the stage's epochs taken (the rest of the last epoch makes no step)
     return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)

@@ -19,13 +19,14 @@ from . import failures, loop
 from .backends.base import Backend
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
+from .config.schema import plugin_sections
 from .backends.distributed import peer_lost
 from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
 from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, WrongProcessError, one_line
 from .files import SafeDir
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs
-from .rundir import run_dir_lock
+from .rundir import check_fresh_start, run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .schedule import build_optimizer, build_scheduler
 from .signals import stop_on_signals
@@ -239,7 +240,8 @@ class Run:
     def fit(self) -> dict:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
         resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
-        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run)."""
+        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A fresh fit
+        in a directory that holds a run is refused unless ``checkpoint.start_over`` (``rundir.check_fresh_start``)."""
         owner = os.getpid()
 
         def body():
@@ -255,6 +257,8 @@ class Run:
             return self.summary()
 
         with self._writer_lock(), stop_on_signals(self.state):
+            if self.rank == 0:  # refused (or the old run moved aside) before any plugin writes there
+                check_fresh_start(self)
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -395,11 +399,18 @@ class Run:
             **whole,
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
-            "loop": dict(self.state.position(), stage=self.stage),
+            "loop": dict(self.state.position(), stage=self.stage, **self._stop_record()),
             "rng": rng_state(),
             "data": data,
             **({"data_pass_ended": True} if pass_ended else {}),
         }
+
+    def _stop_record(self) -> dict[str, str]:
+        """After ``request_stop``: why, and the plugins' settings the run stopped under, which a resumed run
+        compares with its own (``load_state_dict``): a stopped run is complete unless they changed."""
+        if self.stop_reason is None:
+            return {}
+        return {"stop_reason": self.stop_reason, "stop_settings": stop_settings(self.stage_config)}
 
     def _data_state(self):
         """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
@@ -429,6 +440,9 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         self.backend.load_state_dict(state["backend"])
         self.state.restore_position(position)
+        reason = position.get("stop_reason")
+        if isinstance(reason, str) and position.get("stop_settings") == stop_settings(self.stage_config):
+            self.state.stop_reason = reason  # finished means finished: loop.finished says so
         set_rng_state(state["rng"])
         if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
             self.train_loader.dataset.load_state_dict(state["data"], pass_ended=state.get("data_pass_ended", False))
@@ -445,6 +459,12 @@ def _leave_if_forked(owner: int, error: BaseException | None = None) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+def stop_settings(config: RunConfig) -> str:
+    """The plugins' config sections of ``config`` (a stop condition's settings: ``early_stopping.patience``
+    ...), as a string to compare."""
+    return repr({name: getattr(config, name) for name in plugin_sections(config)})
 
 
 def plain_rates(state: dict) -> dict:

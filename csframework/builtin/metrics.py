@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import csv
 import os
-import shlex
 import sys
 import time
-from pathlib import Path
 
+from ..command import command_line
 from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
@@ -37,24 +36,6 @@ def peak_memory(device_type: str) -> dict:
 
         peak["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
     return peak
-
-
-#: The command line as typed; the CLI sets it before it adds overrides of its own (``hydra.run.dir``).
-ARGV: list[str] | None = None
-
-
-def command_line() -> str:
-    """The command that started this process, as a shell would take it (``python -m csframework ...`` for
-    the CLI, also under torchrun)."""
-    argv = ARGV if ARGV is not None else sys.argv
-    program = argv[0] if argv else ""
-    if Path(program).name == "__main__.py" and Path(program).parent.name == "csframework":
-        program = "python -m csframework"
-    elif program.endswith(".py"):
-        program = f"python {shlex.quote(program)}"
-    else:
-        program = shlex.quote(program)
-    return " ".join([program, *map(shlex.quote, argv[1:])])
 
 
 class MetricsPlugin:

@@ -16,6 +16,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from ..command import continue_command
 from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
@@ -197,7 +198,7 @@ def finish() -> int:
         lines.append(f"csframework: sweep interrupted by {signal_name(status - 128)}"
                      + (f"; the jobs it stopped (table: {table}):" if stopped else "; no job was running"))
         lines += [_line(row) for row in stopped]
-        lines.append("csframework: run the same command with checkpoint.resume=auto to continue it")
+        lines.append(f"csframework: continue the sweep with: {printable(continue_command(_SWEEP_DIR, sweep=True))}")
     sys.stderr.write("".join(line + "\n" for line in lines))
     return status
 

@@ -366,7 +366,7 @@ def _run_sweep_job(cfg, run_job) -> float | None:
     except KeyboardInterrupt as e:  # Interrupted: the step finished and a checkpoint was saved
         status = "interrupted"
         mark_interrupted(sweep_dir, getattr(e, "signum", signal.SIGINT))
-        _say(f"{describe(num, overrides)} interrupted: {printable(str(e))}")
+        _say(f"{describe(num, overrides)} interrupted: {printable(getattr(e, 'reason', None) or str(e))}")
     except Exception as e:  # noqa: BLE001 - a failing job fails alone
         if cfg.get("debug", False):
             import traceback

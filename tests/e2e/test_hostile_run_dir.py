@@ -310,7 +310,7 @@ def test_resume_auto_over_checkpoints_it_cannot_read_stops_naming_them(resumed, 
     assert out.returncode == 2, str(out)
     lines = hostile.error_lines(out.stderr)
     assert len(lines) == 1, str(out)
-    assert str(resumed.run / "checkpoints") in lines[0] and "checkpoint.resume=never" in lines[0], str(out)
+    assert str(resumed.run / "checkpoints") in lines[0] and "checkpoint.start_over=true" in lines[0], str(out)
     assert hostile.snapshot(resumed.run / "checkpoints") == kept, "the unreadable checkpoints were changed"
     # exit 2: nothing trained and nothing written; the old run's summary (completed at step 3) is not lost
     summary = json.loads((resumed.run / "summary.json").read_text())
