@@ -23,6 +23,7 @@ import csframework as csf
 import fixtures
 import hostile
 from fixtures import CONF
+from csframework.rundir import RUN_RECORDS
 from hostile import Hostile, assert_outcome
 
 pytestmark = pytest.mark.slow
@@ -148,7 +149,12 @@ def test_a_new_run_over_a_planted_path(fresh, cli_env, where, kind, extra):
     planted = fresh.h.plant(fresh.run / where, kind)
     fresh.h.guard(fresh.run)
     out = fresh.cli(cli_env, *FRESH_RUN, *extra)
-    assert_outcome(out, planted)
+    if where.split("/")[0] in RUN_RECORDS:  # a sign of a run: refused before anything is written (issue 39)
+        lines = hostile.error_lines(out.stderr)
+        assert out.returncode == 2 and len(lines) == 1 and f"run directory {fresh.run} holds a run" in lines[0], str(out)
+        hostile.assert_bounded(out)
+    else:
+        assert_outcome(out, planted)
     fresh.h.assert_untouched()
     assert_completed_if_it_succeeded(out, fresh.run, 3)
 
