@@ -32,6 +32,17 @@ def spelled(argv: list[str]) -> str:
     return " ".join([program, *map(shlex.quote, argv[1:])])
 
 
+def continue_run(run_dir: str | Path) -> str:
+    """``continue_command`` of the run in ``run_dir``; for a job of a multirun, of its sweep (rerun whole:
+    its finished jobs are skipped, the others resume)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return continue_command(HydraConfig.get().sweep.dir, sweep=True)
+    return continue_command(run_dir)
+
+
 def continue_command(directory: str | Path, sweep: bool = False) -> str:
     """The command line that continues the run in ``directory`` (with ``sweep``: the sweep in it): the
     command as typed, its own ``checkpoint.resume``/``start_over`` and run (sweep) directory replaced by

@@ -110,7 +110,7 @@ def check_fresh_start(run) -> None:
     not ``auto``, nor a checkpoint of this very directory) in a directory that holds a run is refused
     (``RunDirHoldsRun``, exit 2, naming the directory and the commands that continue it or start afresh), or
     with ``checkpoint.start_over=true`` the old run's files are moved into ``previous-runs/<time>/`` first."""
-    from .command import continue_command
+    from .command import continue_run
 
     files, resume = run.files, str(run.config.checkpoint.resume)
     if resume == "auto" or (resume != "never" and _inside(Path(resume), run.output_dir)):
@@ -126,7 +126,7 @@ def check_fresh_start(run) -> None:
     shown = printable(str(files.path))
     raise RunDirHoldsRun(
         f"run directory {shown} holds a run ({', '.join(found)}); continue it with: "
-        f"{printable(continue_command(files.path))}, or start a new run in another directory (hydra.run.dir=...), "
+        f"{printable(continue_run(files.path))}, or start a new run in another directory (hydra.run.dir=...), "
         f"or here with checkpoint.start_over=true (the old run's files are moved into {PREVIOUS_RUNS}/ there)")
 
 

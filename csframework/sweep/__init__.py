@@ -23,8 +23,8 @@ from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
 from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, describe, exit_status_of, handling_stop_signals,
-                  mark_interrupted, reset_stop, run_sweep_job)
-from .plot import PLOT, PLOT_SVG
+                  mark_interrupted, refused_jobs, reset_stop, run_sweep_job)
+from .plot import PLOT, PLOT_SVG, swept_keys
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, read_rows, rebuild_rows, record_row,
                     row_overrides, write_table)
 
@@ -179,8 +179,8 @@ def _stop_idle_workers() -> None:
 
 
 def finish() -> int:
-    """After the multirun: ``sweep.png`` (unless interrupted); the last lines on stderr name the jobs that
-    failed; returns the multirun's exit status."""
+    """After the multirun: ``sweep.png`` (unless interrupted); on stderr the sweep's end (``end_line``), then
+    the jobs that failed or were stopped; returns the multirun's exit status."""
     from .plot import write_sweep_plot
 
     _stop_idle_workers()
@@ -197,7 +197,7 @@ def finish() -> int:
     failed = [r for r in rows if r.get("status") == "failed"]
     stopped = [r for r in rows if r.get("status") == "interrupted"]
     table = printable(str(_SWEEP_DIR / TABLE_CSV))
-    lines = []
+    lines = [end_line(_SWEEP_DIR, rows, plot)]  # then the jobs that failed or were stopped, if any
     if failed:
         lines.append(f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {table}):")
     lines += [_line(row) for row in failed]
@@ -206,26 +206,29 @@ def finish() -> int:
                      + (f"; the jobs it stopped (table: {table}):" if stopped else "; no job was running"))
         lines += [_line(row) for row in stopped]
         lines.append(f"csframework: continue the sweep with: {printable(continue_command(_SWEEP_DIR, sweep=True))}")
-    lines.append(end_line(_SWEEP_DIR, rows, plot))
     sys.stderr.write("".join(line + "\n" for line in lines))
     return status
 
 
 def end_line(sweep_dir: Path, rows: list[dict], plot: Path | None) -> str:
-    """The sweep's last line: its jobs (completed, failed, skipped: completed before and not run again, and
-    interrupted if any), the best job by ``sweep.objective`` and ``sweep.direction`` with its overrides, and
-    where the table and the plot are."""
-    skipped = sum(1 for row in rows if row.get("status") == "completed" and _older_than_sweep(sweep_dir, row))
-    count = {s: sum(1 for row in rows if row.get("status") == s) for s in ("completed", "failed", "interrupted")}
+    """The sweep's closing line: its jobs (completed, failed, skipped: completed before and not run again,
+    and interrupted or refused if any), the best job by ``sweep.objective`` and ``sweep.direction`` with its swept
+    overrides, and where the table and the plot are."""
+    refused = refused_jobs(sweep_dir)  # their rows are the runs in their directories, which they left alone
+    ran = [row for row in rows if row.get("job") not in refused]
+    skipped = sum(1 for row in ran if row.get("status") == "completed" and _older_than_sweep(sweep_dir, row))
+    count = {s: sum(1 for row in ran if row.get("status") == s) for s in ("completed", "failed", "interrupted")}
     jobs = (f"{len(rows)} job{'s' if len(rows) != 1 else ''} ({count['completed'] - skipped} completed, "
             f"{count['failed']} failed, {skipped} skipped"
-            + (f", {count['interrupted']} interrupted" if count["interrupted"] else "") + ")")
+            + (f", {count['interrupted']} interrupted" if count["interrupted"] else "")
+            + (f", {len(refused)} refused" if refused else "") + ")")
     done = [(value, row) for row in rows if row.get("status") == "completed"
             and isinstance(value := row.get(_OBJECTIVE), (int, float)) and math.isfinite(value)]
     best = "no job reported " + _OBJECTIVE
     if done:
         value, row = (max if _MAXIMIZE else min)(done, key=lambda found: found[0])
-        overrides = " ".join(f"{k}={v}" for k, v in row_overrides(row).items()) or "no overrides"
+        swept = swept_keys(rows)  # the settings that tell the jobs apart (all, for a sweep of one job)
+        overrides = " ".join(f"{k}={v}" for k, v in row_overrides(row).items() if k in swept or not swept)
         best = f"best job {row['job']} ({overrides}): {_OBJECTIVE}={value:.6g}"
     where = f"table: {sweep_dir / TABLE_CSV}" + (f", plot: {plot}" if plot is not None else "")
     return printable(f"csframework: sweep ended: {jobs}; {best}; {where}")
