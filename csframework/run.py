@@ -115,6 +115,7 @@ class Run:
         self.summary_extra: dict[str, Any] = {}
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
         self.error_file: Path | None = None  # error.txt, once the user's code failed the run (failures.py)
+        self._started = False  # fit or validate ran: the run directory holds this run's own records
         self.train_loader = self.val_loader = None
 
         seed_everything(config.seed)
@@ -240,8 +241,9 @@ class Run:
     def fit(self) -> dict:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
         resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
-        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A fresh fit
-        in a directory that holds a run is refused unless ``checkpoint.start_over`` (``rundir.check_fresh_start``)."""
+        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A first fit
+        (no ``validate`` before it) in a directory that holds a run is refused unless ``checkpoint.start_over``
+        (``rundir.check_fresh_start``)."""
         owner = os.getpid()
 
         def body():
@@ -257,8 +259,9 @@ class Run:
             return self.summary()
 
         with self._writer_lock(), stop_on_signals(self.state):
-            if self.rank == 0:  # refused (or the old run moved aside) before any plugin writes there
+            if self.rank == 0 and not self._started:  # refused (or the old run moved aside) before any writes
                 check_fresh_start(self)
+            self._started = True
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -282,6 +285,7 @@ class Run:
             return self.summary()
 
         with self._writer_lock():
+            self._started = True  # what it writes is this run's: a fit after it goes on in the directory
             return self._guarded(body)
 
     def check(self) -> dict:
@@ -405,12 +409,19 @@ class Run:
             **({"data_pass_ended": True} if pass_ended else {}),
         }
 
+    def _stop_settings(self) -> str:
+        """What may decide a stop, as a string to compare: the plugins (by name), their config sections
+        (``early_stopping.patience`` ...) and the stage's ``loop`` settings."""
+        cfg, pm = self.stage_config, self.hooks.pm
+        plugins = sorted(str(pm.get_name(p)) for p in pm.get_plugins())
+        return repr({"plugins": plugins, "loop": cfg.loop, **{name: getattr(cfg, name) for name in plugin_sections(cfg)}})
+
     def _stop_record(self) -> dict[str, str]:
-        """After ``request_stop``: why, and the plugins' settings the run stopped under, which a resumed run
-        compares with its own (``load_state_dict``): a stopped run is complete unless they changed."""
+        """After ``request_stop``: why, and the settings the run stopped under (``_stop_settings``), which a
+        resumed run compares with its own (``load_state_dict``): a stopped run is complete unless they changed."""
         if self.stop_reason is None:
             return {}
-        return {"stop_reason": self.stop_reason, "stop_settings": stop_settings(self.stage_config)}
+        return {"stop_reason": self.stop_reason, "stop_settings": self._stop_settings()}
 
     def _data_state(self):
         """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
@@ -441,7 +452,7 @@ class Run:
         self.backend.load_state_dict(state["backend"])
         self.state.restore_position(position)
         reason = position.get("stop_reason")
-        if isinstance(reason, str) and position.get("stop_settings") == stop_settings(self.stage_config):
+        if isinstance(reason, str) and position.get("stop_settings") == self._stop_settings():
             self.state.stop_reason = reason  # finished means finished: loop.finished says so
         set_rng_state(state["rng"])
         if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
@@ -459,12 +470,6 @@ def _leave_if_forked(owner: int, error: BaseException | None = None) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
-
-
-def stop_settings(config: RunConfig) -> str:
-    """The plugins' config sections of ``config`` (a stop condition's settings: ``early_stopping.patience``
-    ...), as a string to compare."""
-    return repr({name: getattr(config, name) for name in plugin_sections(config)})
 
 
 def plain_rates(state: dict) -> dict:

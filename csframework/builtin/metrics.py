@@ -9,6 +9,7 @@ import csv
 import os
 import sys
 import time
+from typing import Any
 
 from ..command import command_line
 from ..failures import error_record
@@ -109,7 +110,8 @@ class MetricsPlugin:
         compiled = getattr(run.backend, "compile_figures", lambda: None)()
         if compiled:
             model["compile"] = compiled
-        out = {"model": model, "peak_memory": peak_memory(run.device_type), "command_line": command_line()}
+        out: dict[str, Any] = {"model": model, "peak_memory": peak_memory(run.device_type),
+                               "command_line": command_line()}
         if self.started is not None:
             evals, compiles, seconds, steps = (now - then for now, then in zip(_timings(run.state), self.started[1:]))
             out.update(wall_seconds=round(time.perf_counter() - self.started[0], 3), eval_seconds=round(evals, 3),
