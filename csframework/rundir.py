@@ -131,11 +131,16 @@ def check_fresh_start(run) -> None:
 
 
 def run_records(files: SafeDir) -> list[str]:
-    """The entries of ``RUN_RECORDS`` that the run directory ``files`` holds (an empty ``checkpoints/`` none)."""
+    """The entries of ``RUN_RECORDS`` that the run directory ``files`` holds as a run writes them: a regular
+    file, a real ``checkpoints/`` directory with something in it. A link, a FIFO or a directory in a file's
+    place is no run's: the safe file layer refuses it, naming it, when the run would write there."""
     found = []
     for name in RUN_RECORDS:
         kind = files.kind(name)
-        if kind is not None and (kind != "dir" or files.sub(name, create=False).names()):
+        if name == "checkpoints":
+            if kind == "dir" and files.sub(name, create=False).names():
+                found.append(name)
+        elif kind == "file":
             found.append(name)
     return found
 
