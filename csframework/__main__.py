@@ -14,9 +14,11 @@ writes it once the run starts), and the run directory, resolved here and handed 
 with the parents this process created for it when nothing was written there (``mode=check``, a refused
 run, a torchrun rank other than 0, which writes into rank 0's directory).
 
-Exit status: 0 done; 1 a run that failed (a plugin, a non-finite loss, a tracing error); 2 a bad config, a
-rejected run, a plugin whose hooks match no hook, a ``_target_`` that does not import or build, or a loss
-``model.forward`` returns that cannot be trained on (nothing trained, no checkpoint); 130 stopped by SIGINT
+Exit status: 0 done; 1 a run that failed (the user's code raised at some step: one line naming the step, the
+user's file:line and the exception, the traceback in the run directory's ``error.txt``, ``failures.py``; a
+non-finite loss, a tracing error); 2 a bad config, a rejected run, a plugin whose hooks match no hook, a
+``_target_`` that does not import or build, or a loss ``model.forward`` returns that cannot be trained on, or
+none (nothing trained, no checkpoint); 130 stopped by SIGINT
 and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
 ``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
 failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import api, hydra_session
+from . import api, command, failures, hydra_session
 from .config import RunConfig, check_config_files, describe_error, explicit_groups, to_run_config, user_config_dirs
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
@@ -162,9 +164,15 @@ def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = No
         result = run.check()
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
-    summary = run.validate() if mode == "validate" else run.fit()
+    try:
+        summary = run.validate() if mode == "validate" else run.fit()
+    except Exception as e:  # the user's code failed the run: one line (failures.py), its traceback in error.txt
+        if not failures.is_user_failure(e):
+            raise
+        raise failures.run_failed(run, e, run.error_file) from e
     if run.already_complete:
-        print(f"csframework: already complete at step {run.global_step}; nothing to do")
+        stopped = f" (stopped early: {printable(run.stop_reason)})" if run.stop_reason else ""
+        print(f"csframework: already complete at step {run.global_step}{stopped}; nothing to do")
     metrics = summary["metrics"]
     return metrics.get("val/loss", metrics.get("train/loss"))
 
@@ -196,15 +204,25 @@ def single_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None =
         report_error(e)
         sys.exit(e.exit_code)
     except KeyboardInterrupt as e:  # signals.Interrupted carries the signal's status (130 / 143)
-        sys.stderr.write(f"csframework: interrupted: {e}\n" if str(e) else "csframework: interrupted\n")
+        sys.stderr.write(printable(interrupted_line(e)) + "\n")
         sys.exit(getattr(e, "exit_code", EXIT_INTERRUPTED))
+
+
+def interrupted_line(error: KeyboardInterrupt) -> str:
+    """What the CLI says when a run stopped on a signal: what happened and the whole command that continues
+    the run (the command as typed, with ``checkpoint.resume=auto`` and this run's directory)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    reason = getattr(error, "reason", None) or str(error)
+    line = f"csframework: interrupted: {reason}" if reason else "csframework: interrupted"
+    if HydraConfig.initialized():
+        line += f"; continue with: {command.continue_command(HydraConfig.get().runtime.output_dir)}"
+    return line
 
 
 def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
-    from .builtin import metrics
-
-    metrics.ARGV = list(sys.argv)  # summary.json records the command as typed
+    command.ARGV = list(sys.argv)  # summary.json records the command as typed; hints continue it
     composed = None
     try:
         args = hydra_session.parse_command_line(sys.argv[1:])

@@ -84,7 +84,7 @@ class CompileError(CsfError):
 class ModelError(CsfError):
     """``model.forward`` returned a loss that cannot be trained on (a vector, an integer, a number, one
     outside the autograd graph): found when its backward fails (the first step), named ``model.forward``
-    with what it returned. Exit status 2, as a bad config's: the user's code is to change."""
+    with what it returned; or no loss at all (a dict without ``loss``: the message names its keys). Exit status 2, as a bad config's: the user's code is to change."""
 
     exit_code = 2
 
@@ -116,6 +116,11 @@ class UnreadableCheckpoints(ConfigError):
 
 class RunDirInUse(ConfigError):
     """Another process holds the run directory's lock; the message names it (PID, host, start time)."""
+
+
+class RunDirHoldsRun(ConfigError):
+    """A fresh run was asked for in a run directory that holds a run (``checkpoint.start_over`` not set):
+    the message names the directory and the ways on (continue it, another directory, start over)."""
 
 
 class DataTimeoutError(CsfError):

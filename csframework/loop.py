@@ -55,7 +55,7 @@ def train_stage(run: RunProtocol) -> None:
     """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
     hooks, loop, state = run.hooks, run.stage_config.loop, run.state
     state.clear_pending()
-    state.last_log = (time.perf_counter(), run.global_step)
+    state.last_log = (time.perf_counter(), run.global_step, state.eval_seconds, compile_seconds(run))
     run.module.train()
     hooks.on_train_start(run=run)
     if loop.eval_at_start and run.val_loader is not None and state.stage_step == 0 \
@@ -117,12 +117,15 @@ def _stage_end_in(batches, epoch: int, start: int, loop) -> int | None:
 
 
 def finished(run: RunProtocol) -> bool:
-    """Whether the run is at its end: its last stage has taken its steps and, with ``data.val``, evaluated
-    the last one (so a run resumed from the checkpoint of its last step has nothing left to do)."""
+    """Whether the run is at its end: its last stage has taken its steps, or ``request_stop`` ended it (the
+    plugins' settings unchanged since), and, with ``data.val``, evaluated the last one (so a run resumed from
+    the checkpoint of its last step has nothing left to do)."""
     state = run.state
-    if state.stage_index != len(run.stages) - 1 or state.global_step == 0:
+    if state.global_step == 0 or (run.val_loader is not None and state.last_eval_step != state.global_step):
         return False
-    if run.val_loader is not None and state.last_eval_step != state.global_step:
+    if state.stop_reason is not None:  # resumed at the step where request_stop ended it (Run.load_state_dict)
+        return True
+    if state.stage_index != len(run.stages) - 1:
         return False
     # max_epochs: every full step of the stage's epochs taken (the rest of the last epoch makes no step)
     return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)
@@ -191,15 +194,34 @@ def log_train_metrics(run: RunProtocol) -> None:
         means = [float(values[k].mean()) for k in keys]
     elif run.stage_config.precision.loss_scaling == "dynamic":
         check_finite(run, torch.zeros(0))  # every loss was finite; the loss scale's floor is checked at each log
-    now = time.perf_counter()
     by_key = dict(zip(keys, means))
     metrics = {f"train/{k}": by_key[k] for k in pending}
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
-    since, step = run.state.last_log
-    metrics["steps_per_sec"] = (run.global_step - step) / max(now - since, 1e-9)
-    run.state.last_log = (now, run.global_step)
+    metrics["steps_per_sec"] = _training_rate(run)
     run.state.clear_pending()
     run.report(metrics)
+
+
+def _training_rate(run: RunProtocol) -> float:
+    """Steps per second of training since the last log: the time spent evaluating and compiling in between
+    left out (so a log after an evaluation or the first compiled step reads the same rate as any other, and
+    ``summary.json``'s ``steps_per_sec``, the whole fit's, means the same: ``RunState.train_seconds``)."""
+    state = run.state
+    now, compiled = time.perf_counter(), compile_seconds(run)
+    since, step, evaluated, compiled_before = state.last_log
+    busy = max(now - since - (state.eval_seconds - evaluated) - (compiled - compiled_before), 1e-9)
+    state.train_seconds += busy
+    state.train_steps += run.global_step - step
+    state.last_log = (now, run.global_step, state.eval_seconds, compiled)
+    return (run.global_step - step) / busy
+
+
+def compile_seconds(run: RunProtocol) -> float:
+    """Seconds the backend has spent compiling (``backend.compile``) or tracing (CSX) so far, also kept in
+    ``run.state.compile_seconds``; 0 for a backend that does not say (``Backend.compile_seconds``)."""
+    seconds = getattr(run.backend, "compile_seconds", None)
+    run.state.compile_seconds = float(seconds()) if callable(seconds) else 0.0
+    return run.state.compile_seconds
 
 
 def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
@@ -259,10 +281,13 @@ def evaluate(run: RunProtocol) -> dict:
     """
     training_rng = rng_state()
     seed_everything(((run.stage_config.seed * 1_000_003 + run.global_step) * 1_000_003 + 7) % 2**63)
+    started, compiled = time.perf_counter(), compile_seconds(run)
     try:
         metrics = _evaluate(run)
     finally:
         set_rng_state(training_rng)
+        # its compilation (the evaluation's own function) counts as compiling, the rest as evaluating
+        run.state.eval_seconds += time.perf_counter() - started - (compile_seconds(run) - compiled)
     run.state.last_eval_step = run.global_step
     return metrics
 

@@ -15,12 +15,13 @@ import structlog
 import torch
 from omegaconf import DictConfig
 
-from . import loop
+from . import failures, loop
 from .backends.base import Backend
 from .backends.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
 from .config.sections import eval_set_key, eval_sets
+from .config.schema import plugin_sections
 from .backends.distributed import peer_lost
 from .config.readonly import freeze
 from .data import build_collate, is_iterable, make_loader
@@ -28,7 +29,7 @@ from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationErro
 from .files import SafeDir
 from .jsonout import JsonDict
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs
-from .rundir import run_dir_lock
+from .rundir import check_fresh_start, run_dir_lock
 from .rng import rng_state, seed_everything, set_rng_state
 from .param_groups import ParamGroup, resume_problem
 from .schedule import build_optimizer, build_scheduler
@@ -76,7 +77,8 @@ class Run:
     reported metric); during ``on_eval_end`` ``eval_outputs`` (the outputs named in ``loop.collect``, name ->
     CPU tensor in dataset order; complete on rank 0, empty on the other ranks; see ``csframework.collect``).
     Plugins may add entries to ``summary_extra`` (merged into ``summary.json``). ``already_complete``:
-    ``fit`` resumed the run at its end and had nothing to train.
+    ``fit`` resumed the run at its end and had nothing to train. ``error_file``: the run directory's
+    ``error.txt``, which holds the traceback when the user's code (a forward, a dataset, a plugin) failed it.
     """
 
     backend: Backend | None = None
@@ -118,6 +120,8 @@ class Run:
         # checked as set: a value JSON cannot hold is the setting plugin's error, naming its key
         self.summary_extra: dict[str, Any] = JsonDict("summary_extra")
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
+        self.error_file: Path | None = None  # error.txt, once the user's code failed the run (failures.py)
+        self._started = False  # fit or validate ran: the run directory holds this run's own records
         self.train_loader = self.val_loader = None
         self.eval_loaders: dict[str, Any] = {}  # the stage's evaluation sets' loaders, by name
         self.eval_set: str | None = None  # the set an evaluation is reading
@@ -256,7 +260,9 @@ class Run:
     def fit(self) -> dict:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
         resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
-        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run)."""
+        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A first fit
+        (no ``validate`` before it) in a directory that holds a run is refused unless ``checkpoint.start_over``
+        (``rundir.check_fresh_start``)."""
         owner = os.getpid()
 
         def body():
@@ -272,6 +278,9 @@ class Run:
             return self.summary()
 
         with self._writer_lock(), stop_on_signals(self.state):
+            if self.rank == 0 and not self._started:  # refused (or the old run moved aside) before any writes
+                check_fresh_start(self)
+            self._started = True
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -295,6 +304,7 @@ class Run:
             return self.summary()
 
         with self._writer_lock():
+            self._started = True  # what it writes is this run's: a fit after it goes on in the directory
             return self._guarded(body)
 
     def check(self) -> dict:
@@ -314,6 +324,8 @@ class Run:
         except BaseException as e:
             _leave_if_forked(owner, e)
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            if failures.is_user_failure(e):  # the user's code failed: its traceback is kept in error.txt
+                self.error_file = failures.write_traceback(self, e)
             # every plugin cleans up, whichever fails doing so; the original error is the one raised
             for plugin, failure in self.hooks.each_isolated("on_exception", run=self, error=e):
                 self.log.error("on_exception_failed", plugin=plugin, error=str(failure))
@@ -411,7 +423,7 @@ class Run:
             "param_groups": [group.describe() for group in self.param_groups],
             "scheduler": self.scheduler.state_dict(),
             "backend": self.backend.state_dict(),
-            "loop": dict(self.state.position(), stage=self.stage),
+            "loop": dict(self.state.position(), stage=self.stage, **self._stop_record()),
             "rng": rng_state(),
             "data": data,
             **({"data_pass_ended": True} if pass_ended else {}),
@@ -430,6 +442,20 @@ class Run:
             raise ConfigError(f"checkpoint: {problem}; resume it with the optimizer.groups and "
                               "optimizer.weight_decay_exclude it was saved with (optimizer.weight_decay_exclude=[] "
                               "decays every parameter, as before that setting), or start a new run")
+
+    def _stop_settings(self) -> str:
+        """What may decide a stop, as a string to compare: the plugins (by name), their config sections
+        (``early_stopping.patience`` ...) and the stage's ``loop`` settings."""
+        cfg, pm = self.stage_config, self.hooks.pm
+        plugins = sorted(str(pm.get_name(p)) for p in pm.get_plugins())
+        return repr({"plugins": plugins, "loop": cfg.loop, **{name: getattr(cfg, name) for name in plugin_sections(cfg)}})
+
+    def _stop_record(self) -> dict[str, str]:
+        """After ``request_stop``: why, and the settings the run stopped under (``_stop_settings``), which a
+        resumed run compares with its own (``load_state_dict``): a stopped run is complete unless they changed."""
+        if self.stop_reason is None:
+            return {}
+        return {"stop_reason": self.stop_reason, "stop_settings": self._stop_settings()}
 
     def _data_state(self):
         """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
@@ -460,6 +486,9 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         self.backend.load_state_dict(state["backend"])
         self.state.restore_position(position)
+        reason = position.get("stop_reason")
+        if isinstance(reason, str) and position.get("stop_settings") == self._stop_settings():
+            self.state.stop_reason = reason  # finished means finished: loop.finished says so
         set_rng_state(state["rng"])
         if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
             self.train_loader.dataset.load_state_dict(state["data"], pass_ended=state.get("data_pass_ended", False))

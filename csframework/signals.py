@@ -57,8 +57,9 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int, step: int):
         self.signum, self.step = signum, step
         self.exit_code = exit_status(signum)
-        super().__init__(f"stopped by {signal_name(signum)} after step {step}; continue with "
-                         "checkpoint.resume=auto")
+        #: what happened, without the hint (the CLI adds the whole command that continues the run)
+        self.reason = f"stopped by {signal_name(signum)} after step {step}"
+        super().__init__(f"{self.reason}; continue with checkpoint.resume=auto in the same run directory")
 
 
 @contextlib.contextmanager

@@ -37,6 +37,16 @@ class RunState:
     """Set at the step boundary where the run stops for ``stop_signal`` (the checkpoint plugin saves then)."""
     stop_reason: str | None = None
     """Set by ``Run.request_stop``: training ends after the current step, as at a normal end."""
+    last_log: tuple[float, int, float, float] = (0.0, 0, 0.0, 0.0)
+    """At the last training log: ``(time.perf_counter(), global_step, eval_seconds, compile_seconds)``."""
+    eval_seconds: float = 0.0
+    """Seconds spent evaluating (compilation during evaluation not counted: it is in ``compile_seconds``)."""
+    compile_seconds: float = 0.0
+    """Seconds the backend spent compiling (tracing) up to the last log or evaluation."""
+    train_seconds: float = 0.0
+    """Seconds of the training steps logged so far, evaluation and compilation left out."""
+    train_steps: int = 0
+    """The steps those ``train_seconds`` trained: ``steps_per_sec`` is ``train_steps / train_seconds``."""
     pending: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
     metrics: dict[str, float] = field(default_factory=dict)

@@ -54,13 +54,16 @@ class PrecisionOps(Protocol):
 
 
 def model_outputs(out: Any) -> dict:
-    """The model contract: a loss tensor, or a dict with ``loss``."""
+    """The model contract: a loss tensor, or a dict with ``loss``; anything else is a ``ModelError``
+    naming what ``forward`` returned (the keys of a dict without ``loss``)."""
     if isinstance(out, torch.Tensor):
         return {"loss": out}
     if isinstance(out, dict) and "loss" in out:
         return out
-    raise TypeError("model.forward(batch) must return the loss tensor or a dict with a 'loss' key, "
-                    f"got {type(out).__name__}" + (f" with keys {sorted(out)}" if isinstance(out, dict) else ""))
+    got = (f"a dict without a 'loss' key (its keys: {', '.join(map(repr, out))})" if isinstance(out, dict)
+           else f"a {type(out).__name__}")
+    raise ModelError(f"model.forward: forward(batch) returned {got}; return the loss tensor or a dict with a 'loss' "
+                     "key (and any other outputs, e.g. {'loss': loss, 'logits': logits})")
 
 
 def detached(outputs: dict) -> dict:

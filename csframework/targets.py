@@ -107,7 +107,7 @@ def describe(error: BaseException) -> str:
     """``Type: message (file:line)``: the error, and where in the user's code it was raised, if there."""
     if isinstance(error, SyntaxError):
         text = f"{type(error).__name__}: {error.msg}"
-        return text + (f" ({_shown(error.filename)}:{error.lineno})" if error.filename and error.lineno else "")
+        return text + (f" ({shown_path(error.filename)}:{error.lineno})" if error.filename and error.lineno else "")
     where = raised_at(error)
     return f"{type(error).__name__}: {one_line(error)}" + (f" ({where})" if where else "")
 
@@ -116,12 +116,12 @@ def raised_at(error: BaseException) -> str | None:
     """``file:line`` of the innermost frame of ``error``'s traceback in the user's code: outside Python's
     library, Hydra, OmegaConf, torch and csframework (its bundled models count as the user's), preferring
     one outside ``site-packages``; ``None`` when there is none."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _internal(f.filename)]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not internal_file(f.filename)]
     own = [f for f in frames if "-packages" + os.sep not in f.filename]
     if not frames:
         return None
     frame = (own or frames)[-1]
-    return f"{_shown(frame.filename)}:{frame.lineno}"
+    return f"{shown_path(frame.filename)}:{frame.lineno}"
 
 
 def _cause(error: BaseException) -> BaseException:
@@ -171,7 +171,7 @@ def _absolute(key: str, full_key: str) -> str:
     return full_key if full_key == top or full_key.startswith(top + ".") else f"{top}.{full_key}"
 
 
-def _shown(filename: str) -> str:
+def shown_path(filename: str) -> str:
     """A path as the user would type it: relative to the working directory when inside it."""
     try:
         relative = os.path.relpath(filename)
@@ -197,7 +197,9 @@ def _library() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return stdlib, tuple(os.path.dirname(os.path.realpath(str(m.__file__))) + os.sep for m in (hydra, omegaconf, torch))
 
 
-def _internal(filename: str) -> bool:
+def internal_file(filename: str) -> bool:
+    """Whether ``filename`` is machinery (Python's library, Hydra, OmegaConf, torch, csframework but its
+    bundled models), not the user's code."""
     if not filename or filename.startswith("<"):
         return True
     path = os.path.realpath(filename)

@@ -76,6 +76,10 @@ class BackendBase:
     def summary(self) -> dict:
         return {}
 
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling or tracing so far (``steps_per_sec`` leaves them out); none here."""
+        return 0.0
+
 
 @dataclass(frozen=True)
 class BackendSpec:

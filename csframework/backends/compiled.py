@@ -452,7 +452,7 @@ class CompiledStep:
             self.graph_loads += 1
         else:
             self.graph_compiles += 1
-        self._compiled("train_step", (), shape=batch_shapes(compiled))
+        self._compiled("train_step", (), shape=batch_shapes(compiled), seconds=seconds)
 
     # -- calling them -------------------------------------------------------------------------------------
     def _guarded(self, name: str, compiled: Callable) -> Callable:
@@ -484,14 +484,16 @@ class CompiledStep:
                 self._fall_back(reason)
                 return eager(*args)
             if self.recorder.graphs != graphs:  # it compiled now
-                self.seconds += time.perf_counter() - start
-                self._compiled(name, args)
+                spent = time.perf_counter() - start
+                self.seconds += spent
+                self._compiled(name, args, seconds=spent)
             return out
 
         return call
 
-    def _compiled(self, name: str, args: tuple, shape: tuple | None = None) -> None:
-        """After a call that compiled: log the first compilation, report recompilations and new graph breaks."""
+    def _compiled(self, name: str, args: tuple, shape: tuple | None = None, seconds: float = 0.0) -> None:
+        """After a call that compiled (in ``seconds``): log the first compilation (its own seconds), report
+        recompilations and new graph breaks."""
         shape = _signature(args) if shape is None else shape
         if name in self._shapes:
             new_shape = shape != self._shapes[name]
@@ -514,7 +516,7 @@ class CompiledStep:
                                              "now on it runs eagerly: keep the batch shapes fixed "
                                              "(data.drop_last=true, padding to a few lengths)")
         else:
-            self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(self.seconds, 3),
+            self.run.log.info("step_compiled", function=name, mode=self.mode, seconds=round(seconds, 3),
                               cache=self.cache_status(), cache_dir=str(self.cache_root), graph=self.graph())
         self._shapes[name] = shape
         for found in self.recorder.breaks[self.reported:]:

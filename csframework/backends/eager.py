@@ -313,6 +313,10 @@ class EagerBackend(BackendBase):
     def summary(self) -> dict:
         return {"compile": self.compiled.summary()} if self.compiled is not None else {}
 
+    def compile_seconds(self) -> float:
+        """Seconds ``backend.compile`` has spent compiling the step and evaluation functions (0 eagerly)."""
+        return self.compiled.seconds if self.compiled is not None else 0.0
+
 
 class EagerPlugin:
     """The built-in plugin of the CPU and GPU device types (its config files are in csframework's own

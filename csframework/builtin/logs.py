@@ -16,6 +16,7 @@ import sys
 import structlog
 
 from ..errors import printable
+from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
 
@@ -113,7 +114,7 @@ class LoggingPlugin:
     @hookimpl(trylast=True)
     def on_exception(self, run, error):
         """A failure at error level; an interruption (a signal, Ctrl-C) is expected: warning level."""
-        error = f"{type(error).__name__}: {error}"
+        error = error_record(run, error)
         if run.status == "failed":
             run.log.error(f"{run.mode}_failed", error=error)
         else:

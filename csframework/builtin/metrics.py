@@ -1,18 +1,19 @@
 """The metrics plugin: the model summary at the start of a fit, every reported metric as a row of
 ``metrics.csv`` (``step,stage,name,value``), and, when the run ends, fails or stops, ``summary.json``
-(status, global step, device type, final metrics, the model, wall time, steps/s, peak memory, the command
-line) and the loss curves (``curves.png`` or ``curves.svg``)."""
+(status, global step, device type, final metrics, the model, ``wall_seconds``, ``eval_seconds``,
+``compile_seconds``, ``steps_per_sec`` of training alone, peak memory, the command line) and the curves
+(``curves.png`` or ``curves.svg``)."""
 from __future__ import annotations
 
 import csv
 import json
 import os
-import shlex
 import sys
 import time
-from pathlib import Path
+from typing import Any
 
-from ..errors import one_line
+from ..command import command_line
+from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
 from .plot import write_curves
@@ -40,24 +41,6 @@ def peak_memory(device_type: str) -> dict:
     return peak
 
 
-#: The command line as typed; the CLI sets it before it adds overrides of its own (``hydra.run.dir``).
-ARGV: list[str] | None = None
-
-
-def command_line() -> str:
-    """The command that started this process, as a shell would take it (``python -m csframework ...`` for
-    the CLI, also under torchrun)."""
-    argv = ARGV if ARGV is not None else sys.argv
-    program = argv[0] if argv else ""
-    if Path(program).name == "__main__.py" and Path(program).parent.name == "csframework":
-        program = "python -m csframework"
-    elif program.endswith(".py"):
-        program = f"python {shlex.quote(program)}"
-    else:
-        program = shlex.quote(program)
-    return " ".join([program, *map(shlex.quote, argv[1:])])
-
-
 class MetricsPlugin:
     name = "metrics"
 
@@ -65,11 +48,11 @@ class MetricsPlugin:
         self.file = None
         self.writer = None
         self.model = None
-        self.started = None  # (perf_counter, global_step) at on_fit_start
+        self.started: tuple[float, ...] | None = None  # at on_fit_start: perf_counter and run.state's timings
 
     @hookimpl
     def on_fit_start(self, run):
-        self.started = (time.perf_counter(), run.global_step)
+        self.started = (time.perf_counter(), *_timings(run.state))
         self.model = model_summary(run.model)
         run.log.info("model", **self.model)
         if run.rank != 0:
@@ -107,7 +90,7 @@ class MetricsPlugin:
         summary = run.summary()
         summary.update(self._figures(run))
         if error is not None:
-            summary["error"] = f"{type(error).__name__}: {one_line(error)}"  # one line, as the console's
+            summary["error"] = error_record(run, error)  # one line, as the console's
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
             write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
@@ -130,9 +113,18 @@ class MetricsPlugin:
         compiled = getattr(run.backend, "compile_figures", lambda: None)()
         if compiled:
             model["compile"] = compiled
-        out = {"model": model, "peak_memory": peak_memory(run.device_type), "command_line": command_line()}
+        out: dict[str, Any] = {"model": model, "peak_memory": peak_memory(run.device_type),
+                               "command_line": command_line()}
         if self.started is not None:
-            wall = time.perf_counter() - self.started[0]
-            out.update(wall_time_s=round(wall, 3),
-                       steps_per_sec=round((run.global_step - self.started[1]) / max(wall, 1e-9), 3))
+            evals, compiles, seconds, steps = (now - then for now, then in zip(_timings(run.state), self.started[1:]))
+            out.update(wall_seconds=round(time.perf_counter() - self.started[0], 3), eval_seconds=round(evals, 3),
+                       compile_seconds=round(compiles, 3),
+                       steps_per_sec=round(steps / seconds, 3) if seconds > 0 else None)
         return out
+
+
+def _timings(state) -> tuple[float, float, float, int]:
+    """``(eval_seconds, compile_seconds, train_seconds, train_steps)`` of ``run.state``: ``summary.json``'s
+    ``steps_per_sec`` is the fit's training steps per second of training, evaluation and compilation left
+    out, as each log's is for the steps since the previous log."""
+    return state.eval_seconds, state.compile_seconds, state.train_seconds, state.train_steps

@@ -1,6 +1,7 @@
-"""The loss curves of a run, drawn from ``metrics.csv``: ``curves.png`` with matplotlib when it is installed
-(``pip install csframework[plot]``), else ``curves.svg``, drawn by hand without dependencies. A series of
-one point (a one-step run) is drawn as a marker."""
+"""The curves of a run, drawn from ``metrics.csv``: every metric, one panel per family (``train/loss`` and
+``val/loss`` in ``loss``, the accuracies in ``accuracy``, ``lr``, ``steps_per_sec`` ...): ``curves.png`` with
+matplotlib when it is installed (``pip install csframework[plot]``), else ``curves.svg``, drawn by hand
+without dependencies. A series of one point (a one-step run) is drawn as a marker."""
 from __future__ import annotations
 
 import csv
@@ -17,22 +18,25 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf"]
 WIDTH, HEIGHT, PAD = 640, 360, 48
 
 
 MAX_POINTS = 1000  # per curve: a long run's CSV is thinned as it is read, so memory stays bounded
 
 
-def read_series(metrics_csv: Path | SafeDir, names=("train/loss", "val/loss")) -> dict[str, list[tuple[int, float]]]:
-    """The curves named ``names`` from a ``metrics.csv`` (a path, or a run directory's ``SafeDir``, read
-    through no link); rows that are not ``step,stage,name,value`` with numbers are skipped."""
+def read_series(metrics_csv: Path | SafeDir, names: Sequence[str] | None = ("train/loss", "val/loss"),
+                ) -> dict[str, list[tuple[int, float]]]:
+    """The curves named ``names`` (``None``: every metric) from a ``metrics.csv`` (a path, or a run
+    directory's ``SafeDir``, read through no link); rows that are not ``step,stage,name,value`` with numbers
+    are skipped."""
     series: dict[str, list[tuple[int, float]]] = {}
     stride: dict[str, list[int]] = {}  # name -> [keep every n-th row, rows seen]
     raw = metrics_csv.reader("metrics.csv") if isinstance(metrics_csv, SafeDir) else open(metrics_csv, "rb")
     with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
         for row in csv.DictReader(f):
-            if row.get("name") in names:
+            if row.get("name") is not None and (names is None or row["name"] in names):
                 try:
                     step, value = int(row["step"]), float(row["value"])
                 except (TypeError, ValueError):
@@ -57,12 +61,13 @@ def _tick(value: float) -> str:
 
 def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "", *, x: int = 0,
               x_label: str = "step", y_label: str = "", lines: bool = True, log_x: bool = False,
-              categories: list[str] | None = None) -> str:
+              categories: list[str] | None = None, order: Sequence[str] | None = None) -> str:
     """The one SVG writer (curves.svg, sweep.svg): a chart of each series (``{name: [(x, value), ...]}``) as an
     ``<svg>`` element ``x`` pixels from the left of its document (alone, a document itself), with axis ranges,
     labels and a legend. ``lines=False`` draws markers only (a scatter); ``log_x`` a log10 x axis (positive
     x only); ``categories`` names the x positions 0, 1, ... (a key whose values are not numbers). A series of
-    one point is drawn as a marker. Text is escaped by the caller (``escape``)."""
+    one point is drawn as a marker. ``order``: the names in the order their colours are given (the same in
+    every chart of a figure); sorted by name when not given. Text is escaped by the caller (``escape``)."""
     if log_x:
         series = {name: [(math.log10(px), v) for px, v in values] for name, values in series.items()}
     points = [p for values in series.values() for p in values]
@@ -97,8 +102,11 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = 
         parts += [f'<text x="{PAD}" y="{HEIGHT - PAD + 16}">{label(x0)}</text>',
                   f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">'
                   f'{x_label}{log} {label(x1)}</text>']
-    for i, (name, values) in enumerate(sorted(series.items())):
-        colour = COLOURS[i % len(COLOURS)]
+    names = [n for n in order if n in series] + sorted(set(series) - set(order)) if order else sorted(series)
+    legend_x = max(PAD + 8, WIDTH - PAD - 7 * max((len(n) for n in names), default=0))
+    for i, name in enumerate(names):
+        values = series[name]
+        colour = COLOURS[(list(order).index(name) if order and name in order else i) % len(COLOURS)]
         if lines:
             path = " ".join(f"{px:.1f},{py:.1f}" for px, py in (xy(s, v) for s, v in values))
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
@@ -106,7 +114,7 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = 
             for px, py in (xy(*point) for point in values):
                 parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{colour}"/>')
         if name:
-            parts.append(f'<text x="{WIDTH - PAD - 90}" y="{PAD + 16 * i}" fill="{colour}">{name}</text>')
+            parts.append(f'<text x="{legend_x}" y="{PAD + 16 * i}" fill="{colour}">{name}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -117,9 +125,22 @@ def svg_figure(charts: list[str]) -> str:
                       *charts, "</svg>"])
 
 
+def families(series: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, dict[str, Sequence[tuple[float, float]]]]:
+    """``series`` grouped by metric family, the name after ``train/`` or ``val/`` (``loss`` first, then the
+    model's other outputs, then ``lr`` and ``steps_per_sec``): one panel each."""
+    grouped: dict[str, dict[str, Sequence[tuple[float, float]]]] = {}
+    for name, values in series.items():
+        grouped.setdefault(name.split("/", 1)[-1], {})[name] = values
+    last = ("lr", "steps_per_sec")
+    return {f: grouped[f] for f in sorted(grouped, key=lambda f: (f != "loss", f in last, last.index(f) if f in last
+                                                                    else 0, f))}
+
+
 def svg_curves(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "") -> str:
-    """Line plot of each series (step on x, value on y) with axis ranges and a legend."""
-    return svg_chart(series, title)
+    """A line plot per metric family (step on x, value on y), side by side, with axis ranges and legends."""
+    return svg_figure([svg_chart(group, f"{title}: {family}" if i == 0 and title else family, x=i * WIDTH,
+                                 y_label=family)
+                       for i, (family, group) in enumerate(families(series).items())])
 
 
 def have_matplotlib() -> bool:
@@ -137,21 +158,23 @@ def have_matplotlib() -> bool:
 
 def png_curves(series: dict[str, list[tuple[int, float]]], out, title: str = "") -> None:
     """``series`` drawn with matplotlib's object API (no pyplot: the user's backend and figures are left
-    alone) into ``out`` (a binary file)."""
+    alone) into ``out`` (a binary file), a panel per metric family (``families``)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(WIDTH / 100, HEIGHT / 100), dpi=100)
-    ax = fig.add_subplot()
-    for i, (name, values) in enumerate(sorted(series.items())):
-        ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[i % len(COLOURS)], label=name,
-                marker="o" if len(values) == 1 else None)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    grouped = families(series)
+    fig = Figure(figsize=(WIDTH / 100 * len(grouped), HEIGHT / 100), dpi=100)
+    for i, (family, group) in enumerate(grouped.items()):
+        ax = fig.add_subplot(1, len(grouped), i + 1)
+        for j, (name, values) in enumerate(sorted(group.items())):
+            ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[j % len(COLOURS)], label=name,
+                    marker="o" if len(values) == 1 else None)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel(family)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, format="png")
 
@@ -160,7 +183,7 @@ def write_curves(run_dir: SafeDir, title: str = "") -> Path | None:
     """``curves.png`` (matplotlib installed) or ``curves.svg`` in ``run_dir`` (atomically, through no
     link); ``None`` without metrics."""
     try:
-        series = read_series(run_dir)
+        series = read_series(run_dir, names=None)
     except FileNotFoundError:
         return None
     if not any(series.values()):

@@ -9,20 +9,23 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from ..command import continue_command
 from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
 from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, describe, exit_status_of, handling_stop_signals,
-                  mark_interrupted, reset_stop, run_sweep_job)
-from .plot import PLOT, PLOT_SVG
-from .table import (LOCK, TABLE_CSV, TABLE_JSON, load_rows, locked, read_rows, rebuild_rows, record_row,
+                  mark_interrupted, refused_jobs, reset_stop, run_sweep_job)
+from .plot import PLOT, PLOT_SVG, swept_keys
+from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, read_rows, rebuild_rows, record_row,
                     row_overrides, write_table)
 
 __all__ = ["SweepCallback", "finish", "forward_signals", "run_sweep_job", "record_row",
@@ -30,6 +33,8 @@ __all__ = ["SweepCallback", "finish", "forward_signals", "run_sweep_job", "recor
 
 _SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
 _OBJECTIVE = "val/loss"
+_MAXIMIZE = False  # sweep.direction
+_STARTED = 0.0  # time.time() when the multirun started: a job whose summary is older was not run again
 #: What Hydra writes in the sweep directory itself (with ``OmegaConf.save``: following links, truncating).
 MULTIRUN_YAML, OPTUNA_RESULTS = "multirun.yaml", "optimization_results.yaml"
 #: Files csframework or Hydra write in the sweep directory: a directory in their place is refused.
@@ -41,9 +46,10 @@ class SweepCallback(Callback):
     sweep directory checked first; what is wrong there is one line and exit 2, before any job starts."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        global _SWEEP_DIR, _OBJECTIVE
-        _SWEEP_DIR = Path(config.hydra.sweep.dir)
+        global _SWEEP_DIR, _OBJECTIVE, _MAXIMIZE, _STARTED
+        _SWEEP_DIR, _STARTED = Path(config.hydra.sweep.dir), time.time()
         _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
+        _MAXIMIZE = str(config.get("sweep", {}).get("direction", "minimize")) == "maximize"
         reset_stop()
         try:
             subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir") \
@@ -173,8 +179,8 @@ def _stop_idle_workers() -> None:
 
 
 def finish() -> int:
-    """After the multirun: ``sweep.png`` (unless interrupted); the last lines on stderr name the jobs that
-    failed; returns the multirun's exit status."""
+    """After the multirun: ``sweep.png`` (unless interrupted); on stderr the sweep's end (``end_line``), then
+    the jobs that failed or were stopped; returns the multirun's exit status."""
     from .plot import write_sweep_plot
 
     _stop_idle_workers()
@@ -184,12 +190,14 @@ def finish() -> int:
         os.rmdir(JOBS, dir_fd=fd)  # empty now (every job has ended); a link or a file there is not removed
     rows = read_rows(_SWEEP_DIR)
     status = exit_status_of(_SWEEP_DIR, rows)
+    plot = None
     if rows and status < 128:  # interrupted: leave promptly; the table is there, a rerun draws the plot
-        write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
+        with contextlib.suppress(OSError, CsfError):  # a plot the directory refuses costs the plot only
+            plot = write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
     failed = [r for r in rows if r.get("status") == "failed"]
     stopped = [r for r in rows if r.get("status") == "interrupted"]
     table = printable(str(_SWEEP_DIR / TABLE_CSV))
-    lines = []
+    lines = [end_line(_SWEEP_DIR, rows, plot)]  # then the jobs that failed or were stopped, if any
     if failed:
         lines.append(f"csframework: {len(failed)} of {len(rows)} jobs failed (table: {table}):")
     lines += [_line(row) for row in failed]
@@ -197,9 +205,46 @@ def finish() -> int:
         lines.append(f"csframework: sweep interrupted by {signal_name(status - 128)}"
                      + (f"; the jobs it stopped (table: {table}):" if stopped else "; no job was running"))
         lines += [_line(row) for row in stopped]
-        lines.append("csframework: run the same command with checkpoint.resume=auto to continue it")
+        lines.append(f"csframework: continue the sweep with: {printable(continue_command(_SWEEP_DIR, sweep=True))}")
     sys.stderr.write("".join(line + "\n" for line in lines))
     return status
+
+
+def end_line(sweep_dir: Path, rows: list[dict], plot: Path | None) -> str:
+    """The sweep's closing line: its jobs (completed, failed, skipped: completed before and not run again,
+    and interrupted or refused if any), the best job by ``sweep.objective`` and ``sweep.direction`` with its swept
+    overrides, and where the table and the plot are."""
+    refused = refused_jobs(sweep_dir)  # their rows are the runs in their directories, which they left alone
+    ran = [row for row in rows if row.get("job") not in refused]
+    skipped = sum(1 for row in ran if row.get("status") == "completed" and _older_than_sweep(sweep_dir, row))
+    count = {s: sum(1 for row in ran if row.get("status") == s) for s in ("completed", "failed", "interrupted")}
+    jobs = (f"{len(rows)} job{'s' if len(rows) != 1 else ''} ({count['completed'] - skipped} completed, "
+            f"{count['failed']} failed, {skipped} skipped"
+            + (f", {count['interrupted']} interrupted" if count["interrupted"] else "")
+            + (f", {len(refused)} refused" if refused else "") + ")")
+    done = [(value, row) for row in rows if row.get("status") == "completed"
+            and isinstance(value := row.get(_OBJECTIVE), (int, float)) and math.isfinite(value)]
+    best = "no job reported " + _OBJECTIVE
+    if done:
+        value, row = (max if _MAXIMIZE else min)(done, key=lambda found: found[0])
+        swept = swept_keys(rows)  # the settings that tell the jobs apart (all, for a sweep of one job)
+        overrides = " ".join(f"{k}={v}" for k, v in row_overrides(row).items() if k in swept or not swept)
+        best = f"best job {row['job']} ({overrides}): {_OBJECTIVE}={value:.6g}"
+    where = f"table: {sweep_dir / TABLE_CSV}" + (f", plot: {plot}" if plot is not None else "")
+    return printable(f"csframework: sweep ended: {jobs}; {best}; {where}")
+
+
+def _older_than_sweep(sweep_dir: Path, row: dict) -> bool:
+    """Whether the row's job's ``summary.json`` predates this multirun (the job completed before and was not
+    run again); a run directory outside the sweep directory, or no such file, is not."""
+    try:
+        files = job_files(sweep_dir, row)
+        if files is None:
+            return False
+        with files.opened(create=False) as fd:
+            return os.stat("summary.json", dir_fd=fd, follow_symlinks=False).st_mtime < _STARTED
+    except (OSError, CsfError):
+        return False
 
 
 def _line(row: dict) -> str:

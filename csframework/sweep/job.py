@@ -41,7 +41,7 @@ from pathlib import Path
 
 import structlog
 
-from ..errors import CsfError, RunDirInUse, UnsafePathError, one_line, printable
+from ..errors import CsfError, RunDirHoldsRun, RunDirInUse, UnsafePathError, one_line, printable
 from ..files import SafeDir
 from ..jsonout import dumps
 from ..process_state import clean_process_state
@@ -99,6 +99,15 @@ def refuse(sweep_dir: Path, num: int) -> None:
     """Record that job ``num`` was refused (the multirun then exits 1)."""
     with contextlib.suppress(OSError, CsfError), SafeDir(sweep_dir).append(REFUSED) as f:
         f.write(f"{num}\n")
+
+
+def refused_jobs(sweep_dir: Path) -> set[int]:
+    """The jobs ``refuse`` recorded in this multirun (read as untrusted: what is not a job number is left out)."""
+    try:
+        text = SafeDir(sweep_dir).read(REFUSED, 1 << 20).decode("ascii", "replace")
+    except (OSError, ValueError, CsfError):
+        return set()
+    return {int(line) for line in text.split() if line.isdigit()}
 
 
 def objective_of(summary: dict | None, objective: str) -> float | None:
@@ -387,7 +396,7 @@ def _run_sweep_job(cfg, run_job) -> float | None:
     except KeyboardInterrupt as e:  # Interrupted: the step finished and a checkpoint was saved
         status = "interrupted"
         mark_interrupted(sweep_dir, getattr(e, "signum", signal.SIGINT))
-        _say(f"{describe(num, overrides)} interrupted: {printable(str(e))}")
+        _say(f"{describe(num, overrides)} interrupted: {printable(getattr(e, 'reason', None) or str(e))}")
     except Exception as e:  # noqa: BLE001 - a failing job fails alone
         if cfg.get("debug", False):
             import traceback
@@ -404,9 +413,12 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             failure = e
     finally:
         summary, _ = read_summary(job, since=started)
-        if failure is not None and summary is None and not isinstance(failure, (RunDirInUse, UnsafePathError)):
-            summary = _record_failure(job, cfg, failure, started, num, sweep_dir)
-        _record(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
+        if isinstance(failure, RunDirHoldsRun):  # nothing ran: the row of the run in its directory stays
+            refuse(sweep_dir, num)
+        else:
+            if failure is not None and summary is None and not isinstance(failure, (RunDirInUse, UnsafePathError)):
+                summary = _record_failure(job, cfg, failure, started, num, sweep_dir)
+            _record(sweep_dir, make_row(num, overrides, status, summary, time.time() - started, run_dir))
     if status != "completed":
         return None
     return _objective(num, overrides, summary, objective)

@@ -238,3 +238,13 @@ def write_table(sweep_dir: Path, rows: list[dict]) -> None:
     sweep = SafeDir(sweep_dir)
     sweep.write(TABLE_CSV, text.getvalue())
     sweep.write(TABLE_JSON, dumps(rows, indent=1, where=TABLE_JSON) + "\n")
+
+
+def job_files(sweep_dir: Path, row: dict) -> SafeDir | None:
+    """The run directory a row names, through ``SafeDir``, when it lies inside the sweep directory (the table
+    is not trusted to name files elsewhere); else None."""
+    sweep = os.path.abspath(sweep_dir)
+    rel = os.path.relpath(os.path.abspath(str(row.get("run_dir"))), sweep)
+    if rel == "." or rel.split(os.sep)[0] == "..":
+        return None
+    return SafeDir(sweep, *rel.split(os.sep))

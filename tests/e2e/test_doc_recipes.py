@@ -176,6 +176,10 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("docs/csx.md", "import torch, csframework as csf"): Python(prelude=CSX_GIVEN),
     ("docs/distributed.md", "torchrun --nproc_per_node=2 -m csframework backend.strategy=ddp"): Run(),
     ("docs/distributed.md", "csframework: rank 0: another rank died"): NotARecipe("the message a rank prints"),
+    ("docs/durability.md", "csframework: error: run directory /home/me/runs/a holds a run"): Elsewhere(
+        "tests/e2e/test_rerun_cli.py", "the CLI prints this line (the test checks it, its paths the test's)"),
+    ("docs/durability.md", "csframework: error: training step 1 failed in Net.forward"): Elsewhere(
+        "tests/e2e/test_user_runtime_errors.py", "the CLI prints this line (checked against the page there)"),
     ("docs/distributed.md", "torchrun --nproc_per_node=2 --max-restarts=3 --rdzv-backend=c10d"): Run(),
     ("docs/distributed.md", "# on each of 2 nodes"): NotRunnable(
         "cluster: two machines (node0 and another); test_distributed.py runs two nodes on localhost"),

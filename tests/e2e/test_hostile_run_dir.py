@@ -23,6 +23,7 @@ import csframework as csf
 import fixtures
 import hostile
 from fixtures import CONF
+from csframework.rundir import RUN_RECORDS
 from hostile import Hostile, assert_outcome
 
 pytestmark = pytest.mark.slow
@@ -148,7 +149,14 @@ def test_a_new_run_over_a_planted_path(fresh, cli_env, where, kind, extra):
     planted = fresh.h.plant(fresh.run / where, kind)
     fresh.h.guard(fresh.run)
     out = fresh.cli(cli_env, *FRESH_RUN, *extra)
-    assert_outcome(out, planted)
+    # a record of a run (a regular file, a checkpoints/ directory with an entry): refused before anything is
+    # written (issue 39); a link or a FIFO in its place is no run's and is refused by the file layer as before
+    if where.startswith("checkpoints/") or (where in RUN_RECORDS and kind == "hardlink"):
+        lines = hostile.error_lines(out.stderr)
+        assert out.returncode == 2 and len(lines) == 1 and f"run directory {fresh.run} holds a run" in lines[0], str(out)
+        hostile.assert_bounded(out)
+    else:
+        assert_outcome(out, planted)
     fresh.h.assert_untouched()
     assert_completed_if_it_succeeded(out, fresh.run, 3)
 
@@ -312,7 +320,7 @@ def test_resume_auto_over_checkpoints_it_cannot_read_stops_naming_them(resumed, 
     assert out.returncode == 2, str(out)
     lines = hostile.error_lines(out.stderr)
     assert len(lines) == 1, str(out)
-    assert str(resumed.run / "checkpoints") in lines[0] and "checkpoint.resume=never" in lines[0], str(out)
+    assert str(resumed.run / "checkpoints") in lines[0] and "checkpoint.start_over=true" in lines[0], str(out)
     assert hostile.snapshot(resumed.run / "checkpoints") == kept, "the unreadable checkpoints were changed"
     # exit 2: nothing trained and nothing written; the old run's summary (completed at step 3) is not lost
     summary = json.loads((resumed.run / "summary.json").read_text())

@@ -73,7 +73,7 @@ def test_a_checkpoint_crafted_to_run_code_is_refused_and_runs_nothing(tmp_path, 
     run_dir = tmp_path / "auto"
     _crafted(run_dir / "checkpoints" / "step-00000003", marker, as_zip)
     with pytest.raises(csf.CsfError, match=r"checkpoint.resume=auto: found 1 checkpoint\(s\) .* could read none "
-                                           r"\(step-00000003;.*checkpoint.resume=never") as refused:
+                                           r"\(step-00000003;.*checkpoint.start_over=true") as refused:
         fit(run_dir, "loop.max_steps=2", "checkpoint.resume=auto")
     assert refused.value.exit_code == 2 and not marker.exists()
     assert any(e["event"] == "checkpoint_damaged" for e in events(run_dir))

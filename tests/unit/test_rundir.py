@@ -136,3 +136,29 @@ def test_the_cli_refuses_a_directory_in_use_and_the_lock_dies_with_its_holder(tm
         holder.wait(timeout=60)
     with run_dir_lock(run_dir):  # no stale lock: the OS released it with the killed process
         pass
+
+
+# -- one run per run directory (issue 39 item 2) ---------------------------------------------------------------
+def test_a_fresh_fit_over_a_run_is_refused_and_start_over_moves_the_old_run_aside(tmp_path):
+    from csframework.errors import RunDirHoldsRun
+    from csframework.rundir import PREVIOUS_RUNS
+
+    cfg = ["loop.max_steps=2", "loop.eval_every=null"]
+    csf.Run(fixtures.compose(*cfg), output_dir=tmp_path).fit()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != LOCK_NAME}
+    with pytest.raises(RunDirHoldsRun, match=re.escape(f"run directory {tmp_path} holds a run (checkpoints, "
+                                                       "summary.json, metrics.csv)")) as refused:
+        csf.Run(fixtures.compose(*cfg), output_dir=tmp_path).fit()
+    assert refused.value.exit_code == 2
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != LOCK_NAME} == before
+    # resume=auto continues it; start_over moves every file of the old run aside, links and all, first
+    csf.Run(fixtures.compose(*cfg, "checkpoint.resume=auto"), output_dir=tmp_path).fit()
+    os.symlink("/etc/passwd", tmp_path / "planted")
+    csf.Run(fixtures.compose(*cfg, "checkpoint.start_over=true"), output_dir=tmp_path).fit()
+    [moved] = (tmp_path / PREVIOUS_RUNS).iterdir()
+    assert (moved / "planted").is_symlink() and {"summary.json", "metrics.csv", "checkpoints"} <= {
+        p.name for p in moved.iterdir()}
+    assert json.loads((tmp_path / "summary.json").read_text())["global_step"] == 2
+    with open(tmp_path / "metrics.csv") as f:
+        steps = [line.split(",")[0] for line in f if ",train/loss," in line]
+    assert steps == ["2"]  # the new run's rows alone

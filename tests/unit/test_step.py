@@ -62,12 +62,14 @@ def test_a_step_of_two_micro_batches_in_order():
 
 def test_the_model_contract():
     assert step.model_outputs(torch.tensor(1.0)).keys() == {"loss"}
-    try:
-        step.model_outputs({"logits": 1})
-    except TypeError as e:
-        assert "dict with a 'loss' key" in str(e) and "['logits']" in str(e)
-    else:
-        raise AssertionError("no TypeError")
+    # issue 39 item 1: a dict without 'loss' ({'los': ...}) is a ModelError (exit 2) naming the keys it had
+    with pytest.raises(ModelError) as e:
+        step.model_outputs({"los": torch.tensor(1.0), "logits": 1})
+    assert e.value.exit_code == 2
+    assert str(e.value).startswith("model.forward: forward(batch) returned a dict without a 'loss' key (its keys: "
+                                   "'los', 'logits'); return the loss tensor or a dict with a 'loss' key")
+    with pytest.raises(ModelError, match="returned a tuple; return the loss tensor"):
+        step.model_outputs((torch.tensor(1.0),))
 
 
 @pytest.mark.parametrize("loss, problem", [

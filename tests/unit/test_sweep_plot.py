@@ -1,8 +1,13 @@
 """``csframework.sweep.plot``: the sweep plot's panels, with matplotlib (``sweep.png``) and without
 (``sweep.svg``)."""
+import re
+
 import pytest
 
 from csframework.sweep.plot import write_sweep_plot
+
+LABELS = ["job 0: optimizer=sgd optimizer.lr=0.0001", "job 1: optimizer=adamw optimizer.lr=0.01",
+          "job 2: optimizer=sgd optimizer.lr=0.1"]
 
 
 def three_jobs(tmp_path) -> list[dict]:
@@ -39,4 +44,43 @@ def test_without_matplotlib_the_sweep_plot_is_an_svg_of_the_same_panels(tmp_path
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>") and svg.count("<svg") == 4  # 2 keys, curves
     assert svg.count("<circle") == 6 and svg.count("<polyline") == 3  # 3 jobs in 2 panels; 3 curves
     assert "optimizer.lr (log)" in svg and ">adamw</text>" in svg and ">sgd</text>" in svg
-    assert "job 0" in svg and "job 2" in svg and "seed" not in svg  # seed took one value: no panel
+    assert "seed" not in svg  # seed took one value: no panel, not in the legend
+
+
+def test_each_job_has_its_own_colour_in_every_panel_and_a_legend_with_its_overrides(tmp_path, monkeypatch):
+    """Issue 39 item 6: sgd and adamw told apart: each job its colour, the same in every panel of sweep.svg,
+    and the legend names each job with its swept settings."""
+    from csframework.builtin import plot
+
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
+    svg = write_sweep_plot(tmp_path, three_jobs(tmp_path), "val/loss").read_text()
+    charts = svg.split("<svg")[2:]
+    legends = [dict((label, colour) for colour, label in re.findall(r'fill="(#[0-9a-f]{6})">(job [^<]+)</text>', chart))
+               for chart in charts]
+    assert [sorted(legend) for legend in legends] == [LABELS] * 3, legends
+    assert all(legend == legends[0] for legend in legends) and len(set(legends[0].values())) == 3
+    for chart in charts[:2]:  # each job's point in its colour
+        assert sorted(re.findall(r'<circle [^>]*fill="(#[0-9a-f]{6})"', chart)) == sorted(legends[0].values())
+
+
+def test_with_matplotlib_the_legend_names_each_job_with_its_overrides(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra (pip install csframework[plot]) is not installed")
+    path = write_sweep_plot(tmp_path, three_jobs(tmp_path), "val/loss")
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.text["legend"] == "; ".join(LABELS)
+
+
+def test_the_curves_panel_falls_back_to_training_when_the_objective_was_evaluated_once(tmp_path, monkeypatch):
+    """A sweep evaluated at its end only has one val/loss point per job: its curves panel draws train/loss."""
+    from csframework.builtin import plot
+
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
+    rows = three_jobs(tmp_path)
+    for row in rows:
+        metrics = "".join(f"{s},main,train/loss,{2.0 / s}\n" for s in range(1, 4)) + "3,main,val/loss,0.5\n"
+        (tmp_path / str(row["job"]) / "metrics.csv").write_text("step,stage,name,value\n" + metrics)
+    svg = write_sweep_plot(tmp_path, rows, "val/loss").read_text()
+    curves = svg.split("<svg")[-1]
+    assert "curves: train/loss" in curves and curves.count("<polyline") == 3

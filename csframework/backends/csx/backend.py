@@ -185,6 +185,11 @@ class CsxBackend(BackendBase):
                "trace_seconds": train.get("trace_seconds", 0.0) + evals.get("trace_seconds", 0.0)}
         return {k: v + self._carried.get(k, 0) for k, v in now.items()}
 
+    def compile_seconds(self) -> float:
+        """Seconds spent tracing the step and evaluation and compiling their graph."""
+        graph = self.compiled.report.get("compile_seconds", 0.0) if self.compiled is not None else 0.0
+        return float(self.counts()["trace_seconds"]) + float(graph or 0.0)
+
     def summary(self) -> dict:
         out = self.counts()
         out["trace_seconds"] = round(out["trace_seconds"], 4)

@@ -240,7 +240,10 @@ class CheckpointPlugin:
             if not names and resume != "auto":
                 raise ConfigError(f"checkpoint.resume: no complete checkpoint in {source}")
             if not names and run.mode == "fit":
-                run.log.info("nothing_to_resume", path=str(source))
+                run.log.warning("nothing_to_resume", path=str(source),
+                                problem=f"checkpoint.resume=auto found no checkpoint in run directory {run.output_dir}: "
+                                        "training starts at step 0; to continue an earlier run, give its directory "
+                                        "(hydra.run.dir=<its run directory>)")
             candidates = [source / name for name in reversed(names)]
         damaged = []
         shard_check = run.backend.read_shard_metadata if run.backend.sharded else None
@@ -263,7 +266,8 @@ class CheckpointPlugin:
         if damaged:  # starting over would, at the first save, prune checkpoints someone may still need
             raise ConfigError(f"checkpoint.resume={resume}: found {len(damaged)} checkpoint(s) in {source} but "
                               f"could read none ({', '.join(damaged)}; events.jsonl says why); start afresh "
-                              "with checkpoint.resume=never, or in a new run directory (hydra.run.dir=...)")
+                              "here with checkpoint.start_over=true (which moves them aside), or in a new run "
+                              "directory (hydra.run.dir=...)")
         return False
 
     def _checkpoints(self, run, root: Path, rewrite: bool) -> list[str]:
