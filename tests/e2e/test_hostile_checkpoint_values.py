@@ -41,6 +41,13 @@ def _set(path: str, value):
     return change
 
 
+def _base_lrs(forge):
+    """A change setting the schedule's base rates to ``forge(its rates)``."""
+    def change(state):
+        state["scheduler"]["base_lrs"] = forge(state["scheduler"]["base_lrs"])
+    return change
+
+
 def _position(**values):
     def change(state):
         state["loop"].update(values)
@@ -59,8 +66,8 @@ ATTACKS = {
     "plan-lr-negative": (_set("scheduler.plan.lr", -0.5), "scheduler.plan.lr: -0.5"),
     "plan-lr-inf": (_set("scheduler.plan.lr", math.inf), "scheduler.plan.lr: inf"),
     "plan-total-negative": (_set("scheduler.plan.total_steps", -7), "scheduler.plan.total_steps: -7"),
-    "base-lrs-strings": (_set("scheduler.base_lrs", ["x"]), "scheduler.base_lrs[0]: str"),
-    "base-lrs-too-many": (_set("scheduler.base_lrs", [0.01, 0.01]), "scheduler.base_lrs: it must be a list of 1"),
+    "base-lrs-strings": (_base_lrs(lambda lrs: ["x"] * len(lrs)), "scheduler.base_lrs[0]: str"),
+    "base-lrs-too-many": (_base_lrs(lambda lrs: [*lrs, 0.01]), "scheduler.base_lrs: it must be a list of 2"),
     "group-lr-nan": (_set("optimizer.param_groups[0].lr", math.nan), "optimizer.param_groups[0].lr: nan"),
 }
 

@@ -88,13 +88,22 @@ def scaler_problems(precision) -> list[str]:
     return found
 
 
-def schedule_problems(run, scheduler) -> list[str]:
-    """The built-in schedule's state (``schedule.Schedule.state_dict``): base rates one per parameter group,
-    and a plan ``optimizer.*`` would accept. A ``_target_`` scheduler's state is its own."""
+def saved_group_count(run, state: dict) -> int:
+    """How many parameter groups the checkpoint's optimizer has: its saved groups (a checkpoint of other groups
+    than this run's is refused by ``Run.load_state_dict`` as a changed config, not called damaged here), else
+    this run's (a sharded checkpoint keeps its optimizer's state in ``sharded/``)."""
+    optimizer = state.get("optimizer")
+    saved = optimizer.get("param_groups") if isinstance(optimizer, dict) and not state.get("sharded") else None
+    return len(saved) if isinstance(saved, list) else len(run.optimizer.param_groups)
+
+
+def schedule_problems(scheduler, groups: int) -> list[str]:
+    """The built-in schedule's state (``schedule.Schedule.state_dict``): base rates one per parameter group
+    (``groups`` of them), and a plan ``optimizer.*`` would accept. A ``_target_`` scheduler's state is its own."""
     if not isinstance(scheduler, dict) or "plan" not in scheduler:
         return []
     found = _count("scheduler.last_epoch", scheduler.get("last_epoch"), -1, MAX_COUNT)
-    base_lrs, groups = scheduler.get("base_lrs"), len(run.optimizer.param_groups)
+    base_lrs = scheduler.get("base_lrs")
     if not isinstance(base_lrs, list) or len(base_lrs) != groups:
         found.append(f"scheduler.base_lrs: it must be a list of {groups} learning rate(s), one per parameter group")
     else:
@@ -132,7 +141,7 @@ def state_problem(run, state: dict) -> str | None:
     found = position_problems(run, state.get("loop"))
     backend = state.get("backend")
     found += scaler_problems(backend.get("precision") if isinstance(backend, dict) else None)
-    found += schedule_problems(run, state.get("scheduler"))
+    found += schedule_problems(state.get("scheduler"), saved_group_count(run, state))
     if not state.get("sharded"):
         found += optimizer_problems(state.get("optimizer"))
     return "; ".join(found) if found else None
