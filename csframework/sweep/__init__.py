@@ -76,9 +76,11 @@ def guard_launcher(target: str) -> None:
     multirun cleanly (``worker_died``) instead of in a traceback with no job named and no row."""
     if target != JOBLIB_LAUNCHER:
         return
-    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+    import importlib
 
-    original = JoblibLauncher.launch
+    module, _, name = JOBLIB_LAUNCHER.rpartition(".")
+    launcher = getattr(importlib.import_module(module), name)  # the one Hydra instantiates (target)
+    original = launcher.launch
     if getattr(original, "_csframework_guarded", False):
         return
 
@@ -93,7 +95,7 @@ def guard_launcher(target: str) -> None:
             raise SweepEnded(1) from None
 
     launch._csframework_guarded = True  # type: ignore[attr-defined]
-    JoblibLauncher.launch = launch  # type: ignore[method-assign]
+    launcher.launch = launch
 
 
 def worker_died(sweep_dir: Path, jobs: list[list[str]], first: int, error: BaseException) -> None:
