@@ -25,6 +25,7 @@ failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep`
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -248,7 +249,7 @@ def main() -> None:
         from . import sweep
 
         sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
-        with sweep.forward_signals():
+        with sweep.forward_signals(), contextlib.suppress(sweep.SweepEnded):  # a worker died: rows written
             hydra_main()
         sys.exit(sweep.finish())
     if run_dir is not None:  # Hydra uses exactly this directory

@@ -295,9 +295,9 @@ class CompiledStep:
             self.note(lambda log: log.info("compile_mode", mode=mode, result="on a CPU it compiles as default does: "
                                            "its CUDA graphs (the launch overhead it saves) exist on a GPU only"))
         self.cache_counts = self._cache_counts()
-        # Inductor imports what its cache holds: only a cache of this user's alone is used (cachedir.py)
+        # Inductor imports what its cache holds: only a cache of this user's alone, and writable, is used (cachedir.py)
         self._warn_cache = lambda problem: run.log.warning("compile_cache_untrusted", problem=problem)
-        self.cache_root = trusted_root(cache_dir(), self._warn_cache)
+        self.cache_root = trusted_root(cache_dir(), self._warn_cache, writable=True)  # Inductor writes there
         # the process's torch settings, csframework's while its compiled code runs (the caller's again by close());
         # torch's bound is above csframework's, per code object (a function's graph breaks make several)
         debug = bool(getattr(run.config, "debug", False))

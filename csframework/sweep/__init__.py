@@ -9,10 +9,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
+import re
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -22,19 +25,21 @@ from ..command import continue_command
 from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
-from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, describe, exit_status_of, handling_stop_signals,
-                  mark_interrupted, refused_jobs, reset_stop, run_sweep_job)
+from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, dead_jobs, describe, exit_status_of,
+                  handling_stop_signals, mark_interrupted, refused_jobs, reset_stop, run_sweep_job)
 from .plot import PLOT, PLOT_SVG, swept_keys
-from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, read_rows, rebuild_rows, record_row,
-                    row_overrides, write_table)
+from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, make_row, read_rows, rebuild_rows,
+                    record_row, row_overrides, write_table)
 
-__all__ = ["SweepCallback", "finish", "forward_signals", "run_sweep_job", "record_row",
+__all__ = ["SweepCallback", "SweepEnded", "finish", "forward_signals", "run_sweep_job", "record_row",
            "read_rows", "write_table"]
 
 _SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
 _OBJECTIVE = "val/loss"
 _MAXIMIZE = False  # sweep.direction
 _STARTED = 0.0  # time.time() when the multirun started: a job whose summary is older was not run again
+_NUMBERED = True  # the job directories are <sweep dir>/<job number> (Hydra's default hydra.sweep.subdir)
+JOBLIB_LAUNCHER = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
 #: What Hydra writes in the sweep directory itself (with ``OmegaConf.save``: following links, truncating).
 MULTIRUN_YAML, OPTUNA_RESULTS = "multirun.yaml", "optimization_results.yaml"
 #: Files csframework or Hydra write in the sweep directory: a directory in their place is refused.
@@ -46,20 +51,87 @@ class SweepCallback(Callback):
     sweep directory checked first; what is wrong there is one line and exit 2, before any job starts."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        global _SWEEP_DIR, _OBJECTIVE, _MAXIMIZE, _STARTED
+        global _SWEEP_DIR, _OBJECTIVE, _MAXIMIZE, _STARTED, _NUMBERED
         _SWEEP_DIR, _STARTED = Path(config.hydra.sweep.dir), time.time()
         _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
         _MAXIMIZE = str(config.get("sweep", {}).get("direction", "minimize")) == "maximize"
         reset_stop()
+        guard_launcher(str(config.hydra.get("launcher", {}).get("_target_", "")))
         try:
             subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir") \
                 if "sweep" in config.get("hydra", {}) else None
-            prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=subdir == "${hydra.job.num}")
+            _NUMBERED = subdir == "${hydra.job.num}"
+            prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=_NUMBERED)
         except (UnsafePathError, OSError) as e:
             if config.get("debug", False):
                 raise
             sys.stderr.write(f"csframework: {printable(' '.join(str(e).split()))}\n")
             sys.exit(2)
+
+
+class SweepEnded(SystemExit):
+    """The launcher cannot go on (a joblib worker process died): every job of its batch has its row; the
+    multirun ends with ``finish`` (exit status 1). A ``SystemExit``, so that Hydra does not report it as a
+    crash with a traceback."""
+
+
+def guard_launcher(target: str) -> None:
+    """Under hydra-joblib-launcher (``target``: the launcher's ``_target_``): when a worker process dies
+    mid-sweep (SIGKILL, the OOM killer, a crash in native code), loky kills every other worker and joblib
+    raises ``TerminatedWorkerError`` from the launcher. Its ``launch`` is wrapped once so that this ends the
+    multirun cleanly (``worker_died``) instead of in a traceback with no job named and no row."""
+    if target != JOBLIB_LAUNCHER:
+        return
+    import importlib
+
+    module, _, name = JOBLIB_LAUNCHER.rpartition(".")
+    launcher = getattr(importlib.import_module(module), name)  # the one Hydra instantiates (target)
+    original = launcher.launch
+    if getattr(original, "_csframework_guarded", False):
+        return
+
+    @functools.wraps(original)
+    def launch(self, job_overrides, initial_job_idx):
+        try:
+            return original(self, job_overrides, initial_job_idx)
+        except BrokenProcessPool as e:  # loky's TerminatedWorkerError is one
+            if _SWEEP_DIR is None:
+                raise
+            worker_died(_SWEEP_DIR, [list(o) for o in job_overrides], initial_job_idx, e)
+            raise SweepEnded(1) from None
+
+    launch._csframework_guarded = True  # type: ignore[attr-defined]
+    launcher.launch = launch
+
+
+def worker_died(sweep_dir: Path, jobs: list[list[str]], first: int, error: BaseException) -> None:
+    """A worker process of the launcher died running the batch ``jobs`` (job numbers from ``first``): one
+    line names the job(s) whose process was gone (the one that died, and any loky ended with it: they cannot
+    be told apart), and every job of the batch without a row gets one: those ``failed``, the ones never
+    started ``interrupted``, each with its ``error``. A rerun with ``checkpoint.resume=auto`` runs them again
+    (from their checkpoints, if they wrote any); the jobs that completed keep their rows."""
+    codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(error))
+    how = f"exit codes {codes.group(1)}" if codes else printable(" ".join(str(error).split())[:200])
+    died = dead_jobs(sweep_dir)
+    names = {first + i: describe(first + i, overrides) for i, overrides in enumerate(jobs)}
+    ran = " or ".join(names.get(num, f"job {num}") for num in sorted(died)) or "a job"
+    with locked(sweep_dir):
+        done = {r["job"] for r in read_rows(sweep_dir)}
+    left = [first + i for i in range(len(jobs)) if first + i not in done and first + i not in died]
+    sys.stderr.write(f"csframework: a joblib worker process died ({how}) running {ran}; joblib ended its other "
+                     f"workers with it, so the sweep ends here ({len(left)} jobs not run); rerun with "
+                     "checkpoint.resume=auto to run them again\n")
+    died_why = f"its worker process died ({how})" + (", or joblib ended it when another worker died"
+                                                     if len(died) > 1 else "")
+    for i, overrides in enumerate(jobs):
+        num = first + i
+        if num in done:
+            continue
+        status, why = ("failed", died_why) if num in died else ("interrupted", f"not run: a worker process died ({how})")
+        row = make_row(num, overrides, status, None, None, sweep_dir / str(num) if _NUMBERED else None)
+        row["error"] = why
+        with contextlib.suppress(OSError, CsfError):
+            record_row(sweep_dir, row)
 
 
 def prepare(sweep_dir: Path, multirun_yaml: str, numbered: bool = True) -> None:

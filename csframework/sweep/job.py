@@ -179,15 +179,35 @@ def handling_stop_signals(handler):
 
 
 @contextlib.contextmanager
-def _registered(sweep_dir: Path):
-    """While the job runs, ``.jobs/<pid>`` names its process, so the parent can forward signals to it."""
+def _registered(sweep_dir: Path, num: int):
+    """While job ``num`` runs, ``.jobs/<pid>`` names its process (and holds its number), so the parent can
+    forward signals to it and, when the worker dies, name the job it ran (``running_jobs``)."""
     jobs, me = SafeDir(sweep_dir).sub(JOBS), str(os.getpid())
-    jobs.write(me, b"", durable=False)
+    jobs.write(me, str(num), durable=False)
     try:
         yield
     finally:
         with contextlib.suppress(OSError, CsfError):
             jobs.remove(me)
+
+
+def dead_jobs(sweep_dir: Path) -> dict[int, int]:
+    """The jobs whose process died while running them: ``{job number: pid}`` of the ``.jobs`` entries left
+    by a process that is gone (a job that ends removes its entry). Those entries are removed."""
+    found = {}
+    try:
+        jobs = SafeDir(sweep_dir).sub(JOBS, create=False)
+        for name in jobs.names():
+            if name.isdigit() and _start_time(int(name)) is None:
+                with contextlib.suppress(OSError, ValueError, CsfError):
+                    text = jobs.read(name, 32).decode("ascii", "replace").strip()
+                    if text.isdigit():
+                        found[int(text)] = int(name)
+                with contextlib.suppress(OSError, CsfError):
+                    jobs.remove(name)
+    except (OSError, CsfError):  # no .jobs (no job started) or not a real directory: none known
+        pass
+    return found
 
 
 # -- the worker's watchdog -----------------------------------------------------------------------------
@@ -376,7 +396,7 @@ def _run_sweep_job(cfg, run_job) -> float | None:
     forget_stop_signals()
     _job_caught.clear()
     try:
-        with _registered(sweep_dir), clean_process_state(), _job_signals(), \
+        with _registered(sweep_dir, num), clean_process_state(), _job_signals(), \
                 structlog.contextvars.bound_contextvars(job=num, sweep_dir=str(sweep_dir)):
             threads = default_threads(hc)
             if threads and not cfg.backend.get("threads"):
@@ -505,6 +525,7 @@ def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
     return 1 if refused or any(r.get("status") != "completed" for r in rows) else 0
 
 
-__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "SAID", "completed_before", "describe", "first_in_sweep",
+__all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "SAID", "completed_before", "dead_jobs", "describe",
+           "first_in_sweep",
            "exit_status_of", "handling_stop_signals", "interrupted_by", "job_dir", "mark_interrupted",
            "run_sweep_job", "start_watchdog"]

@@ -72,13 +72,14 @@ def summary_problem(summary) -> str | None:
 
 
 def make_row(job: int, overrides: list[str], status: str, summary: dict | None, wall_time_s: float | None,
-             run_dir: Path) -> dict:
+             run_dir: Path | None) -> dict:
     """A row of the table; ``summary`` only if it passed ``summary_problem``."""
     row: dict = {"job": job, **override_columns(overrides), "status": status}
     summary = summary or {}
     row.update({k: v for k, v in summary.get("metrics", {}).items() if k not in (*HEAD, "status", *TAIL)})
     row.update(global_step=summary.get("global_step"),
-               wall_time_s=None if wall_time_s is None else round(wall_time_s, 3), run_dir=str(run_dir))
+               wall_time_s=None if wall_time_s is None else round(wall_time_s, 3),
+               run_dir=None if run_dir is None else str(run_dir))
     return row
 
 

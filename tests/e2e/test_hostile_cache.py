@@ -61,6 +61,32 @@ def share(cache: Path) -> None:
     os.chmod(cache, 0o775)
 
 
+@pytest.fixture
+def read_only():
+    """``read_only(path)``: make the tree at ``path`` one its owner cannot write: ``chmod -R a-w``, and for root
+    (whom permission bits do not stop) also ``chattr -R +i`` (immutable: the kernel refuses every write, root's
+    too); skips where ``chattr`` cannot. Undone afterwards, so the test's directory can be removed."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        for p in [path, *path.rglob("*")]:
+            os.chmod(p, os.stat(p).st_mode & ~0o222)
+        if os.geteuid() == 0:
+            if shutil.which("chattr") is None or subprocess.run(["chattr", "-R", "+i", str(path)],
+                                                                capture_output=True).returncode != 0:
+                pytest.skip("running as root, and chattr +i (which root's writes obey) is not available here")
+            with pytest.raises(PermissionError):
+                (path / "probe").write_text("")
+        made.append(path)
+
+    yield make
+    for path in made:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-R", "-i", str(path)], capture_output=True)
+        for p in [path, *path.rglob("*")]:
+            os.chmod(p, os.stat(p).st_mode | 0o200)
+
+
 def warnings_of(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in (result.stdout + result.stderr).splitlines() if "compile_cache_untrusted" in line]
 
@@ -145,3 +171,31 @@ def test_an_inductor_cache_setting_that_is_no_directory_is_one_warning_not_a_tra
     told = warnings_of(result)
     assert len(told) == 1 and f"compile cache {cache} not used" in told[0]
     assert notes.read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("which", ["inductor", "csx"])
+def test_a_read_only_cache_is_at_most_one_warning_and_the_run_compiles_and_completes(filled, tmp_path, cli_env,
+                                                                                    read_only, which):
+    """A filled cache of the user's own that cannot be written (``chmod a-w``; for root, also immutable).
+    ``backend.compile=true`` (Inductor must write its cache): one warning naming the cache and why, and a
+    compile in a private directory; before: Inductor's write failed, the compile was reported failed
+    (``compile_failed``: "no working C++ compiler", or its PermissionError) and the run trained eagerly.
+    ``backend.compile_dir`` (CSX): a trusted read-only cache is read (a hit), no warning (as before)."""
+    cache = tmp_path / which
+    shutil.copytree(filled / which, cache)
+    read_only(cache)
+    before = sorted((p.relative_to(cache), p.stat().st_mtime_ns) for p in cache.rglob("*"))
+    if which == "inductor":
+        result = cli(cli_env, tmp_path, WHOLE_STEP, tmp_path / "run", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    else:
+        result = cli(cli_env, tmp_path, [*CSX, f"backend.compile_dir={cache}"], tmp_path / "run")
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "compile_failed" not in output, output[-3000:]
+    told = warnings_of(result)
+    if which == "inductor":
+        assert len(told) == 1 and f"compile cache {cache} not used: {cache}: it is not writable" in told[0], told
+        assert "step_compiled" in output
+    else:
+        assert told == [] and "cache=hit" in output, output[-3000:]
+    assert '"status": "completed"' in (tmp_path / "run" / "summary.json").read_text()
+    assert sorted((p.relative_to(cache), p.stat().st_mtime_ns) for p in cache.rglob("*")) == before

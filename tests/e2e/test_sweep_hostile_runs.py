@@ -210,9 +210,34 @@ def test_a_second_sweep_with_other_points_in_the_same_directory_is_refused_namin
     first = {n: json.loads((area.sweep / str(n) / "summary.json").read_text()) for n in (0, 1)}
     out = multirun(area, "optimizer.lr=0.2,0.3", "checkpoint.resume=auto")
     assert_bounded(out)
-    assert out.returncode == 1, out
+    assert out.returncode == 1, out.stderr[-5000:]
     assert "completed before" not in out.stderr
     for num, lr in ((0, "0.1"), (1, "0.05")):
         line = next(x for x in out.stderr.splitlines() if x.startswith(f"csframework: job {num} ("))
         assert f"holds the run of other overrides (optimizer.lr={lr}), another sweep's" in line, line
         assert json.loads((area.sweep / str(num) / "summary.json").read_text()) == first[num]  # the first's stays
+
+
+@pytest.mark.slow
+@needs("hydra_plugins.hydra_joblib_launcher")
+def test_a_joblib_worker_killed_mid_sweep_ends_it_naming_the_job_with_a_row_for_every_job(area):
+    """Issue 37: job 1's worker process is SIGKILLed (as by the OOM killer) once job 0 has completed (job 2
+    may be starting in the other worker: loky then kills that one too; job 3 never runs). Before: the multirun died with joblib's
+    TerminatedWorkerError traceback, no job named, and only job 0 in the table."""
+    area.env = dict(area.env, CSF_TEST_KILL_WORKER="0.1@3", CSF_TEST_KILL_AFTER=str(area.sweep / "sweep.json"),
+                    CSF_TEST_SLOW="0.05@0.2")
+    out = multirun(area, "optimizer.lr=0.01,0.1,0.05,0.02", "plugins.enable=[sweep_plugin]", "hydra/launcher=joblib",
+                   "hydra.launcher.n_jobs=2")
+    assert_bounded(out)
+    assert out.returncode == 1, out.stderr[-5000:]
+    died = [x for x in out.stderr.splitlines() if x.startswith("csframework: a joblib worker process died")]
+    assert len(died) == 1 and "job 1 (" in died[0] and "optimizer.lr=0.1 " in died[0], out
+    table = {r["job"]: r for r in rows(area.sweep)}
+    assert sorted(table) == [0, 1, 2, 3], table  # a row for every job
+    assert table[0]["status"] == "completed" and isinstance(table[0]["val/loss"], float)  # kept
+    assert table[1]["status"] == "failed" and table[1]["error"].startswith("its worker process died (exit codes")
+    assert table[2]["status"] in ("failed", "interrupted") and table[3]["status"] == "interrupted"
+    assert table[3]["error"].startswith("not run: a worker process died")
+    assert any(x.startswith("  - job 1 (") for x in out.stderr.splitlines()), out  # the closing list of failures
+    assert (area.sweep / "sweep.csv").read_text().count("\n") == 5
+    assert not (area.sweep / ".jobs").exists()  # no stale entry left

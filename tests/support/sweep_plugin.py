@@ -6,6 +6,9 @@ Driven by the environment, for the job whose ``optimizer.lr`` is given:
     CSF_TEST_STOP_SWEEP=<lr>@<step>  at that step, send SIGTERM to the multirun's parent process, as a user
                                      would (``kill <pid>``); CSF_TEST_PIDS names a file that then gets every
                                      process of the sweep (the parent and its descendants), one pid a line
+    CSF_TEST_KILL_WORKER=<lr>@<step> at that step, SIGKILL the job's own process (a joblib worker dying, as
+                                     under the OOM killer), once the file CSF_TEST_KILL_AFTER names exists
+                                     (waits for it up to 120 s, when given)
 """
 from __future__ import annotations
 
@@ -48,6 +51,12 @@ def descendants(pid: int) -> list[int]:
 def on_train_batch_end(run):
     lr = run.config.optimizer.lr
     slow, stop = _target("CSF_TEST_SLOW", lr), _target("CSF_TEST_STOP_SWEEP", lr)
+    if _target("CSF_TEST_KILL_WORKER", lr) == run.global_step:
+        after = os.environ.get("CSF_TEST_KILL_AFTER")
+        deadline = time.monotonic() + 120
+        while after and not Path(after).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGKILL)
     if slow:
         time.sleep(slow)
     if stop == run.global_step:

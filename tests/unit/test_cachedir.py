@@ -139,3 +139,30 @@ def test_a_directory_of_another_owner_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
     with pytest.raises(UntrustedDirError, match=f"{tmp_path / 'cache'}: it is owned by uid {os.getuid()}"):
         PrivateDir(tmp_path / "cache").sub(create=False)
+
+
+def test_a_cache_this_process_cannot_write_is_replaced_for_inductor_only(tmp_path):
+    """A cache of the user's own made read-only (``chmod 500``; for root, whom permission bits do not stop,
+    also ``chattr +i``, which the kernel enforces on root too): Inductor's (``writable=True``) is replaced by a
+    private one with one warning naming it and why; the CSX cache (read, never required to be written) stays."""
+    import shutil
+    import subprocess
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    os.chmod(cache, 0o500)
+    if os.geteuid() == 0 and (shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(cache)], capture_output=True).returncode != 0):
+        pytest.skip("running as root, and chattr +i (which root's writes obey) is not available here")
+    try:
+        assert cachedir.trusted_root(cache) == cache  # read-only is fine where nothing must be written
+        told: list[str] = []
+        used = cachedir.trusted_root(cache, told.append, writable=True)
+        assert used != cache and PrivateDir(used).problem() is None
+        assert len(told) == 1 and told[0].startswith(f"compile cache {cache} not used: {cache}: it is not writable (")
+        assert told[0].endswith("(chmod u+w it, or point it at a directory you can write)")
+        assert list(cache.iterdir()) == []  # the probe left nothing
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(cache)], capture_output=True)
+        os.chmod(cache, 0o700)
