@@ -145,8 +145,10 @@ def test_a_plugin_raising_in_a_hook_fails_the_run_with_its_name(tmp_path, cli_en
     r = cli("loop.max_steps=4", "loop.eval_every=2", "checkpoint.every_steps=1", "plugins.enable=[exploding]",
             f"hydra.run.dir={run_dir}", env=env)
     assert r.returncode == 1
-    assert ("csframework: error: plugin 'exploding' in hook 'on_eval_end' failed: "
-            "ValueError: cannot handle val/accuracy, val/loss") in r.stderr, r.stderr
+    # one line: the step, the plugin and hook, its file:line and the exception; the traceback in error.txt
+    assert (f"csframework: error: the evaluation at step 2 failed in plugin 'exploding', hook 'on_eval_end' "
+            f"({tmp_path / 'exploding.py'}:7): ValueError: cannot handle val/accuracy, val/loss; the traceback is "
+            f"in {run_dir / 'error.txt'}") in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert (run_dir / "on_exception.txt").read_text() == "PluginError"
     summary = json.loads((run_dir / "summary.json").read_text())
