@@ -173,7 +173,11 @@ def build_optimizer(named_params, cfg: OptimizerConfig,
         if "lr" not in kwargs and any(g.lr_scale != 1.0 for g in groups):
             raise ConfigError(f"optimizer.groups: {cfg._target_} takes no 'lr', so a group's lr_scale has "
                               "nothing to scale; remove lr_scale")
-        params = optimizer_params(groups, kwargs.get("lr"), float(kwargs.get("weight_decay") or 0.0))
+        params: list = optimizer_params(groups, kwargs.get("lr"), float(kwargs.get("weight_decay") or 0.0))
+        if len(params) == 1 and set(params[0]) == {"params", "name"}:
+            # one group with the optimizer's own settings: plain parameters, as model.parameters() gives, so a
+            # user's optimizer that groups them itself keeps working (optimizer.weight_decay_exclude=[])
+            params = params[0]["params"]
         return call("optimizer", cfg._target_, cls, params, **kwargs), groups
     groups = parameter_groups(list(named_params), cfg, cfg.weight_decay)
     params = optimizer_params(groups, cfg.lr, cfg.weight_decay)

@@ -358,7 +358,9 @@ def test_a_failed_compile_goes_on_eagerly_with_one_warning(tmp_path, monkeypatch
 
 # -- any optimizer, a schedule never recompiles ---------------------------------------------------------------
 class GroupedAdamW(torch.optim.AdamW):
-    """A user's AdamW that sets its own weight-decay groups (nanoGPT's ``configure_optimizers``)."""
+    """A user's AdamW that sets its own weight-decay groups (nanoGPT's ``configure_optimizers``): it takes plain
+    parameters, which a ``_target_`` optimizer gets when csframework makes one group of them
+    (``optimizer.weight_decay_exclude=[]``)."""
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0):
         params = list(params)
@@ -398,7 +400,8 @@ WARMUP_COSINE = ["optimizer.lr=0.01", "optimizer.weight_decay=0.1", "optimizer.s
     ("SignMomentum", [], "per function"),  # the user's step reads the rate, a tensor, as a number
 ])
 def test_a_user_optimizer_under_warmup_and_cosine_never_recompiles(tmp_path, optimizer, extra, graph):
-    common = [*WARMUP_COSINE, f"+optimizer._target_={__name__}.{optimizer}"]
+    common = [*WARMUP_COSINE, f"+optimizer._target_={__name__}.{optimizer}",
+              *(["optimizer.weight_decay_exclude=[]"] if optimizer == "GroupedAdamW" else [])]
     eager, _ = fit(tmp_path, *common, name="eager")
     spy = Warnings()
     compiled, summary = fit(tmp_path, COMPILE, *common, *extra, plugins=[spy], name="compiled")
