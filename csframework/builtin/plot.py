@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..errors import printable
 from ..files import SafeDir
 
 def escape(text: str) -> str:
@@ -125,7 +126,10 @@ def svg_figure(charts: list[str]) -> str:
                       *charts, "</svg>"])
 
 
-def families(series: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, dict[str, Sequence[tuple[float, float]]]]:
+Series = Sequence[tuple[float, float]]
+
+
+def families(series: Mapping[str, Series]) -> dict[str, dict[str, Series]]:
     """``series`` grouped by metric family, the name after ``train/`` or ``val/`` (``loss`` first, then the
     model's other outputs, then ``lr`` and ``steps_per_sec``): one panel each."""
     grouped: dict[str, dict[str, Sequence[tuple[float, float]]]] = {}
@@ -167,11 +171,11 @@ def png_curves(series: dict[str, list[tuple[int, float]]], out, title: str = "")
     for i, (family, group) in enumerate(grouped.items()):
         ax = fig.add_subplot(1, len(grouped), i + 1)
         for j, (name, values) in enumerate(sorted(group.items())):
-            ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[j % len(COLOURS)], label=name,
-                    marker="o" if len(values) == 1 else None)
+            ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[j % len(COLOURS)],
+                    label=printable(name), marker="o" if len(values) == 1 else None)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
-        ax.set_ylabel(family)
+        ax.set_ylabel(printable(family))  # a plugin's metric names: no control character reaches the font
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(title, fontsize=10)

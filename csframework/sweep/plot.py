@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..builtin import plot as run_plot
 from ..builtin.plot import COLOURS, WIDTH, escape, read_series, svg_chart, svg_figure
-from ..errors import CsfError
+from ..errors import CsfError, printable
 from ..files import SafeDir
 from .table import columns, job_files, row_overrides
 
@@ -110,7 +110,7 @@ def _png(sweep_dir: Path, found: list[Panel], curves: dict, title: str, objectiv
                              squeeze=False)
     for ax, panel in zip(axes[0], found):
         for label, (x, y) in panel.points.items():
-            ax.scatter([x], [y], color=colour[label], label=label)
+            ax.scatter([x], [y], color=colour[label], label=printable(label))
         if panel.log:
             ax.set_xscale("log")
         if panel.categories is not None:
@@ -119,7 +119,8 @@ def _png(sweep_dir: Path, found: list[Panel], curves: dict, title: str, objectiv
         ax.set_ylabel(objective)
     chart = axes[0][-1]
     for name, series in curves.items():
-        chart.plot([s for s, _ in series], [v for _, v in series], marker=".", label=name, color=colour.get(name))
+        chart.plot([s for s, _ in series], [v for _, v in series], marker=".", label=printable(name),
+                   color=colour.get(name))
     chart.set_xlabel("step")
     chart.set_ylabel(curve)
     handles = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
