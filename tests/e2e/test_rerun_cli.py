@@ -16,8 +16,6 @@ import csv
 import json
 import os
 import shlex
-import shutil
-import textwrap
 
 import pytest
 
@@ -69,11 +67,7 @@ TINY = ["model=blobs_mlp", "data=blobs", "loop.max_steps=4", "loop.eval_every=nu
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("project")
-    for name, text in MODULES.items():
-        (root / name).write_text(textwrap.dedent(text))
-    shutil.copytree(fixtures.CONF, root / "conf")
-    return root
+    return fixtures.user_project(tmp_path_factory, MODULES)
 
 
 def cli(project, *chains: list[list[str]]) -> list[list[dict]]:

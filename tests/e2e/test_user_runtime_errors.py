@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import textwrap
 
 import pytest
 
@@ -99,11 +97,7 @@ MISSPELT = ["model._target_=usermod.Misspelt", *NET, "+model.dim=8"]
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("project")
-    for name, text in MODULES.items():
-        (root / name).write_text(textwrap.dedent(text))
-    shutil.copytree(fixtures.CONF, root / "conf")
-    return root
+    return fixtures.user_project(tmp_path_factory, MODULES)
 
 
 def cli(project, *chains: list[list[str]]) -> list[list[dict]]:

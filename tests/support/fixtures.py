@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
+import textwrap
 from pathlib import Path
 
 import torch
@@ -71,6 +73,7 @@ class ForwardFails(nn.Module):
 #: The test config directory (``compose(..., config_dir=CONF)``, ``--config-dir``) and overrides for a fast
 #: run on the Blobs set with a small MLP (add loop.max_steps etc. as needed).
 CONF = str(Path(__file__).parent / "conf")
+
 #: Where subprocesses find the test helpers and the test modules (models named by ``_target_``).
 TEST_PATHS = [str(Path(__file__).parent), str(Path(__file__).parents[1] / "unit"), str(Path(__file__).parents[1] / "e2e")]
 
@@ -202,3 +205,12 @@ def needs(module: str):
 
     return pytest.mark.skipif(not installed(module),
                               reason=f"{module} is not installed (pip install -e '.[{module.split('.')[-1].split('_')[0]}]')")
+
+
+def user_project(tmp_path_factory, modules: dict[str, str]) -> Path:
+    """A user's project directory: ``modules`` (file name -> source, dedented) beside a copy of ``CONF``."""
+    root = tmp_path_factory.mktemp("project")
+    for name, text in modules.items():
+        (root / name).write_text(textwrap.dedent(text))
+    shutil.copytree(CONF, root / "conf")
+    return root
