@@ -38,6 +38,15 @@ def test_char_gpt_learns_characters_and_sample_py_generates_from_its_checkpoint(
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("def ") and len(sampled.stdout.rstrip("\n")) >= 44
 
+    # score.py: the loss over every validation window (the README's comparison with nanoGPT), which the
+    # run's 4-batch estimate approximates
+    scored = subprocess.run([sys.executable, "score.py", str(run_dir)], cwd=EXAMPLES / "char_gpt",
+                            capture_output=True, text=True, timeout=120)
+    assert scored.returncode == 0, scored.stderr
+    windows, loss = scored.stdout.split("over all ")[1].split(" windows: ")
+    assert int(windows) == (6000 - 65) // 64 + 1  # the non-overlapping windows of the last 10% of 60,000
+    assert float(loss) < 3.0 and abs(float(loss) - val[1][1]) < 0.25, (loss, val)
+
 
 # -- digits ----------------------------------------------------------------------------------------------
 DIGITS = "python -m csframework --config-dir conf +experiment=digits"
