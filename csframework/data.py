@@ -17,6 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .batched import BatchIndices, BatchReader, InProcessPass, as_is, batch_reader
+from .config import DataConfig, RunConfig, plain
+from .config.sections import eval_set_key, eval_sets
 from .errors import ConfigError, CsfError, DataError, DataTimeoutError
 from .rng import seed_batch, seed_everything
 
@@ -207,12 +209,11 @@ def build_collate(spec: Any, key: str = "data.collate_fn"):
     keys are bound as keyword arguments) or a class (built with them; its instances are called)."""
     if spec is None:
         return None
-    from .schedule import plain
-    from .targets import build, locate
+    from .targets import build, find_target
 
     spec = {"_target_": spec} if isinstance(spec, str) else plain(spec)
     target = spec.pop("_target_", None)
-    found = locate(target, f"{key}._target_")
+    found = find_target(target, f"{key}._target_")
     made = build({"_target_": target, **spec}, key) if isinstance(found, type) else (
         functools.partial(found, **spec) if spec else found)
     if not callable(made):
@@ -467,3 +468,81 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any
         moved = [move_to(v, device, non_blocking) for v in batch]
         return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
     return batch
+
+
+# -- a stage's loaders ----------------------------------------------------------------------------------------
+def build_loader(data: DataConfig, role: str, seed: int, *, rank: int = 0, world_size: int = 1,
+                 device_type: str = "CPU", eval_steps: int | None = None) -> tuple[FrameworkLoader, Any]:
+    """The loader of one set of ``data`` and its dataset: ``role`` ``"train"`` (``data.train``, shuffled and
+    cut as ``data`` says) or an evaluation set's name (``val`` ...: in order, padded, ``eval_steps`` batches
+    per process of samples drawn over it). Every setting of ``data`` applies (workers, their timeout,
+    ``pin_memory``, prefetching); the one place a loader is assembled, for the run and for the
+    ``csframework-cerebras`` input workers."""
+    from .targets import build
+
+    pin = data.pin_memory if data.pin_memory is not None else device_type == "GPU"
+    options: dict[str, Any] = dict(
+        seed=seed, num_workers=data.num_workers, rank=rank, world_size=world_size, pin_memory=pin,
+        collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s, persistent_workers=data.persistent_workers,
+        prefetch_factor=data.prefetch_factor, batched_fetch=data.batched_fetch)
+    if role == "train":
+        dataset = build(data.train, "data.train")
+        return make_loader(dataset, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
+                           role="data.train", **options), dataset
+    spec = eval_sets(data).get(role)
+    key = eval_set_key(data, role)
+    if spec is None:
+        raise ConfigError(f"{key}: no such evaluation set (sets: {', '.join(eval_sets(data)) or 'none'}); set it")
+    dataset = build(spec, key)
+    batch_size = data.eval_batch_size or data.batch_size
+    sample = eval_steps * batch_size * world_size if eval_steps else None
+    return make_loader(dataset, batch_size, shuffle=False, drop_last=False, role=key, pad=True, sample=sample,
+                       **options), dataset
+
+
+def stage_loaders(cfg: RunConfig, rank: int = 0, world_size: int = 1
+                  ) -> tuple[FrameworkLoader, dict[str, FrameworkLoader]]:
+    """A stage's training loader and its evaluation sets' loaders by name (``data.val`` as ``val`` first),
+    refusing with a ``ConfigError`` naming the setting what would train or evaluate nothing."""
+    data, loop = cfg.data, cfg.loop
+    train_loader, train = build_loader(data, "train", cfg.seed, rank=rank, world_size=world_size,
+                                       device_type=cfg.device.type)
+    check_train_loader(train_loader, train, cfg)
+    loaders = {}
+    for name in eval_sets(data):
+        loader, dataset = build_loader(data, name, cfg.seed, rank=rank, world_size=world_size,
+                                       device_type=cfg.device.type, eval_steps=loop.eval_steps)
+        if not is_iterable(loader) and len(dataset) == 0:
+            key = eval_set_key(data, name)
+            raise ConfigError(f"{key}: the dataset is empty ({type(dataset).__name__} has no sample); "
+                              f"check it, or set {key}=null to train without evaluating it")
+        loaders[name] = loader
+    return train_loader, loaders
+
+
+def check_train_loader(loader: FrameworkLoader, dataset: Any, cfg: RunConfig) -> None:
+    """Refuse a training loader that makes no step: an empty set, a batch larger than the set with
+    ``drop_last``, fewer batches than a step takes; an ``IterableDataset`` without ``loop.max_steps``."""
+    data, loop = cfg.data, cfg.loop
+    if is_iterable(loader):
+        if loop.max_steps is None:
+            raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
+                              "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+    elif len(dataset) == 0:
+        raise ConfigError(f"data.train: the dataset is empty ({type(dataset).__name__} has no sample); check it")
+    elif len(loader) == 0:
+        raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
+                          f"({len(dataset)} samples, {len(loader.position)} per process) with drop_last; lower it")
+    elif loop.max_steps is None and (loop.max_epochs or 0) * len(loader) < loop.grad_accum_steps:
+        raise ConfigError(f"loop.grad_accum_steps: a step takes {loop.grad_accum_steps} batches, and "
+                          f"{loop.max_epochs} epoch(s) of {len(loader)} batch(es) make no step; "
+                          "lower it, or raise loop.max_epochs")
+
+
+def total_steps(cfg: RunConfig, train_loader: FrameworkLoader) -> int:
+    """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
+    loop = cfg.loop
+    if loop.max_steps is not None:
+        return loop.max_steps
+    # a step may span two epochs of a stage (only its end drops a partial step: loop._drop_partial_step)
+    return (loop.max_epochs or 0) * len(train_loader) // loop.grad_accum_steps

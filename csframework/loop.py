@@ -235,6 +235,19 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
+def check_parameters_finite(run: RunProtocol) -> None:
+    """Raise ``NonFiniteLossError`` naming the first parameter that is not finite. One synchronisation;
+    under a sharded backend each rank checks its own shards, and all ranks agree (all of them save or none)."""
+    flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in run.model.parameters()]
+    finite = not flags or bool(torch.stack(flags).all())
+    if run.backend.sharded:  # under ddp only rank 0 saves, so only a sharded backend's ranks all ask
+        finite = run.backend.all_ranks_agree(finite)
+    if not finite:
+        names = [n for (n, _), ok in zip(run.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
+        raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {run.global_step}; "
+                                 "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
+
+
 def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.Tensor | None:
     """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
 

@@ -10,11 +10,11 @@ import warnings
 
 import torch
 
-from .config import OptimizerConfig
+from .config import OptimizerConfig, plain
 from .config.optimizer import ScheduleName
 from .errors import ConfigError
 from .param_groups import ParamGroup, optimizer_params, parameter_groups
-from .targets import call, locate
+from .targets import call, find_target
 
 #: Settings of the ``optimizer`` group a ``_target_`` optimizer receives when its constructor takes them.
 SHARED_SETTINGS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps")
@@ -195,7 +195,7 @@ def build_optimizer(named_params, cfg: OptimizerConfig,
 # -- classes by `_target_` ----------------------------------------------------------------------------------
 def locate_class(path: str, key: str) -> type:
     """The class at the dotted ``path``, or a ``ConfigError`` naming ``key``."""
-    found = locate(path, key)
+    found = find_target(path, key)
     if not isinstance(found, type):
         raise ConfigError(f"{key}: '{path}' is a {type(found).__name__}, not a class")
     return found
@@ -234,13 +234,6 @@ def _group_defaults(name: str) -> dict:
 def _is_default(value, key: str, group: dict, schema) -> bool:
     """Whether ``value`` of ``key`` is what the built-in group file or the schema sets, not the user."""
     return value == getattr(schema, key) or value == group.get(key)
-
-
-def plain(args) -> dict:
-    """``args`` as a plain dict of plain values (a frozen run config holds read-only OmegaConf containers)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    return OmegaConf.to_container(args, resolve=True) if isinstance(args, DictConfig) else dict(args or {})
 
 
 def _check_args(path: str, key: str, args: dict, takes, required, given) -> None:

@@ -25,8 +25,8 @@ from ..command import continue_command
 from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
-from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, dead_jobs, describe, exit_status_of,
-                  handling_stop_signals, mark_interrupted, refused_jobs, reset_stop, run_sweep_job)
+from .job import JOBS, PARENT_ENV, dead_jobs, describe, exit_status_of, handling_stop_signals, run_sweep_job
+from .marks import INTERRUPTED, REFUSED, SAID, mark_interrupted, refused_jobs, reset_stop
 from .plot import PLOT, PLOT_SVG, swept_keys
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, make_row, read_rows, rebuild_rows,
                     record_row, row_overrides, write_table)
