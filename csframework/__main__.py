@@ -29,12 +29,12 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from . import api, command, failures, hydra_session
-from .config import RunConfig, check_config_files, describe_error, explicit_groups, to_run_config, user_config_dirs
+from .config import RunConfig, check_config_files, describe_error, explicit_groups, user_config_dirs
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
 from .rundir import check_run_dir
@@ -157,10 +157,15 @@ def hydra_task(cfg: DictConfig) -> float | None:
         from .sweep import run_sweep_job
 
         return run_sweep_job(cfg, run_job)
-    return single_job(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task))  # unresolved, as typed
+    return single_job(cfg, task_overrides(HydraConfig.get()))
 
 
 hydra_main = hydra_session.main_app(hydra_task)
+
+
+def task_overrides(hydra_cfg: Any) -> list[str]:
+    """The job's overrides as typed on the command line (``${...}`` in them not resolved)."""
+    return [str(o) for o in cast(list, OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))]
 
 
 def single_job(cfg: DictConfig, overrides: list[str], typed: Typed | None = None) -> float | None:
@@ -287,7 +292,7 @@ def run_composed(single: SingleRun) -> None:
     ``single_job`` with the typed config and the composition's plugins, the overrides as typed (``${...}``
     in them not resolved)."""
     composed = single.composed
-    overrides = OmegaConf.to_container(composed.cfg.hydra.overrides.task)
+    overrides = task_overrides(composed.cfg.hydra)
     typed = Typed(composed.config, single.found)
 
     def task(task_cfg: DictConfig) -> float | None:

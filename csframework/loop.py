@@ -162,7 +162,7 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
         state.stop_after_this_step(signum)
     run.hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
     run.hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
-    if state.stopping:
+    if state.stopping and state.stop_signal is not None:  # set together (RunState.stop_after_this_step)
         raise Interrupted(state.stop_signal, state.global_step)
 
 
@@ -259,7 +259,7 @@ def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.
         losses = torch.stack(pending).float()
     finite = torch.isfinite(losses) if losses is not None else None
     first_bad = None
-    if finite is not None and not bool(finite.all()):
+    if losses is not None and finite is not None and not bool(finite.all()):
         bad = int((~finite).nonzero()[0])
         first_bad = (run.global_step - len(losses) + 1 + bad, losses[bad].item())
     if run.stage_config.precision.loss_scaling != "dynamic":
@@ -343,7 +343,7 @@ def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | No
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
     limit = loop.eval_steps
     sampler = getattr(loader, "position", None)
-    if getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
+    if sampler is not None and getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
         fresh = getattr(run.stage_config.data.eval_sample, "value", run.stage_config.data.eval_sample) == "fresh"
         sampler.set_epoch(run.global_step if fresh else 0)
     hooks.on_eval_epoch_start(run=run, epoch=run.epoch)

@@ -20,11 +20,10 @@ from .builtin import builtin_plugins
 from .builtin.logs import quiet_logger
 from .config import RunConfig, run_stages
 from .config.readonly import freeze
-from .data import FrameworkLoader, total_steps
+from .data import total_steps
 from .errors import ConfigError, ValidationError, WrongProcessError
 from .files import SafeDir
 from .jsonout import JsonDict
-from .param_groups import ParamGroup
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs, validation_problems
 from .protocol import Backend
 from .rundir import check_fresh_start, default_output_dir, writer_lock

@@ -63,7 +63,7 @@ class Schedule:
 
     def _plan(self, cfg: OptimizerConfig, total_steps: int) -> None:
         self.cfg, self.total_steps = cfg, total_steps
-        self._factor = None  # the factor the param groups' rates were last set with
+        self._factor: float | None = None  # the factor the param groups' rates were last set with
         # from this step on the factor no longer changes: the rates set then stay (no per-step work)
         name = getattr(cfg.schedule.name, "value", cfg.schedule.name)
         warmup = cfg.schedule.warmup_steps
@@ -225,10 +225,10 @@ def _group_defaults(name: str) -> dict:
     from omegaconf import OmegaConf
 
     try:
-        text = resources.files("csframework.conf").joinpath("optimizer", f"{name}.yaml").read_text()
+        text = resources.files("csframework.conf").joinpath("optimizer").joinpath(f"{name}.yaml").read_text()
     except (FileNotFoundError, ModuleNotFoundError):
         return {}
-    return OmegaConf.to_container(OmegaConf.create(text))
+    return plain(OmegaConf.create(text))
 
 
 def _is_default(value, key: str, group: dict, schema) -> bool:
@@ -246,11 +246,18 @@ def _check_args(path: str, key: str, args: dict, takes, required, given) -> None
         raise ConfigError(f"{key}.args.{missing[0]}: {path} needs it; set {key}.args.{missing[0]}=<value>")
 
 
+def _target_of(target: str | None, key: str) -> str:
+    """The ``_target_`` a spec is asked for only when it is set (``build_optimizer`` checks first)."""
+    if not target:
+        raise ConfigError(f"{key}: not set; set it to the dotted path of a class")
+    return target
+
+
 def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer._target_`` and its keyword arguments: ``optimizer.args``, plus the shared
     settings (``lr``, ``weight_decay``, ...) its constructor takes. A shared setting it does not take is
     left out while it is the built-in group's or schema's default, and an error naming it when set."""
-    path = cfg._target_
+    path = _target_of(cfg._target_, "optimizer._target_")
     cls = locate_class(path, "optimizer._target_")
     takes, required = _takes(cls)
     group, schema = _group_defaults(getattr(cfg.name, "value", cfg.name)), OptimizerConfig()
@@ -274,7 +281,7 @@ def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer.schedule._target_`` and its keyword arguments (``optimizer.schedule.args``).
     The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``) are errors when set."""
     sched = cfg.schedule
-    path = sched._target_
+    path = _target_of(sched._target_, "optimizer.schedule._target_")
     cls = locate_class(path, "optimizer.schedule._target_")
     group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
     schema = type(sched)()

@@ -17,6 +17,7 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import cast
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -58,7 +59,7 @@ class SweepCallback(Callback):
         reset_stop()
         guard_launcher(str(config.hydra.get("launcher", {}).get("_target_", "")))
         try:
-            subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir") \
+            subdir = cast(dict, OmegaConf.to_container(config.hydra.sweep, resolve=False)).get("subdir") \
                 if "sweep" in config.get("hydra", {}) else None
             _NUMBERED = subdir == "${hydra.job.num}"
             prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=_NUMBERED)
