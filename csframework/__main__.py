@@ -29,11 +29,12 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from . import api, command, failures, hydra_session
-from .config import RunConfig, check_config_files, describe_error, explicit_groups, to_run_config, user_config_dirs
+from .config import RunConfig, check_config_files, describe_error, explicit_groups, user_config_dirs
 from .errors import ConfigError, CsfError, ValidationError, one_line, printable
 from .plugins import hookimpl
 from .rundir import check_run_dir
@@ -54,39 +55,6 @@ def error_lines(error: CsfError) -> list[str]:
 def report_error(error: CsfError) -> None:
     sys.stderr.write("".join(printable(line) + "\n" for line in error_lines(error)))
     sys.stderr.flush()
-
-
-def precompose(argv: list[str], found) -> Path | None:
-    """Compose the config from the command line as Hydra will, raising ``ConfigError`` (one line naming
-    the key or file) if it does not compose: for a single run its config, for a sweep every value of every
-    swept key. Returns a single run's output directory (``hydra.run.dir``, resolved); help and info modes
-    are left to Hydra. ``found``: the plugins' contributions (``api.command_line_composition``)."""
-    args = hydra_session.parse_command_line(argv)
-    if args is None:
-        return None
-    if (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
-            or args.experimental_rerun or args.config_path or args.resolve):
-        config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
-        check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
-        return None
-    name = args.config_name or "config"
-    if args.multirun or any(o.startswith("hydra.mode=") for o in args.overrides):
-        check_config_files(user_config_dirs(args.overrides, args.config_dir))
-        if not any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
-            for job, swept in sweep_samples(args.overrides):
-                try:
-                    to_run_config(hydra_session.compose_dict(job, args.config_dir, name, sections=found.sections,
-                                                             disabled=found.disabled),
-                                  explicit_groups(job), backends=found.schemas, sections=found.sections,
-                                  named=found.named)
-                except ConfigError as e:
-                    raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
-        return None
-    cfg = hydra_session.compose_dict(args.overrides, args.config_dir, name, sections=found.sections,
-                                     disabled=found.disabled)
-    to_run_config(cfg, explicit_groups(args.overrides), backends=found.schemas, sections=found.sections,
-                  named=found.named)
-    return Path(hydra_session.resolve_run_dir(cfg)).absolute()
 
 
 def sweep_samples(overrides: list[str]) -> list[tuple[list[str], list[str]]]:
@@ -152,14 +120,16 @@ class HydraRecord:
             record.write(name, OmegaConf.to_yaml(node), durable=False)
 
 
-def run_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:
-    """Validate, build and run one job (``config``: ``cfg`` already typed, else typed here with the
-    plugins' contributions); returns the final validation loss for sweepers."""
+def run_job(cfg: DictConfig, overrides: list[str], typed: Typed | None = None) -> float | None:
+    """Validate, build and run one job (``typed``: ``cfg`` already typed by the composition that asked the
+    plugins, else typed here, a composition of its own); returns the final validation loss for sweepers."""
     from .run import Run
 
-    if config is None:
-        config = api.to_run_config(cfg, explicit_groups(overrides))
-    run = Run(config, plugins=[HydraRecord(cfg)])
+    if typed is None:
+        found = api.config_composition(cfg, for_run=True)
+        typed = Typed(api.typed(found, cfg, explicit_groups(overrides)), found)
+    config = typed.config
+    run = Run(config, plugins=[HydraRecord(cfg)], manager=typed.found.run_manager(config))
     mode = config.mode.value
     if mode == "check":
         result = run.check()
@@ -187,18 +157,23 @@ def hydra_task(cfg: DictConfig) -> float | None:
         from .sweep import run_sweep_job
 
         return run_sweep_job(cfg, run_job)
-    return single_job(cfg, OmegaConf.to_container(HydraConfig.get().overrides.task))  # unresolved, as typed
+    return single_job(cfg, task_overrides(HydraConfig.get()))
 
 
 hydra_main = hydra_session.main_app(hydra_task)
 
 
-def single_job(cfg: DictConfig, overrides: list[str], config: RunConfig | None = None) -> float | None:
+def task_overrides(hydra_cfg: Any) -> list[str]:
+    """The job's overrides as typed on the command line (``${...}`` in them not resolved)."""
+    return [str(o) for o in cast(list, OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))]
+
+
+def single_job(cfg: DictConfig, overrides: list[str], typed: Typed | None = None) -> float | None:
     """``run_job`` for a run that is not part of a sweep: an error csframework raises on purpose is
     reported in one line and ends the process with its status (the traceback with ``debug=true``)."""
     debug = bool(cfg.get("debug", False))
     try:
-        return run_job(cfg, overrides, config)
+        return run_job(cfg, overrides, typed)
     except CsfError as e:
         if debug:
             raise
@@ -221,42 +196,120 @@ def interrupted_line(error: KeyboardInterrupt) -> str:
     return line
 
 
+# -- the one dispatch ----------------------------------------------------------------------------------------
+HYDRA, MULTIRUN, RUN = "hydra", "multirun", "run"
+
+
+class Typed(NamedTuple):
+    """A job's config typed, and the composition (the plugins) that typed it."""
+
+    config: RunConfig
+    found: api.Composition
+
+
+def mode_of(args: Any) -> str:
+    """What the command line asks for, chosen here only (as Hydra's ``_run_hydra`` does): ``multirun``
+    (``-m``, ``hydra.mode=MULTIRUN``), ``hydra`` (help, info, ``--cfg``, shell completion, another config
+    path, ``--resolve``, ``--experimental-rerun``, a usage error: left to Hydra's ``@hydra.main``, which runs
+    a run it composes through ``hydra_task``) or ``run`` (one run, composed once, here)."""
+    if args is None or (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+                        or args.experimental_rerun or args.config_path or args.resolve):
+        return HYDRA
+    swept = args.multirun or any(o.replace(" ", "") == "hydra.mode=MULTIRUN" for o in args.overrides)
+    return MULTIRUN if swept else RUN
+
+
+def check_sweep(args: Any, found: api.Composition) -> None:
+    """Compose every value of every swept key as the jobs will (``sweep_samples``; a sweeper of the user's
+    choice, Optuna's say, picks its own values and is left to itself), raising ``ConfigError`` naming the
+    job, then the key or file."""
+    check_config_files(user_config_dirs(args.overrides, args.config_dir))
+    if any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
+        return
+    for job, swept in sweep_samples(args.overrides):
+        try:
+            cfg = hydra_session.compose_dict(job, args.config_dir, args.config_name or "config",
+                                             sections=found.sections, disabled=found.disabled)
+            api.typed(found, cfg, explicit_groups(job))
+        except ConfigError as e:
+            raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
+
+
+class SingleRun(NamedTuple):
+    """The command line's single run: composed by the Hydra instance that runs it, and the composition (the
+    plugins) that typed it."""
+
+    composed: hydra_session.ComposedRun
+    found: api.Composition
+
+
+def compose_run(args: Any) -> SingleRun | None:
+    """The single run of the command line, composed once (``hydra_session.compose_run``) with the plugins
+    its overrides choose, whose manager the run is handed; its run directory checked. ``None`` when the
+    config itself asks for a sweep (``hydra.mode: MULTIRUN``)."""
+    found = api.command_line_composition(args.overrides, for_run=True)
+    composed = hydra_session.compose_run(args.overrides, args.config_dir, args.config_name or "config",
+                                         backends=found.schemas, sections=found.sections, named=found.named,
+                                         disabled=found.disabled)
+    if composed is None:
+        return None
+    check_run_dir(Path(composed.run_dir))
+    return SingleRun(composed, found)
+
+
 def main() -> None:
-    """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
+    """Entry point of ``python -m csframework`` and the ``csframework`` console script: the command line is
+    parsed once, what it asks for chosen once (``mode_of``), composed and checked, then run. An error
+    csframework raises on purpose before anything ran is one line (the traceback with ``debug=true``)."""
     command.ARGV = list(sys.argv)  # summary.json records the command as typed; hints continue it
-    composed = None
+    args = hydra_session.parse_command_line(sys.argv[1:])
+    mode, single = mode_of(args), None
     try:
-        args = hydra_session.parse_command_line(sys.argv[1:])
-        # the schema with the plugins' sections, their configs and the backends' config files, into Hydra's
-        # ConfigStore (plugins.enable / plugins.disable of the command line count)
-        found = api.command_line_composition(args.overrides if args is not None else [])
-        if is_single_run(args):
-            composed = hydra_session.compose_run(args.overrides, args.config_dir, args.config_name or "config",
-                                                 backends=found.schemas, sections=found.sections, named=found.named,
-                                                 disabled=found.disabled)
-        if composed is None:
-            run_dir = precompose(sys.argv[1:], found)
-        check_run_dir(Path(composed.run_dir) if composed is not None else run_dir)
+        if mode == RUN:
+            single = compose_run(args)
+            mode = RUN if single is not None else MULTIRUN  # the config's own hydra.mode asks for a sweep
+        if mode == MULTIRUN:
+            check_sweep(args, api.command_line_composition(args.overrides))
+        elif mode == HYDRA and args is not None:
+            config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
+            api.command_line_composition(args.overrides)  # the plugins' configs, for Hydra's help and --cfg
+            check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
             raise
         report_error(e)
         sys.exit(e.exit_code)
-    if composed is not None:
-        finish(lambda: run_composed(composed), composed.run_dir)
-        return
-    if is_multirun(sys.argv[1:]):
-        from . import sweep
+    if single is not None:
+        finish(lambda: run_composed(single), single.composed.run_dir)
+    elif mode == MULTIRUN:
+        run_multirun()
+    else:
+        finish(hydra_main, None)
 
-        sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
-        with sweep.forward_signals(), contextlib.suppress(sweep.SweepEnded):  # a worker died: rows written
-            hydra_main()
-        sys.exit(sweep.finish())
-    if run_dir is not None:  # Hydra uses exactly this directory
-        quoted = str(run_dir).replace("'", "\\'")
-        sys.argv = [a for a in sys.argv if a.lstrip("+").split("=", 1)[0] != "hydra.run.dir"]
-        sys.argv.append(f"hydra.run.dir='{quoted}'")
-    finish(hydra_main, run_dir)
+
+def run_composed(single: SingleRun) -> None:
+    """Run the single run the CLI composed (``compose_run``) in the Hydra instance that composed it:
+    ``single_job`` with the typed config and the composition's plugins, the overrides as typed (``${...}``
+    in them not resolved)."""
+    composed = single.composed
+    overrides = task_overrides(composed.cfg.hydra)
+    typed = Typed(composed.config, single.found)
+
+    def task(task_cfg: DictConfig) -> float | None:
+        return single_job(task_cfg, overrides, typed)
+
+    hydra_session.run_composed(composed, task)
+
+
+def run_multirun() -> None:
+    """A sweep: Hydra's ``@hydra.main`` runs the jobs (``hydra_task``); then the sweep's table, plot and
+    exit status (``csframework.sweep``)."""
+    from . import sweep
+
+    sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
+    with sweep.forward_signals(), contextlib.suppress(sweep.SweepEnded):  # a worker died: rows written
+        hydra_main()
+    sys.exit(sweep.finish())
 
 
 def finish(run, run_dir: Path | str | None) -> None:
@@ -272,25 +325,6 @@ def finish(run, run_dir: Path | str | None) -> None:
         leave_process_group(e.code)
         raise
     leave_process_group(0)
-
-
-def is_single_run(args) -> bool:
-    """Whether the command line (Hydra's parse of it) asks for one plain run: no help, info, ``--cfg``,
-    sweep, ``hydra.mode`` override or other config path, which are left to ``@hydra.main``."""
-    return not (args is None or args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
-                or args.experimental_rerun or args.config_path or args.resolve or args.multirun
-                or any(o.lstrip("+~").startswith("hydra.mode=") for o in args.overrides))
-
-
-def run_composed(composed: hydra_session.ComposedRun) -> None:
-    """Run the single run the CLI composed (``hydra_session.compose_run``) in the Hydra instance that composed
-    it: ``single_job`` with the typed config, the overrides as typed (``${...}`` in them not resolved)."""
-    overrides = OmegaConf.to_container(composed.cfg.hydra.overrides.task)
-
-    def task(task_cfg: DictConfig) -> float | None:
-        return single_job(task_cfg, overrides, composed.config)
-
-    hydra_session.run_composed(composed, task)
 
 
 def leave_process_group(status) -> None:
@@ -320,10 +354,6 @@ def leave_process_group(status) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
-
-
-def is_multirun(argv: list[str]) -> bool:
-    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
 if __name__ == "__main__":

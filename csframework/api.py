@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+import pluggy
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from . import config, hydra_session
-from .backends.base import BackendSpec
+from .protocol import BackendSpec
 from .builtin import builtin_plugins
 from .plugins import (COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, named_backend_specs,
                       plugin_choices)
@@ -20,16 +21,22 @@ from .plugins import (COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, co
 
 @dataclass
 class Composition:
-    """What the plugins contribute to composition."""
+    """What the plugins contribute to composition, and the plugin manager that asked them."""
 
     backends: dict[str, BackendSpec]
     """Each device type's backend."""
+    manager: pluggy.PluginManager
+    """The plugins, registered (``plugins.build_manager``); handed to the ``Run`` when built ``for_run``."""
     sections: dict[str, type] = field(default_factory=dict)
     """The plugins' own config sections (``csframework_config_sections``)."""
+    enabled: list[str] = field(default_factory=list)
+    """The ``plugins.enable`` modules asked."""
     disabled: list[str] = field(default_factory=list)
     """The disabled plugins (their sections are gone)."""
     named_backends: dict[str, BackendSpec] = field(default_factory=dict)
     """The backends chosen by name (``backend=<name>``), by name."""
+    for_run: bool = False
+    """Every plugin is registered (a class instantiated): ``manager`` can serve the run."""
 
     @property
     def schemas(self) -> dict[str, type]:
@@ -46,24 +53,38 @@ class Composition:
         specs = [*self.backends.values(), *self.named_backends.values()]
         return list(dict.fromkeys(spec.config_path for spec in specs if spec.config_path))
 
+    def run_manager(self, run_config: config.RunConfig) -> pluggy.PluginManager | None:
+        """``manager`` for the run of ``run_config`` (``Run(..., manager=)``) when it holds that run's plugins:
+        built ``for_run`` with the ``plugins.enable`` / ``plugins.disable`` the config ended up with (a config
+        file may set them); else ``None``, and the run builds its own."""
+        chosen = run_config.plugins
+        if self.for_run and list(chosen.enable) == self.enabled and list(chosen.disable) == self.disabled:
+            return self.manager
+        return None
 
-def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable: Iterable[str] = ()) -> Composition:
+
+def composition(plugins: Iterable[Any] = (), enable: Iterable[str] = (), disable: Iterable[str] = (),
+                for_run: bool = False) -> Composition:
     """Ask the entry-point plugins, the ``enable`` modules, ``plugins`` and the built-ins, minus ``disable``
     (never imported); puts the schema (with the plugins' config sections), the backends' config files and
-    the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore."""
-    pm = build_manager(builtin_plugins(), enable, plugins, disable, asking=COMPOSITION_HOOKS)
+    the plugins' configs (``csframework_register_configs``) into Hydra's ConfigStore. Only a class plugin
+    that takes part in composition is instantiated, unless ``for_run`` (the manager then serves the run)."""
+    enable, disable = list(enable), list(disable)
+    pm = build_manager(builtin_plugins(), enable, plugins, disable, asking=None if for_run else COMPOSITION_HOOKS)
     hooks = Hooks(pm)
-    found = Composition(backend_specs(hooks), config_sections(pm), list(disable), named_backend_specs(hooks))
+    found = Composition(backend_specs(hooks), pm, config_sections(pm), enable, disable, named_backend_specs(hooks),
+                        for_run)
     hydra_session.register_schemas(found.sections)
     hydra_session.register_config_files(found.config_files)
     hooks.csframework_register_configs(config_store=ConfigStore.instance())
     return found
 
 
-def command_line_composition(overrides: Sequence[str], plugins: Iterable[Any] = ()) -> Composition:
+def command_line_composition(overrides: Sequence[str], plugins: Iterable[Any] = (),
+                             for_run: bool = False) -> Composition:
     """``composition`` with the ``plugins.enable`` / ``plugins.disable`` the overrides set."""
     enable, disable = plugin_choices(overrides)
-    return composition(plugins, enable, disable)
+    return composition(plugins, enable, disable, for_run)
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config",
@@ -79,9 +100,19 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
                                  sections=found.sections, disabled=found.disabled, named=found.named)
 
 
+def config_composition(cfg: DictConfig, plugins: Iterable[Any] = (), for_run: bool = False) -> Composition:
+    """``composition`` for a config Hydra composed, whose own ``plugins.enable`` / ``plugins.disable`` say
+    which plugins count."""
+    chosen = cfg.get("plugins") or {}
+    return composition(plugins, list(chosen.get("enable") or ()), list(chosen.get("disable") or ()), for_run)
+
+
+def typed(found: Composition, cfg: DictConfig, selected: Sequence[str] = ()) -> config.RunConfig:
+    """``config.to_run_config`` with the backend schemas and sections of ``found``."""
+    return config.to_run_config(cfg, selected, backends=found.schemas, sections=found.sections, named=found.named)
+
+
 def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), plugins: Iterable[Any] = ()) -> config.RunConfig:
     """``config.to_run_config`` with the plugins' backend schemas and sections (a config Hydra composed,
     whose own ``plugins.enable`` / ``plugins.disable`` say which plugins count)."""
-    chosen = cfg.get("plugins") or {}
-    found = composition(plugins, list(chosen.get("enable") or ()), list(chosen.get("disable") or ()))
-    return config.to_run_config(cfg, selected, backends=found.schemas, sections=found.sections, named=found.named)
+    return typed(config_composition(cfg, plugins), cfg, selected)

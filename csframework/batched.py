@@ -12,7 +12,7 @@ position), and ``BatchReader`` turns each into the batch.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sized, TypeGuard, TypeVar, cast
 
 import numpy as np
 import torch
@@ -21,6 +21,8 @@ from torch.utils.data._utils.pin_memory import pin_memory  # the DataLoader's ow
 
 from .errors import DataError
 from .rng import seed_batch
+
+_D = TypeVar("_D", bound=Dataset)
 
 
 def batch_reader(dataset: Dataset) -> Callable[[torch.Tensor], Any] | None:
@@ -48,7 +50,7 @@ def batch_reader(dataset: Dataset) -> Callable[[torch.Tensor], Any] | None:
     if _reads_as(dataset, Subset):
         inner = batch_reader(dataset.dataset)
         through = _subset_rows(dataset) if inner is not None else None
-        if through is None:  # read sample by sample, where a bad index fails as it would without this path
+        if inner is None or through is None:  # sample by sample, where a bad index fails as without this path
             return None
         if isinstance(inner, functools.partial) and inner.func is _select:  # of a (Subset of a) TensorDataset
             before = inner.keywords.get("through")
@@ -58,7 +60,7 @@ def batch_reader(dataset: Dataset) -> Callable[[torch.Tensor], Any] | None:
     return None
 
 
-def _reads_as(dataset: Dataset, base: type) -> bool:
+def _reads_as(dataset: Dataset, base: type[_D]) -> TypeGuard[_D]:
     """``dataset`` is a ``base`` whose class reads samples as ``base`` does (overrides neither reader)."""
     cls = type(dataset)
     return (isinstance(dataset, base) and cls.__getitem__ is base.__getitem__
@@ -76,7 +78,7 @@ def _subset_rows(subset: Subset) -> torch.Tensor | None:
     except (TypeError, ValueError, RuntimeError):
         return None
     try:
-        size = len(subset.dataset)
+        size = len(cast(Sized, subset.dataset))  # no __len__: the TypeError below
     except (TypeError, ValueError, OverflowError):  # no usable length: sample by sample, where it fails as usual
         return None
     # uint8 and bool index tensors are masks to torch's indexing, not indices: the per-sample path's way
@@ -143,7 +145,7 @@ class BatchReader(Dataset):
     def __init__(self, dataset: Dataset, read: Callable[[torch.Tensor], Any], seed: int, tagged: bool,
                  role: str = "data"):
         self.dataset, self.read, self.seed, self.tagged, self.role = dataset, read, seed, tagged, role
-        self.size = len(dataset)
+        self.size = len(cast(Sized, dataset))  # map-style: data.dataset_size checked its __len__
         # a user's __getbatch__ is checked batch by batch: the length of each tensor, cheap beside a read
         self.user_code = not (isinstance(read, functools.partial) and read.func is _select)
 
@@ -225,10 +227,11 @@ class InProcessPass:
         self._indices, self._read, self._length = iter(sampler), reader.__getitem__, len(sampler)
         self._pin = pin
         self._ahead: list = []
-        plain = isinstance(reader.read, functools.partial) and reader.read.func is _select
-        tensors = reader.read.args[0] if plain else None
+        read = reader.read
+        select = read if isinstance(read, functools.partial) and read.func is _select else None
+        tensors = select.args[0] if select is not None else None
         self._tensors = tensors if tensors is not None and not reader.tagged else None
-        self._through = reader.read.keywords.get("through") if plain else None
+        self._through = select.keywords.get("through") if select is not None else None
         if self._tensors is not None:
             row = sum(t[:1].numel() * t.element_size() for t in self._tensors)
             self._chunk = max(1, min(64, READ_AHEAD_BYTES // max(1, row * sampler.batch_size)))

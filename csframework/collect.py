@@ -145,7 +145,7 @@ class Collector:
             piece = local[start:start + chunk].contiguous()
             pieces = [torch.empty_like(piece) for _ in range(ws)] if self.rank == 0 else None
             dist.gather(piece, pieces, dst=0, group=self.group)
-            if self.rank == 0:
+            if pieces is not None:  # rank 0
                 self.peak = max(self.peak, self.held + piece.nbytes * (ws + 1))
                 at, end = start * ws, min(total, (start + len(piece)) * ws)
                 if end > at:

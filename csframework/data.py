@@ -1,195 +1,26 @@
-"""Data loaders owned by the framework: a sampler whose order is a function of (seed, epoch) and which can
-start in the middle of an epoch, so resume is exact and distributed sharding is explicit; iterable datasets
-sharded across ranks and workers the same way. A map-style dataset that can index a whole batch at once is
+"""Data loaders owned by the framework, over ``csframework.sampling``'s orders (a sampler whose order is a
+function of (seed, epoch) and which can start in the middle of an epoch, so resume is exact and distributed
+sharding is explicit; iterable datasets sharded across ranks and workers the same way), and the one place a
+stage's loaders are built (``build_loader``, ``stage_loaders``). A map-style dataset that can index a whole batch at once is
 read a batch at a time (``csframework.batched``), in the very batches of the per-sample path."""
 from __future__ import annotations
 
 import functools
-import operator
 import os
-import reprlib
 import signal
 import sys
 import weakref
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .batched import BatchIndices, BatchReader, InProcessPass, as_is, batch_reader
+from .config import DataConfig, RunConfig, plain
+from .config.sections import eval_set_key, eval_sets
 from .errors import ConfigError, CsfError, DataError, DataTimeoutError
-from .rng import seed_batch, seed_everything
-
-
-#: The most samples a map-style dataset may have: the sampler holds each epoch's order in memory as int64
-#: indices (8 TiB at this bound), and loader workers receive ``epoch * len + index``, an int64 too.
-MAX_DATASET_LEN = 2**40
-
-
-def dataset_size(dataset: Dataset, role: str) -> int:
-    """``len(dataset)`` of a map-style dataset; a ``ConfigError`` naming ``role`` (``data.train``) and the
-    value unless ``__len__`` gives an int from 0 to ``MAX_DATASET_LEN``."""
-    name = type(dataset).__name__
-    length = getattr(type(dataset), "__len__", None)
-    if length is None:
-        raise ConfigError(f"{role}: {name} has no __len__, so it is no map-style dataset, nor is it an "
-                          "IterableDataset; give it __len__ and __getitem__, or derive it from IterableDataset")
-    value = length(dataset)  # what len() would check, checked here to name the dataset and the value
-    try:
-        size = operator.index(value)
-    except TypeError:
-        size = None
-    if size is not None and size > MAX_DATASET_LEN:
-        raise ConfigError(f"{role}: {name}.__len__ returned {reprlib.repr(value)}, more than the {MAX_DATASET_LEN} "
-                          "samples (2**40) a sampler can index (it holds an epoch's order in memory); make a "
-                          "dataset that large an IterableDataset")
-    if size is None or size < 0:
-        raise ConfigError(f"{role}: {name}.__len__ returned {reprlib.repr(value)}, which is no number of samples; "
-                          "it must return an int from 0 up")
-    return size
-
-
-class ResumableSampler(Sampler[int]):
-    """Indices of one epoch for one rank: permuted by ``seed + epoch`` when shuffling, sharded by rank,
-    starting at ``start`` (samples already consumed in this epoch). With ``tag_epoch`` each index is sent as
-    ``epoch * size + index`` (for ``WorkerSeeded``, which seeds each batch by its epoch).
-
-    Every rank gets the same number of samples, so all take the same steps: training drops the remainder
-    of ``size / world_size``; with ``pad`` (evaluation) the order wraps around to fill the last round
-    instead, so every sample is seen; sample ``i`` of rank ``r`` is position ``i * world_size + r`` of the
-    order, and positions from ``size`` on are the padding (the output collector drops them).
-
-    With ``sample`` (``loop.eval_steps``), a pass reads that many indices drawn without replacement from the
-    whole set by ``seed + epoch`` (evaluation: ``set_epoch(draw)`` picks the draw), in dataset order."""
-
-    def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                 tag_epoch: bool = False, pad: bool = False, sample: int | None = None):
-        self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.rank, self.world_size, self.tag_epoch, self.pad = rank, world_size, tag_epoch, pad
-        self.sample = sample if sample is not None and sample < size else None  # None: every index
-        self.epoch = 0
-        self.start = 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.order().tolist())
-
-    def order(self) -> torch.Tensor:
-        """The indices this pass yields, as one tensor."""
-        if self.sample is not None:  # a stream of its own: not the training order of the same seed and epoch
-            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + 11)
-            order = torch.randperm(self.size, generator=g)[:self.sample].sort().values
-        elif self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.size, generator=g)
-        else:
-            order = torch.arange(self.size)
-        total = self.per_rank * self.world_size
-        if total > len(order):
-            order = order.repeat(-(-total // len(order)))
-        order = order[self.rank: total: self.world_size][self.start:]
-        if self.tag_epoch:
-            order = order + self.epoch * self.size
-        return order
-
-    @property
-    def count(self) -> int:
-        """The indices of a pass over all ranks (before padding): the sample's, or the set's size."""
-        return self.sample if self.sample is not None else self.size
-
-    @property
-    def per_rank(self) -> int:
-        if self.pad and self.count:
-            return -(-self.count // self.world_size)
-        return self.count // self.world_size
-
-    def __len__(self) -> int:
-        # a pass resumed after an epoch's short last batch starts past the end: no sample left, not fewer
-        return max(0, self.per_rank - self.start)
-
-
-class WorkerSeeded(Dataset):
-    """A map-style dataset as loader workers read it: the sampler sends ``epoch * len + index``, and each
-    batch is fetched after seeding Python, NumPy and torch from (seed, epoch, first index). A batch's random
-    augmentations then depend neither on which worker loads it, nor on where in the epoch a resumed run
-    started, nor on whether the workers persist across epochs (``data.persistent_workers``), so resume is
-    exact with workers too."""
-
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset, self.seed, self.size = dataset, seed, len(dataset)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, tagged: int):
-        return self.__getitems__([tagged])[0]
-
-    def __getitems__(self, tagged: list):
-        seed_batch(self.seed, self.size, int(tagged[0]))
-        indices = [int(i) % self.size for i in tagged]
-        getitems = getattr(self.dataset, "__getitems__", None)
-        return getitems(indices) if getitems else [self.dataset[i] for i in indices]
-
-
-class IterableShards(IterableDataset):
-    """An ``IterableDataset`` as one rank and one loader worker read it, so each sample is read once per
-    epoch across ranks and workers, in the batches a single process would make.
-
-    Of every ``world_size`` consecutive samples, rank r keeps the r-th (an incomplete last group is dropped,
-    so every rank takes the same number of steps); of the rank's batches, worker w loads every
-    ``num_workers``-th, which the loader's round robin yields in order. ``set_epoch(epoch, start)`` passes
-    the epoch on (to the dataset's own ``set_epoch`` if it has one) and skips the first ``start`` samples of
-    the rank's share: resume re-reads the epoch up to its position, exact when the dataset yields the same
-    samples for the same epoch. A dataset with ``state_dict``/``load_state_dict`` is restored from the
-    checkpoint instead (with ``data.num_workers=0``, where its state is this process's)."""
-
-    def __init__(self, dataset: IterableDataset, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-        self.restored = False  # load_state_dict() ran: the dataset continues by itself, skip nothing
-        self.pass_ended = False  # this process's pass reached the end of the dataset's iterator
-        self.skip_pass = False  # restored where the saved pass had ended: the resumed epoch has no batch left
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, 0 if self.restored else start
-        self.restored = False
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-
-    def stateful(self) -> bool:
-        return callable(getattr(self.dataset, "state_dict", None)) and callable(
-            getattr(self.dataset, "load_state_dict", None))
-
-    def state_dict(self):
-        return self.dataset.state_dict()
-
-    def load_state_dict(self, state, pass_ended: bool = False) -> None:
-        """Restore the dataset; ``pass_ended``: the checkpoint was written after its iterator ended (to make
-        a short last batch), so the dataset's state is already the next pass's and the resumed epoch ends."""
-        self.dataset.load_state_dict(state)
-        self.restored, self.skip_pass = True, pass_ended
-
-    def __iter__(self):
-        if self.skip_pass:
-            self.skip_pass = False
-            return
-        self.pass_ended = False
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        group: list = []
-        position = 0  # in this rank's share of the epoch
-        for sample in self.dataset:
-            group.append(sample)
-            if len(group) < self.world_size:
-                continue
-            mine, group = group[self.rank], []
-            if position >= self.start and ((position - self.start) // self.batch_size) % workers == worker:
-                yield mine
-            position += 1
-        self.pass_ended = True
+from .rng import seed_everything
+from .sampling import MAX_DATASET_LEN, IterableShards, ResumableSampler, WorkerSeeded, dataset_size
 
 
 def _worker_start(worker_id: int) -> None:
@@ -207,12 +38,11 @@ def build_collate(spec: Any, key: str = "data.collate_fn"):
     keys are bound as keyword arguments) or a class (built with them; its instances are called)."""
     if spec is None:
         return None
-    from .schedule import plain
-    from .targets import build, locate
+    from .targets import build, find_target
 
     spec = {"_target_": spec} if isinstance(spec, str) else plain(spec)
     target = spec.pop("_target_", None)
-    found = locate(target, f"{key}._target_")
+    found = find_target(target, f"{key}._target_")
     made = build({"_target_": target, **spec}, key) if isinstance(found, type) else (
         functools.partial(found, **spec) if spec else found)
     if not callable(made):
@@ -286,6 +116,7 @@ class Batches:
 
     def __init__(self, iterator, loader: "FrameworkLoader"):
         self._iterator, self._loader = iterator, loader
+        self._length: int | None
         try:
             self._length = len(iterator)
         except TypeError:  # an IterableDataset: its length is known when its iterator ends
@@ -379,12 +210,14 @@ class FrameworkLoader(DataLoader):
         self.role, self.position, self.samples_per_batch = role, position, samples_per_batch
         self._passes: weakref.WeakSet = weakref.WeakSet()  # a pass nobody holds was shut down by torch
 
-    def __iter__(self) -> Batches | InProcessPass:
-        if isinstance(self.dataset, BatchReader) and self.num_workers == 0:
+    def __iter__(self) -> Batches | InProcessPass:  # type: ignore[override]  # a pass, not torch's iterator
+        batches: Batches | InProcessPass
+        sampler = self.sampler
+        if isinstance(self.dataset, BatchReader) and isinstance(sampler, BatchIndices) and self.num_workers == 0:
             # pinned as the DataLoader pins: where CUDA is (pin_memory asks for pinning that needs it); no
             # worker to wait for, so no Batches around it (a frame less for every batch)
             pin = self.pin_memory and torch.cuda.is_available()
-            batches = InProcessPass(self.sampler, self.dataset, pin)
+            batches = InProcessPass(sampler, self.dataset, pin)
         else:
             batches = Batches(super().__iter__(), self)
         self._passes.add(batches)
@@ -421,7 +254,7 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
     tagged = num_workers > 0
     if collate_fn is not None:
         collate_fn = CheckedCollate(collate_fn, role)
-    common = dict(num_workers=num_workers, pin_memory=pin_memory, worker_init_fn=_worker_start,
+    common: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory, worker_init_fn=_worker_start,
                   prefetch_factor=prefetch_factor, persistent_workers=persistent_workers and tagged,
                   generator=torch.Generator().manual_seed(seed), role=role, samples_per_batch=batch_size,
                   timeout=timeout_s if tagged else 0)
@@ -449,7 +282,7 @@ def is_iterable(loader: DataLoader) -> bool:
     return isinstance(loader.dataset, IterableShards)
 
 
-def epoch_batches(loader: DataLoader, epoch: int, start_batch: int = 0):
+def epoch_batches(loader: FrameworkLoader, epoch: int, start_batch: int = 0) -> Iterator[Any]:
     """Iterate the batches of ``epoch`` starting after ``start_batch`` batches."""
     position = loader.position
     position.set_epoch(epoch, start_batch * loader.samples_per_batch)
@@ -467,3 +300,85 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any
         moved = [move_to(v, device, non_blocking) for v in batch]
         return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
     return batch
+
+
+# -- a stage's loaders ----------------------------------------------------------------------------------------
+def build_loader(data: DataConfig, role: str, seed: int, *, rank: int = 0, world_size: int = 1,
+                 device_type: str = "CPU", eval_steps: int | None = None) -> tuple[FrameworkLoader, Any]:
+    """The loader of one set of ``data`` and its dataset: ``role`` ``"train"`` (``data.train``, shuffled and
+    cut as ``data`` says) or an evaluation set's name (``val`` ...: in order, padded, ``eval_steps`` batches
+    per process of samples drawn over it). Every setting of ``data`` applies (workers, their timeout,
+    ``pin_memory``, prefetching); the one place a loader is assembled, for the run and for the
+    ``csframework-cerebras`` input workers."""
+    from .targets import build
+
+    pin = data.pin_memory if data.pin_memory is not None else device_type == "GPU"
+    options: dict[str, Any] = dict(
+        seed=seed, num_workers=data.num_workers, rank=rank, world_size=world_size, pin_memory=pin,
+        collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s, persistent_workers=data.persistent_workers,
+        prefetch_factor=data.prefetch_factor, batched_fetch=data.batched_fetch)
+    if role == "train":
+        dataset = build(data.train, "data.train")
+        return make_loader(dataset, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
+                           role="data.train", **options), dataset
+    spec = eval_sets(data).get(role)
+    key = eval_set_key(data, role)
+    if spec is None:
+        raise ConfigError(f"{key}: no such evaluation set (sets: {', '.join(eval_sets(data)) or 'none'}); set it")
+    dataset = build(spec, key)
+    batch_size = data.eval_batch_size or data.batch_size
+    sample = eval_steps * batch_size * world_size if eval_steps else None
+    return make_loader(dataset, batch_size, shuffle=False, drop_last=False, role=key, pad=True, sample=sample,
+                       **options), dataset
+
+
+def stage_loaders(cfg: RunConfig, rank: int = 0, world_size: int = 1
+                  ) -> tuple[FrameworkLoader, dict[str, FrameworkLoader]]:
+    """A stage's training loader and its evaluation sets' loaders by name (``data.val`` as ``val`` first),
+    refusing with a ``ConfigError`` naming the setting what would train or evaluate nothing."""
+    data, loop = cfg.data, cfg.loop
+    train_loader, train = build_loader(data, "train", cfg.seed, rank=rank, world_size=world_size,
+                                       device_type=cfg.device.type)
+    check_train_loader(train_loader, train, cfg)
+    loaders = {}
+    for name in eval_sets(data):
+        loader, dataset = build_loader(data, name, cfg.seed, rank=rank, world_size=world_size,
+                                       device_type=cfg.device.type, eval_steps=loop.eval_steps)
+        if not is_iterable(loader) and len(dataset) == 0:
+            key = eval_set_key(data, name)
+            raise ConfigError(f"{key}: the dataset is empty ({type(dataset).__name__} has no sample); "
+                              f"check it, or set {key}=null to train without evaluating it")
+        loaders[name] = loader
+    return train_loader, loaders
+
+
+def check_train_loader(loader: FrameworkLoader, dataset: Any, cfg: RunConfig) -> None:
+    """Refuse a training loader that makes no step: an empty set, a batch larger than the set with
+    ``drop_last``, fewer batches than a step takes; an ``IterableDataset`` without ``loop.max_steps``."""
+    data, loop = cfg.data, cfg.loop
+    if is_iterable(loader):
+        if loop.max_steps is None:
+            raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
+                              "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+    elif len(dataset) == 0:
+        raise ConfigError(f"data.train: the dataset is empty ({type(dataset).__name__} has no sample); check it")
+    elif len(loader) == 0:
+        raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
+                          f"({len(dataset)} samples, {len(loader.position)} per process) with drop_last; lower it")
+    elif loop.max_steps is None and (loop.max_epochs or 0) * len(loader) < loop.grad_accum_steps:
+        raise ConfigError(f"loop.grad_accum_steps: a step takes {loop.grad_accum_steps} batches, and "
+                          f"{loop.max_epochs} epoch(s) of {len(loader)} batch(es) make no step; "
+                          "lower it, or raise loop.max_epochs")
+
+
+def total_steps(cfg: RunConfig, train_loader: FrameworkLoader) -> int:
+    """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
+    loop = cfg.loop
+    if loop.max_steps is not None:
+        return loop.max_steps
+    # a step may span two epochs of a stage (only its end drops a partial step: loop._drop_partial_step)
+    return (loop.max_epochs or 0) * len(train_loader) // loop.grad_accum_steps
+
+
+__all__ = ["MAX_DATASET_LEN", "FrameworkLoader", "ResumableSampler", "build_collate", "build_loader",
+           "epoch_batches", "is_iterable", "make_loader", "move_to", "stage_loaders", "total_steps"]

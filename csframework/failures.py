@@ -6,7 +6,10 @@ the console with ``debug=true``. Errors csframework raises on purpose (``CsfErro
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -120,3 +123,16 @@ def _user_frame(error: BaseException) -> tuple[str, int, str] | None:
         return None
     file, line, function = (own or frames)[-1]
     return shown_path(file), line, function
+
+
+def leave_if_forked(owner: int, error: BaseException | None = None) -> None:
+    """End this process if it is not ``owner`` but a child a plugin forked that came back into the run
+    instead of exiting: it must not run the framework's completion or failure paths (``summary.json``,
+    checkpoints, ``on_exception``), which are its parent's."""
+    if os.getpid() == owner:
+        return
+    code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

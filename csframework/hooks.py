@@ -8,8 +8,8 @@ API only (``get_hookimpls``, ``HookImpl``'s ``function``/``argnames``/``kwargnam
 - a hook whose implementations are all plain functions (no wrappers, no optional arguments) calls them
   itself, in pluggy's order with pluggy's results, at about half the cost of pluggy's dispatch (figures in
   docs/performance.md);
-- wrappers, and a manager whose calls are traced or monitored (``Manager.observed``, set by pluggy's public
-  ``enable_tracing``/``add_hookcall_monitoring``), go through pluggy as they are.
+- wrappers, and a manager whose calls are traced or monitored (``ObservedManager.observed``, set by
+  pluggy's public ``enable_tracing``/``add_hookcall_monitoring``), go through pluggy as they are.
 
 An exception raised inside an implementation becomes a ``PluginError`` naming the plugin and the hook.
 """
@@ -23,10 +23,10 @@ import pluggy
 from .config.readonly import read_only_error
 from .errors import NonFiniteLossError, PluginError
 
-__all__ = ["Hooks", "Manager", "plugin_error"]
+__all__ = ["Hooks", "ObservedManager", "plugin_error"]
 
 
-class Manager(pluggy.PluginManager):
+class ObservedManager(pluggy.PluginManager):
     """pluggy's manager, remembering whether anyone traces or monitors its hook calls (``observed``): then
     every call goes through pluggy, which does the tracing. ``csframework.plugins.build_manager`` makes one
     that also checks each plugin's hook implementations as it registers."""
@@ -84,7 +84,7 @@ def _caller(pm: pluggy.PluginManager, hook_name: str, hook) -> Callable[..., Any
 
         nobody.__name__ = hook_name
         return nobody
-    direct = _direct_calls(impls, firstresult) if isinstance(pm, Manager) else None  # else: always pluggy
+    direct = _direct_calls(impls, firstresult) if isinstance(pm, ObservedManager) else None  # else: always pluggy
 
     def call(**kwargs):
         try:

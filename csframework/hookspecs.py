@@ -66,9 +66,8 @@ if TYPE_CHECKING:
     import torch
     from hydra.core.config_store import ConfigStore
 
-    from .backends.base import BackendSpec
     from .config import RunConfig
-    from .protocol import RunProtocol
+    from .protocol import BackendSpec, RunProtocol
 
 PROJECT = "csframework"
 #: Marks a hook specification (this module's functions, or a plugin's own ``add_hookspecs`` module).

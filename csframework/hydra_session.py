@@ -80,7 +80,7 @@ def parse_command_line(argv: list[str]):
         return None
 
 
-def locate(path: str) -> Any:
+def import_object(path: str) -> Any:
     """The object at the dotted ``path`` (a class, function or module attribute), as Hydra's ``_target_``
     finds it; raises what the import raised. (``hydra.utils.get_object`` would also log the error, and the
     callers report it themselves, in one line.)"""

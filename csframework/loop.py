@@ -162,7 +162,7 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
         state.stop_after_this_step(signum)
     run.hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
     run.hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
-    if state.stopping:
+    if state.stopping and state.stop_signal is not None:  # set together (RunState.stop_after_this_step)
         raise Interrupted(state.stop_signal, state.global_step)
 
 
@@ -235,6 +235,19 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
+def check_parameters_finite(run: RunProtocol) -> None:
+    """Raise ``NonFiniteLossError`` naming the first parameter that is not finite. One synchronisation;
+    under a sharded backend each rank checks its own shards, and all ranks agree (all of them save or none)."""
+    flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in run.model.parameters()]
+    finite = not flags or bool(torch.stack(flags).all())
+    if run.backend.sharded:  # under ddp only rank 0 saves, so only a sharded backend's ranks all ask
+        finite = run.backend.all_ranks_agree(finite)
+    if not finite:
+        names = [n for (n, _), ok in zip(run.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
+        raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {run.global_step}; "
+                                 "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
+
+
 def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.Tensor | None:
     """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
 
@@ -246,7 +259,7 @@ def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.
         losses = torch.stack(pending).float()
     finite = torch.isfinite(losses) if losses is not None else None
     first_bad = None
-    if finite is not None and not bool(finite.all()):
+    if losses is not None and finite is not None and not bool(finite.all()):
         bad = int((~finite).nonzero()[0])
         first_bad = (run.global_step - len(losses) + 1 + bad, losses[bad].item())
     if run.stage_config.precision.loss_scaling != "dynamic":
@@ -330,7 +343,7 @@ def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | No
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
     limit = loop.eval_steps
     sampler = getattr(loader, "position", None)
-    if getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
+    if sampler is not None and getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
         fresh = getattr(run.stage_config.data.eval_sample, "value", run.stage_config.data.eval_sample) == "fresh"
         sampler.set_epoch(run.global_step if fresh else 0)
     hooks.on_eval_epoch_start(run=run, epoch=run.epoch)

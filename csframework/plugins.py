@@ -21,11 +21,12 @@ from .hooks import Hooks
 from .hookspecs import PROJECT, hookimpl
 
 if TYPE_CHECKING:
-    from .backends.base import BackendSpec
+    from .config import RunConfig
+    from .protocol import BackendSpec
 
 __all__ = ["ENTRY_POINT_GROUP", "AUTOLOAD_ENV", "COMPOSITION_HOOKS", "SECTION_NAME", "RESERVED_SECTIONS", "Hooks",
            "build_manager", "backend_specs", "named_backend_specs", "config_sections", "check_sections",
-           "plugin_choices", "hookimpl", "plugin_name"]
+           "plugin_choices", "hookimpl", "plugin_name", "validation_problems"]
 
 ENTRY_POINT_GROUP = "csframework.plugins"
 #: ``0``/``none``: load no entry-point plugin; ``a,b``: only those; unset, ``1`` or ``all``: every one
@@ -152,7 +153,7 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
     if unknown:
         raise ConfigError(f"plugins.disable: no plugin named {', '.join(sorted(unknown))} "
                           f"(known: {', '.join(sorted(known))})")
-    pm = Manager(PROJECT)
+    pm = CheckingManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     for name in disable:
         pm.set_blocked(name)
@@ -291,7 +292,7 @@ def named_backend_specs(hooks: Hooks) -> dict[str, BackendSpec]:
     return specs
 
 
-class Manager(hooks.Manager):
+class CheckingManager(hooks.ObservedManager):
     """pluggy's manager, whose ``register`` (entry points' included) first checks each of a plugin's hook
     implementations against the hook specs (``check_hookimpls``)."""
 
@@ -340,3 +341,23 @@ def _hook_names(pm: pluggy.PluginManager) -> list[str]:
     return [n for n in vars(pm.hook) if not n.startswith("_") and getattr(pm.hook, n).has_spec()]
 
 
+def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:
+    """The problems all ``csframework_validate`` implementations found. Each returns ``None`` or a list of
+    strings (a string alone is one problem); any other result is refused naming the plugin (``PluginError``:
+    a plugin whose verdict cannot be read must not let the run through)."""
+    problems: list[str] = []
+    for plugin, verdict in hooks.each("csframework_validate", config=config):
+        if verdict is None:
+            continue
+        found = [verdict] if isinstance(verdict, str) else verdict
+        wrong: str | None
+        if not isinstance(found, (list, tuple)):
+            wrong = f"a value of type {type(found).__name__} ({found!r:.60})"
+        else:
+            wrong = next((f"a list holding a value of type {type(p).__name__} ({p!r:.60})"
+                          for p in found if not isinstance(p, str)), None)
+        if wrong:
+            raise PluginError(plugin, "csframework_validate", TypeError(
+                f"it returned {wrong}; return None or a list of strings, one per problem"))
+        problems += found
+    return problems

@@ -1,5 +1,6 @@
 """The contracts on the lowest floor: what a hook, the step and a backend may read and call on a run
-(``RunProtocol``), and what the loop and the run call on a backend (``Backend``).
+(``RunProtocol``), what the loop and the run call on a backend (``Backend``), and how a plugin supplies a
+backend (``BackendSpec``).
 
 Hooks (``hookspecs``), the step sequence (``step``), the loop and the backends are typed against these, not
 against ``run.Run``, so nothing below ``run.py`` imports it, not even for the type checker; ``run.Run``
@@ -7,8 +8,9 @@ satisfies ``RunProtocol`` (checked by the type checker in ``run.py``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -26,18 +28,12 @@ class RunProtocol(Protocol):
     """The run's config (read-only once validated)."""
     hooks: Hooks
     """Calls hooks: ``run.hooks.on_x(run=run, ...)``."""
-    backend: Backend | None
-    """The current stage's backend."""
     model: torch.nn.Module
     """The model (unwrapped)."""
-    module: torch.nn.Module
-    """What the steps call: the model, or its DDP/FSDP wrapper."""
     optimizer: torch.optim.Optimizer
-    param_groups: list[Any]
-    """The optimizer's parameter groups (``csframework.param_groups.ParamGroup``: name, members, settings),
-    in the order of ``optimizer.param_groups``."""
+    """The current stage's optimizer (a backend's ``attach`` may replace it)."""
     scheduler: Any
-    """The learning-rate schedule (``csframework.schedule``)."""
+    """The learning-rate schedule (``csframework.schedule``; a backend's ``attach`` may replace it)."""
     state: RunState
     """The position, stop requests and metrics, written by the loop."""
     log: Any
@@ -56,14 +52,28 @@ class RunProtocol(Protocol):
     eval_outputs: dict[str, torch.Tensor]
     """During ``on_eval_end``: the outputs named in ``loop.collect``."""
     stages: list[tuple[str, RunConfig]]
-    train_loader: Any
-    val_loader: Any
-    """The first evaluation set's loader (``data.val``'s), or ``None`` without evaluation."""
-    eval_loaders: dict[str, Any]
-    """Every evaluation set's loader by name (``data.val`` as ``val``, then ``data.eval``)."""
     eval_set: str | None
     """During an evaluation, the name of the set being evaluated (its batch and epoch hooks); else ``None``."""
 
+    @property
+    def backend(self) -> Backend:
+        """The current stage's backend."""
+    @property
+    def module(self) -> torch.nn.Module:
+        """What the steps call: the model, or its DDP/FSDP wrapper."""
+    @property
+    def param_groups(self) -> list[Any]:
+        """The optimizer's parameter groups (``csframework.param_groups.ParamGroup``: name, members, settings),
+        in the order of ``optimizer.param_groups``."""
+    @property
+    def train_loader(self) -> Any:
+        """The stage's training loader (``csframework.data``)."""
+    @property
+    def val_loader(self) -> Any:
+        """The first evaluation set's loader (``data.val``'s), or ``None`` without evaluation."""
+    @property
+    def eval_loaders(self) -> dict[str, Any]:
+        """Every evaluation set's loader by name (``data.val`` as ``val``, then ``data.eval``)."""
     @property
     def stage(self) -> str: ...
     @property
@@ -203,3 +213,25 @@ class Backend(Protocol):
 
     def summary(self) -> dict:
         """Extra entries of ``summary.json``."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A plugin's backend for one device type (the ``csframework_backend`` hook returns it)."""
+
+    device_type: str
+    """Upper case, as ``device.type`` holds it (``device=toy`` composes ``device/toy.yaml``: ``type: TOY``)."""
+    schema: type
+    """The dataclass of the ``backend`` settings, with a ``type`` field: composition types ``backend`` with
+    it, so an unknown key or a wrong type names ``backend.<key>``."""
+    create: Callable[[RunProtocol], Backend]
+    """Builds the backend of the current stage (``run.stage_config``); ``run.backend`` is the previous
+    stage's backend, if any."""
+    config_path: str | None = None
+    """A directory (``pkg://package`` or ``file://dir``) holding ``device/<type>.yaml`` and
+    ``backend/<type>.yaml``; they are put into Hydra's ConfigStore before composition, so ``device=<type>``
+    and ``backend=<type>`` compose."""
+    name: str | None = None
+    """Set for a backend chosen by name (``csframework_named_backends``): ``backend=<name>`` selects it, its
+    ``backend/<name>.yaml`` (under ``config_path``) sets ``name: <name>``, and ``schema`` has a ``name`` field.
+    ``None`` for the backend of a device type (``csframework_backend``)."""

@@ -1,64 +1,37 @@
-"""``Run``: assembles backend, model, data, optimizer, precision and plugins from a ``RunConfig``, and
-exposes them and the run's position (``run.state``, which the loop owns) to plugins."""
+"""``Run``: assembles model, stages (``csframework.stage``: backend, data, optimizer, schedule), precision
+and plugins from a ``RunConfig``, and exposes them and the run's position (``run.state``, which the loop
+owns) to plugins."""
 from __future__ import annotations
 
-import contextlib
 import copy
-import datetime
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-import structlog
+import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import failures, loop
-from .backends.base import Backend
+from . import failures, loop, resume
 from .backends.cachedir import usable_inductor_env
+from .backends.distributed import distribution, peer_lost
 from .builtin import builtin_plugins
-from .config import RunConfig, stage_config
-from .config.sections import eval_set_key, eval_sets
-from .config.schema import plugin_sections
-from .backends.distributed import peer_lost
+from .builtin.logs import quiet_logger
+from .config import RunConfig, run_stages
 from .config.readonly import freeze
-from .data import build_collate, is_iterable, make_loader
-from .errors import ConfigError, NonFiniteLossError, PluginError, ValidationError, WrongProcessError, one_line
+from .data import total_steps
+from .errors import ConfigError, ValidationError, WrongProcessError
 from .files import SafeDir
 from .jsonout import JsonDict
-from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs
-from .rundir import check_fresh_start, run_dir_lock
-from .rng import rng_state, seed_everything, set_rng_state
-from .param_groups import ParamGroup, resume_problem
-from .schedule import build_optimizer, build_scheduler
+from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs, validation_problems
+from .protocol import Backend
+from .rundir import check_fresh_start, default_output_dir, writer_lock
+from .rng import seed_everything
 from .signals import stop_on_signals
+from .stage import Stage, backend_spec, build_stage
 from .state import RunState
 from .targets import build
-
-#: The layout of ``state_dict()``; a checkpoint of another layout is refused on load.
-STATE_VERSION = 1
-
-
-def default_output_dir() -> Path:
-    """Hydra's output directory when Hydra runs the job, else ``outputs/<date>/<time>`` like Hydra's."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    now = datetime.datetime.now()
-    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S-%f")
-
-
-def _quiet_logger():
-    """Until the logging plugin sets one up: warnings and errors to stderr, nothing else."""
-    return structlog.wrap_logger(
-        structlog.PrintLogger(file=None),
-        processors=[structlog.dev.ConsoleRenderer(colors=False)],
-        wrapper_class=structlog.make_filtering_bound_logger(30),
-    )
-
 
 class Run:
     """One run: ``Run(config, plugins=[...]).fit()``.
@@ -81,25 +54,28 @@ class Run:
     ``error.txt``, which holds the traceback when the user's code (a forward, a dataset, a plugin) failed it.
     """
 
-    backend: Backend | None = None
-
     def __init__(self, config: RunConfig, plugins: Iterable[Any] = (),
-                 output_dir: str | os.PathLike | None = None):
+                 output_dir: str | os.PathLike | None = None, *, manager: pluggy.PluginManager | None = None):
+        """``plugins``: objects registered besides the installed and built-in ones; ``manager``: the plugin
+        manager composition built for ``config`` (the CLI's: ``api.Composition.manager``), else built here."""
         if not isinstance(config, RunConfig):  # composition is api's: one way in
             made = ("csf.compose([...])" if config is None or isinstance(config, (list, tuple))
                     else "csframework.api.to_run_config(cfg)" if isinstance(config, DictConfig) else "csf.compose(...)")
             raise TypeError(f"Run takes a RunConfig, not {type(config).__name__}: make one with {made}")
-        plugins = list(plugins)
         # the run's own copy: the caller's stays as it was (and mutable) whatever the run does
         self.config: RunConfig = copy.deepcopy(config)
         config = self.config
-        manager = build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable)
+        if manager is None:
+            manager = build_manager(builtin_plugins(), config.plugins.enable, plugins, config.plugins.disable)
+        else:
+            for plugin in plugins:
+                manager.register(plugin)
         check_sections(manager, config)
         self.hooks = Hooks(manager)
         self.backends = backend_specs(self.hooks)
         self.named_backends = named_backend_specs(self.hooks)
         self.hooks.csframework_configure(config=config)
-        self.stages = self._stage_configs()
+        self.stages = run_stages(config)
         problems = validation_problems(self.hooks, config)
         if problems:
             raise ValidationError(problems)
@@ -110,7 +86,7 @@ class Run:
         self.output_dir = Path(output_dir) if output_dir is not None else default_output_dir()
         self.run_id = uuid.uuid4().hex[:12]
         self.device_type = config.device.type
-        self.log = _quiet_logger()
+        self.log = quiet_logger()
         usable_inductor_env(lambda problem: self.log.warning("compile_cache_untrusted", problem=problem))
         self.status = "created"
         self.state = RunState()
@@ -122,16 +98,14 @@ class Run:
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
         self.error_file: Path | None = None  # error.txt, once the user's code failed the run (failures.py)
         self._started = False  # fit or validate ran: the run directory holds this run's own records
-        self.train_loader = self.val_loader = None
-        self.eval_loaders: dict[str, Any] = {}  # the stage's evaluation sets' loaders, by name
         self.eval_set: str | None = None  # the set an evaluation is reading
-        self.param_groups: list[ParamGroup] = []  # the stage's optimizer's groups (optimizer.groups)
+        self.rank, self.world_size = 0, 1  # the backend's, once the first stage's is built
+        self._current: Stage | None = None  # set by enter_stage
 
         seed_everything(config.seed)
         self.model: torch.nn.Module = build(config.model, "model")
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
-        self.module = self.model
         self.enter_stage(0)
 
     # -- the state, read-only -------------------------------------------------------------------------------
@@ -167,11 +141,44 @@ class Run:
             self.state.stop_reason = str(reason)
             self.log.info("stop_requested", reason=self.state.stop_reason)
 
-    # -- assembly ---------------------------------------------------------------------------------------
-    def _stage_configs(self) -> list[tuple[str, RunConfig]]:
-        if not self.config.stages:
-            return [("main", self.config)]
-        return [(name, stage_config(self.config, name, partial)) for name, partial in self.config.stages.items()]
+    # -- the current stage ---------------------------------------------------------------------------------
+    @property
+    def current(self) -> Stage:
+        """The current stage's parts (``csframework.stage.Stage``), built by ``enter_stage``."""
+        if self._current is None:
+            raise AttributeError("the run's first stage is being built: it has no backend, loaders or optimizer yet")
+        return self._current
+
+    @property
+    def backend(self) -> Backend:
+        """The current stage's backend; while ``BackendSpec.create`` builds the next one, the previous stage's
+        (``None`` for the first stage's: the only time it is not set)."""
+        return self._current.backend if self._current is not None else None  # type: ignore[return-value]
+
+    # the current stage's parts, as ``csframework.stage.Stage`` documents them
+    module = property(lambda self: self.current.module, doc="What the steps call: the model or its wrapper.")
+    train_loader = property(lambda self: self.current.train_loader, doc="The stage's training loader.")
+    eval_loaders = property(lambda self: self.current.eval_loaders, doc="The evaluation sets' loaders by name.")
+    val_loader = property(lambda self: self.current.val_loader, doc="The first evaluation set's loader, or None.")
+    param_groups = property(lambda self: self.current.param_groups, doc="The optimizer's parameter groups.")
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The stage's optimizer (a backend's ``attach`` may replace it)."""
+        return self.current.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.current.optimizer = optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        """The stage's learning-rate schedule (a backend's ``attach`` may replace it)."""
+        return self.current.scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Any) -> None:
+        self.current.scheduler = scheduler
 
     @property
     def stage(self) -> str:
@@ -182,79 +189,20 @@ class Run:
         return self.stages[self.state.stage_index][1]
 
     def enter_stage(self, index: int) -> None:
-        """Build the data loaders, optimizer, schedule and backend of stage ``index`` (the model is kept)."""
+        """Build the backend, data loaders, optimizer and schedule of stage ``index`` (the model is kept)."""
         self.release()  # the previous stage's loader workers and collectives
         self.state.enter_stage(index)
         cfg = self.stage_config
-        name = getattr(cfg.backend, "name", None)  # a backend chosen by name (backend=cerebras), else the type's
-        spec = self.named_backends.get(name) if name is not None else self.backends.get(cfg.device.type)
-        if spec is None:
-            raise ConfigError(f"device: no plugin supplies a backend for {cfg.device.type} "
-                              f"(device types: {', '.join(self.backends) or 'none'}); check plugins.disable")
-        self.backend = spec.create(self)
-        self.rank, self.world_size = self.backend.rank, self.backend.world_size
+        backend = backend_spec(cfg, self.backends, self.named_backends).create(self)
+        self.rank, self.world_size = backend.rank, backend.world_size
         if index == 0:  # all ranks share rank 0's run directory
-            self.output_dir = Path(self.backend.broadcast(str(self.output_dir)))
-        self.module = self.backend.prepare_model(self.model)
-        self.train_loader, self.eval_loaders = self._loaders(cfg)
-        self.val_loader = next(iter(self.eval_loaders.values()), None)  # the first set's (data.val's)
-        try:
-            self.optimizer, self.param_groups = build_optimizer(
-                self.model.named_parameters(), cfg.optimizer, fused=self.backend.fused_optimizer(self.model))
-        except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
-            raise ConfigError(f"optimizer: {one_line(e)}") from e
-        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, self.total_steps(cfg))
-        self.backend.attach(self)
-
-    def _loaders(self, cfg: RunConfig):
-        data = cfg.data
-        train = build(data.train, "data.train")
-        pin = data.pin_memory if data.pin_memory is not None else self.device_type == "GPU"
-        common = dict(seed=cfg.seed, num_workers=data.num_workers, rank=self.rank, world_size=self.world_size,
-                      pin_memory=pin, collate_fn=build_collate(data.collate_fn), timeout_s=data.timeout_s,
-                      persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor,
-                      batched_fetch=data.batched_fetch)
-        train_loader = make_loader(train, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
-                                   role="data.train", **common)
-        if is_iterable(train_loader):
-            if cfg.loop.max_steps is None:
-                raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
-                                  "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
-        elif len(train) == 0:
-            raise ConfigError(f"data.train: the dataset is empty ({type(train).__name__} has no sample); check it")
-        elif len(train_loader) == 0:
-            raise ConfigError(f"data.batch_size: {data.batch_size} is larger than the training set "
-                              f"({len(train)} samples, {len(train_loader.position)} per process) with drop_last; "
-                              "lower it")
-        elif cfg.loop.max_steps is None and cfg.loop.max_epochs * len(train_loader) < cfg.loop.grad_accum_steps:
-            raise ConfigError(f"loop.grad_accum_steps: a step takes {cfg.loop.grad_accum_steps} batches, and "
-                              f"{cfg.loop.max_epochs} epoch(s) of {len(train_loader)} batch(es) make no step; "
-                              "lower it, or raise loop.max_epochs")
-        return train_loader, self._eval_loaders(cfg, common)
-
-    def _eval_loaders(self, cfg: RunConfig, common: dict) -> dict:
-        """A loader for each evaluation set (``data.val``, ``data.eval``), by name. With ``loop.eval_steps``
-        a pass reads that many batches per process of samples drawn over the whole set (``data.eval_sample``)."""
-        data, loaders = cfg.data, {}
-        batch_size = data.eval_batch_size or data.batch_size
-        steps = cfg.loop.eval_steps
-        for name, spec in eval_sets(data).items():
-            key = eval_set_key(data, name)
-            dataset = build(spec, key)
-            loader = make_loader(dataset, batch_size, shuffle=False, drop_last=False, role=key, pad=True,
-                                 sample=steps * batch_size * self.world_size if steps else None, **common)
-            if not is_iterable(loader) and len(dataset) == 0:
-                raise ConfigError(f"{key}: the dataset is empty ({type(dataset).__name__} has no sample); "
-                                  f"check it, or set {key}=null to train without evaluating it")
-            loaders[name] = loader
-        return loaders
+            self.output_dir = Path(backend.broadcast(str(self.output_dir)))
+        self._current = build_stage(backend, self.model, cfg)
+        backend.attach(self)
 
     def total_steps(self, cfg: RunConfig) -> int:
         """Optimizer steps of a stage: ``loop.max_steps``, or ``max_epochs`` x steps per epoch."""
-        if cfg.loop.max_steps is not None:
-            return cfg.loop.max_steps
-        # a step may span two epochs of a stage (only its end drops a partial step: loop._drop_partial_step)
-        return cfg.loop.max_epochs * len(self.train_loader) // cfg.loop.grad_accum_steps
+        return total_steps(cfg, self.train_loader)
 
     # -- running ----------------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -273,11 +221,11 @@ class Run:
                 self.log.info("already_complete")
             else:
                 self.status = loop.fit(self)
-            _leave_if_forked(owner)
+            failures.leave_if_forked(owner)
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with self._writer_lock(), stop_on_signals(self.state):
+        with writer_lock(self.output_dir, self.rank), stop_on_signals(self.state):
             if self.rank == 0 and not self._started:  # refused (or the old run moved aside) before any writes
                 check_fresh_start(self)
             self._started = True
@@ -303,7 +251,7 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with self._writer_lock():
+        with writer_lock(self.output_dir, self.rank):
             self._started = True  # what it writes is this run's: a fit after it goes on in the directory
             return self._guarded(body)
 
@@ -311,18 +259,12 @@ class Run:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
         return {"status": "checked", "device_type": self.device_type, "stages": [n for n, _ in self.stages]}
 
-    def _writer_lock(self):
-        """Rank 0 holds the run directory's lock (``csframework.rundir``) while it runs: taken before any
-        hook writes there; a run refused for it never reaches ``on_exception``, so the holder's
-        ``summary.json`` is left alone."""
-        return run_dir_lock(self.output_dir) if self.rank == 0 else contextlib.nullcontext()
-
     def _guarded(self, body):
         owner = os.getpid()
         try:
             return body()
         except BaseException as e:
-            _leave_if_forked(owner, e)
+            failures.leave_if_forked(owner, e)
             self.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             if failures.is_user_failure(e):  # the user's code failed: its traceback is kept in error.txt
                 self.error_file = failures.write_traceback(self, e)
@@ -340,12 +282,8 @@ class Run:
     def release(self) -> None:
         """Stop every data-loader worker process and wait for the backend's pending collectives. Run when
         ``fit``/``validate`` ends, however it ends, and before a stage's loaders and backend are replaced."""
-        for loader in (self.train_loader, *self.eval_loaders.values()):
-            close = getattr(loader, "close", None)  # a framework loader (None: not built yet)
-            if close is not None:
-                close()
-        if self.backend is not None:
-            self.backend.finish()
+        if self._current is not None:
+            self._current.release()
 
     def flush_metrics(self) -> None:
         """Report the training metrics of the steps since the last log now (``on_log_metrics``), after
@@ -360,15 +298,7 @@ class Run:
         parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving, so no
         checkpoint holds the state of a run that has gone non-finite."""
         loop.check_finite(self)
-        # sharded (fsdp): each rank checks its own shards, and all ranks agree (all of them save or none)
-        flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in self.model.parameters()]
-        finite = not flags or bool(torch.stack(flags).all())
-        if self.backend.sharded:  # under ddp only rank 0 saves, so only a sharded backend's ranks all ask
-            finite = self.backend.all_ranks_agree(finite)
-        if not finite:
-            names = [n for (n, _), ok in zip(self.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
-            raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {self.global_step}; "
-                                     "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
+        loop.check_parameters_finite(self)
 
     def report(self, metrics: dict[str, float]) -> None:
         """Record metrics at the current step and pass them to ``on_log_metrics``."""
@@ -377,15 +307,8 @@ class Run:
 
     @property
     def distribution(self) -> dict[str, Any]:
-        """Under torchrun (a process group exists): ``world_size``, ``strategy`` (``ddp``, ``fsdp``) and
-        ``process_group`` (its backend: ``gloo``, ``nccl``), which the start line and ``summary.json`` show;
-        empty in a single process."""
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            return {}
-        strategy = getattr(self.stage_config.backend, "strategy", None)
-        return {"world_size": self.world_size, "strategy": getattr(strategy, "value", strategy),
-                "process_group": str(dist.get_backend())}
+        """Under torchrun: ``world_size``, ``strategy`` and ``process_group`` (``distributed.distribution``)."""
+        return distribution(getattr(self.stage_config.backend, "strategy", None), self.world_size)
 
     def summary(self) -> dict:
         """What ``fit`` and ``validate`` return and ``summary.json`` holds: ``status`` (``completed``,
@@ -407,136 +330,11 @@ class Run:
         """Everything that decides the rest of the run, as tensors and plain values
         (loadable with ``torch.load(weights_only=True)``). Under ``strategy=fsdp`` the model and optimizer
         are not in it (``sharded``): every rank writes its shards of them (``Backend.save_sharded``)."""
-        sharded = self.backend.sharded
-        data = self._data_state()
-        # a short last batch made the dataset's iterator end: its state is already the next pass's
-        pass_ended = data is not None and self.train_loader.dataset.pass_ended
-        whole: dict[str, Any]
-        if sharded:
-            whole = {"sharded": True}
-        else:
-            model, optimizer = self.backend.checkpoint_state(self.model, self.optimizer)
-            whole = {"model": model, "optimizer": plain_rates(optimizer)}
-        return {
-            "version": STATE_VERSION,
-            **whole,
-            "param_groups": [group.describe() for group in self.param_groups],
-            "scheduler": self.scheduler.state_dict(),
-            "backend": self.backend.state_dict(),
-            "loop": dict(self.state.position(), stage=self.stage, **self._stop_record()),
-            "rng": rng_state(),
-            "data": data,
-            **({"data_pass_ended": True} if pass_ended else {}),
-        }
-
-    def _check_param_groups(self, state: dict) -> None:
-        """Refuse a checkpoint whose optimizer state belongs to other parameter groups: torch would load it
-        by position, giving one group's state and settings to another's parameters."""
-        problem = resume_problem(state.get("param_groups"), self.param_groups)
-        saved = state.get("optimizer", {}).get("param_groups") if not state.get("sharded") else None
-        if problem is None and state.get("param_groups") is None and saved is not None \
-                and len(saved) != len(self.param_groups):
-            problem = (f"it has {len(saved)} parameter group(s), this run {len(self.param_groups)} (it predates "
-                       "optimizer.weight_decay_exclude, whose default now leaves biases and norm scales undecayed)")
-        if problem:
-            raise ConfigError(f"checkpoint: {problem}; resume it with the optimizer.groups and "
-                              "optimizer.weight_decay_exclude it was saved with (optimizer.weight_decay_exclude=[] "
-                              "decays every parameter, as before that setting), or start a new run")
-
-    def _stop_settings(self) -> str:
-        """What may decide a stop, as a string to compare: the plugins (by name), their config sections
-        (``early_stopping.patience`` ...) and the stage's ``loop`` settings."""
-        cfg, pm = self.stage_config, self.hooks.pm
-        plugins = sorted(str(pm.get_name(p)) for p in pm.get_plugins())
-        return repr({"plugins": plugins, "loop": cfg.loop, **{name: getattr(cfg, name) for name in plugin_sections(cfg)}})
-
-    def _stop_record(self) -> dict[str, str]:
-        """After ``request_stop``: why, and the settings the run stopped under (``_stop_settings``), which a
-        resumed run compares with its own (``load_state_dict``): a stopped run is complete unless they changed."""
-        if self.stop_reason is None:
-            return {}
-        return {"stop_reason": self.stop_reason, "stop_settings": self._stop_settings()}
-
-    def _data_state(self):
-        """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this
-        process (``data.num_workers=0``); otherwise resume re-reads the epoch to its position."""
-        shards = self.train_loader.dataset
-        if is_iterable(self.train_loader) and self.train_loader.num_workers == 0 and shards.stateful():
-            return shards.state_dict()
-        return None
+        return resume.run_state(self)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"checkpoint: its state has layout version {state.get('version')}, this "
-                              f"csframework reads version {STATE_VERSION}")
-        position = state["loop"]
-        if position["stage_index"] >= len(self.stages) or self.stages[position["stage_index"]][0] != position["stage"]:
-            raise ConfigError(f"checkpoint: it was saved in stage '{position['stage']}', which this run "
-                              f"does not have at that position (stages: {[n for n, _ in self.stages]})")
-        if position["stage_index"] != self.state.stage_index:
-            self.enter_stage(position["stage_index"])
-        self._check_param_groups(state)
-        if not state.get("sharded"):  # sharded: the checkpoint plugin loads them (Backend.load_sharded)
-            try:
-                self.model.load_state_dict(state["model"])
-            except RuntimeError as e:
-                raise ConfigError(f"checkpoint: the model does not match this run's model: {e}") from e
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.backend.load_state_dict(state["backend"])
-        self.state.restore_position(position)
-        reason = position.get("stop_reason")
-        if isinstance(reason, str) and position.get("stop_settings") == self._stop_settings():
-            self.state.stop_reason = reason  # finished means finished: loop.finished says so
-        set_rng_state(state["rng"])
-        if state.get("data") is not None and is_iterable(self.train_loader) and self.train_loader.num_workers == 0:
-            self.train_loader.dataset.load_state_dict(state["data"], pass_ended=state.get("data_pass_ended", False))
-
-
-def _leave_if_forked(owner: int, error: BaseException | None = None) -> None:
-    """End this process if it is not ``owner`` but a child a plugin forked that came back into the run
-    instead of exiting: it must not run the framework's completion or failure paths (``summary.json``,
-    checkpoints, ``on_exception``), which are its parent's."""
-    if os.getpid() == owner:
-        return
-    code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(code)
-
-
-def plain_rates(state: dict) -> dict:
-    """An optimizer's ``state_dict`` with its learning rates as numbers: ``backend.compile`` keeps them in
-    tensors, and a checkpoint loads into any backend (``state_dict`` copies each group, so the live tensors
-    stay)."""
-    for group in state.get("param_groups", ()):
-        if isinstance(group.get("lr"), torch.Tensor):
-            group["lr"] = float(group["lr"])
-    return state
-
-
-def validation_problems(hooks: Hooks, config: RunConfig) -> list[str]:
-    """The problems all ``csframework_validate`` implementations found. Each returns ``None`` or a list of
-    strings (a string alone is one problem); any other result is refused naming the plugin (``PluginError``:
-    a plugin whose verdict cannot be read must not let the run through)."""
-    problems: list[str] = []
-    for plugin, found in hooks.each("csframework_validate", config=config):
-        if found is None:
-            continue
-        found = [found] if isinstance(found, str) else found
-        if not isinstance(found, (list, tuple)):
-            wrong = f"a value of type {type(found).__name__} ({found!r:.60})"
-        else:
-            wrong = next((f"a list holding a value of type {type(p).__name__} ({p!r:.60})"
-                          for p in found if not isinstance(p, str)), None)
-        if wrong:
-            raise PluginError(plugin, "csframework_validate", TypeError(
-                f"it returned {wrong}; return None or a list of strings, one per problem"))
-        problems += found
-    return problems
-
+        resume.load_run_state(self, state)
 
 
 if TYPE_CHECKING:  # the type checker verifies that Run is what hooks, the step and backends are typed against

@@ -88,6 +88,13 @@ def run_dir_lock(run_dir: Path):
         os.close(fd)  # releases the lock; the file stays (removing it would race with a process opening it)
 
 
+def writer_lock(run_dir: Path, rank: int) -> contextlib.AbstractContextManager:
+    """What a run holds while it runs (``Run.fit``/``validate``): on rank 0 the run directory's lock
+    (``run_dir_lock``), taken before any hook writes there, so a run refused for it never reaches
+    ``on_exception`` and the holder's ``summary.json`` is left alone; on the other ranks nothing."""
+    return run_dir_lock(run_dir) if rank == 0 else contextlib.nullcontext()
+
+
 def check_run_dir(run_dir: Path | None) -> None:
     """Refuse (``UnsafePathError``, exit 2) a run directory that exists but is not a real directory: a
     file, or a link (which may lead into another run's directory), before anything is written."""
@@ -177,3 +184,13 @@ def move_aside(files: SafeDir) -> Path:
         os.fsync(dst)
         os.fsync(src)
     return previous.path / name
+
+
+def default_output_dir() -> Path:
+    """Hydra's output directory when Hydra runs the job, else ``outputs/<date>/<time>`` like Hydra's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    now = datetime.datetime.now()
+    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S-%f")

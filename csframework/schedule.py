@@ -10,11 +10,11 @@ import warnings
 
 import torch
 
-from .config import OptimizerConfig
+from .config import OptimizerConfig, plain
 from .config.optimizer import ScheduleName
 from .errors import ConfigError
 from .param_groups import ParamGroup, optimizer_params, parameter_groups
-from .targets import call, locate
+from .targets import call, find_target
 
 #: Settings of the ``optimizer`` group a ``_target_`` optimizer receives when its constructor takes them.
 SHARED_SETTINGS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps")
@@ -63,7 +63,7 @@ class Schedule:
 
     def _plan(self, cfg: OptimizerConfig, total_steps: int) -> None:
         self.cfg, self.total_steps = cfg, total_steps
-        self._factor = None  # the factor the param groups' rates were last set with
+        self._factor: float | None = None  # the factor the param groups' rates were last set with
         # from this step on the factor no longer changes: the rates set then stay (no per-step work)
         name = getattr(cfg.schedule.name, "value", cfg.schedule.name)
         warmup = cfg.schedule.warmup_steps
@@ -195,7 +195,7 @@ def build_optimizer(named_params, cfg: OptimizerConfig,
 # -- classes by `_target_` ----------------------------------------------------------------------------------
 def locate_class(path: str, key: str) -> type:
     """The class at the dotted ``path``, or a ``ConfigError`` naming ``key``."""
-    found = locate(path, key)
+    found = find_target(path, key)
     if not isinstance(found, type):
         raise ConfigError(f"{key}: '{path}' is a {type(found).__name__}, not a class")
     return found
@@ -225,22 +225,15 @@ def _group_defaults(name: str) -> dict:
     from omegaconf import OmegaConf
 
     try:
-        text = resources.files("csframework.conf").joinpath("optimizer", f"{name}.yaml").read_text()
+        text = resources.files("csframework.conf").joinpath("optimizer").joinpath(f"{name}.yaml").read_text()
     except (FileNotFoundError, ModuleNotFoundError):
         return {}
-    return OmegaConf.to_container(OmegaConf.create(text))
+    return plain(OmegaConf.create(text))
 
 
 def _is_default(value, key: str, group: dict, schema) -> bool:
     """Whether ``value`` of ``key`` is what the built-in group file or the schema sets, not the user."""
     return value == getattr(schema, key) or value == group.get(key)
-
-
-def plain(args) -> dict:
-    """``args`` as a plain dict of plain values (a frozen run config holds read-only OmegaConf containers)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    return OmegaConf.to_container(args, resolve=True) if isinstance(args, DictConfig) else dict(args or {})
 
 
 def _check_args(path: str, key: str, args: dict, takes, required, given) -> None:
@@ -253,11 +246,18 @@ def _check_args(path: str, key: str, args: dict, takes, required, given) -> None
         raise ConfigError(f"{key}.args.{missing[0]}: {path} needs it; set {key}.args.{missing[0]}=<value>")
 
 
+def _target_of(target: str | None, key: str) -> str:
+    """The ``_target_`` a spec is asked for only when it is set (``build_optimizer`` checks first)."""
+    if not target:
+        raise ConfigError(f"{key}: not set; set it to the dotted path of a class")
+    return target
+
+
 def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer._target_`` and its keyword arguments: ``optimizer.args``, plus the shared
     settings (``lr``, ``weight_decay``, ...) its constructor takes. A shared setting it does not take is
     left out while it is the built-in group's or schema's default, and an error naming it when set."""
-    path = cfg._target_
+    path = _target_of(cfg._target_, "optimizer._target_")
     cls = locate_class(path, "optimizer._target_")
     takes, required = _takes(cls)
     group, schema = _group_defaults(getattr(cfg.name, "value", cfg.name)), OptimizerConfig()
@@ -281,7 +281,7 @@ def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer.schedule._target_`` and its keyword arguments (``optimizer.schedule.args``).
     The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``) are errors when set."""
     sched = cfg.schedule
-    path = sched._target_
+    path = _target_of(sched._target_, "optimizer.schedule._target_")
     cls = locate_class(path, "optimizer.schedule._target_")
     group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
     schema = type(sched)()

@@ -29,12 +29,12 @@ DEBUG_HINT = "run with debug=true for the traceback"
 
 
 # -- finding and building ---------------------------------------------------------------------------------
-def locate(path: str, key: str) -> Any:
+def find_target(path: str, key: str) -> Any:
     """The object at the dotted ``path`` (its module imported), or a ``ConfigError`` naming ``key``."""
-    from .hydra_session import locate as hydra_locate
+    from .hydra_session import import_object
 
     try:
-        return hydra_locate(path)
+        return import_object(path)
     except Exception as e:  # noqa: BLE001 - whatever the user's module raised, explained in one line
         raise target_error(key, path, e) from e
 
@@ -48,7 +48,7 @@ def build(node: Any, key: str) -> Any:
     plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     named = dict(_targets(plain, key))
     for sub_key, path in named.items():  # each found first: a failure names its own key
-        locate(path, f"{sub_key}._target_")
+        find_target(path, f"{sub_key}._target_")
     try:
         return instantiate(node, _convert_="all")
     except Exception as e:  # noqa: BLE001

@@ -2,8 +2,8 @@
 outside the framework (inference, fine-tuning elsewhere, export) and returns its model state dict with the
 checkpoint's step, metrics and config. No model is built: the caller builds its own and loads the weights.
 
-It reads through the same code as resume (the checkpoint package's ``store.locate``, ``checkpoint_names``,
-``read_best`` and ``format.read_checkpoint``): every file is untrusted, checked against its size and
+It reads through the same code as resume (the checkpoint package's ``store.resolve_checkpoint_path``,
+``checkpoint_names``, ``read_best`` and ``format.read_checkpoint``): every file is untrusted, checked against its size and
 checksums, read through no link and loaded as data only (``torch.load(weights_only=True)``, JSON, YAML). A
 sharded (``strategy=fsdp``) checkpoint is consolidated in this process through the restricted DCP reader
 (``backends.fsdp.read_model``); with no run there is no backend to ask, and DCP is the one sharded format
@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from .builtin.checkpoint.format import SHARDED, read_checkpoint, read_config_yaml
-from .builtin.checkpoint.store import checkpoint_names, locate, read_best
+from .builtin.checkpoint.store import checkpoint_names, read_best, resolve_checkpoint_path
 from .builtin.checkpoint.untrusted import yaml_problem
 from .errors import CheckpointNotFound, DamagedCheckpoint
 
@@ -70,7 +70,7 @@ def load_checkpoint(path: str | os.PathLike[str], which: str = "newest") -> Chec
     """
     if not isinstance(which, str):
         raise ValueError(f"load_checkpoint: which={which!r:.60}: give 'newest', 'best' or 'step-<N>' (a string)")
-    target, is_root = locate(Path(path))
+    target, is_root = resolve_checkpoint_path(Path(path))
     if not is_root:
         if which != "newest" and _step_name(which) != target.name:
             raise ValueError(f"load_checkpoint: which={which!r} picks among a run's checkpoints, and {target} is one "

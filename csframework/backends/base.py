@@ -1,15 +1,15 @@
-"""What a backend is to the framework: the ``Backend`` protocol the loop and ``Run`` call (defined on the low
-floor, ``csframework.protocol``, and re-exported here), a base class with the optional capabilities' defaults, and ``BackendSpec``, which a plugin returns from the
-``csframework_backend`` hook to supply the backend of a device type (see docs/backends.md)."""
+"""What a backend is to the framework: the ``Backend`` protocol the loop and ``Run`` call and ``BackendSpec``,
+which a plugin returns from the ``csframework_backend`` hook to supply the backend of a device type (both
+defined on the low floor, ``csframework.protocol``, and re-exported here), and a base class with the optional
+capabilities' defaults (see docs/backends.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from ..protocol import Backend, RunProtocol
+from ..protocol import Backend, BackendSpec, RunProtocol
 
 __all__ = ["Backend", "BackendBase", "BackendSpec"]
 
@@ -79,25 +79,3 @@ class BackendBase:
     def compile_seconds(self) -> float:
         """Seconds spent compiling or tracing so far (``steps_per_sec`` leaves them out); none here."""
         return 0.0
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """A plugin's backend for one device type (the ``csframework_backend`` hook returns it)."""
-
-    device_type: str
-    """Upper case, as ``device.type`` holds it (``device=toy`` composes ``device/toy.yaml``: ``type: TOY``)."""
-    schema: type
-    """The dataclass of the ``backend`` settings, with a ``type`` field: composition types ``backend`` with
-    it, so an unknown key or a wrong type names ``backend.<key>``."""
-    create: Callable[[RunProtocol], Backend]
-    """Builds the backend of the current stage (``run.stage_config``); ``run.backend`` is the previous
-    stage's backend, if any."""
-    config_path: str | None = None
-    """A directory (``pkg://package`` or ``file://dir``) holding ``device/<type>.yaml`` and
-    ``backend/<type>.yaml``; they are put into Hydra's ConfigStore before composition, so ``device=<type>``
-    and ``backend=<type>`` compose."""
-    name: str | None = None
-    """Set for a backend chosen by name (``csframework_named_backends``): ``backend=<name>`` selects it, its
-    ``backend/<name>.yaml`` (under ``config_path``) sets ``name: <name>``, and ``schema`` has a ``name`` field.
-    ``None`` for the backend of a device type (``csframework_backend``)."""

@@ -63,3 +63,13 @@ def all_ranks_agree(flag: bool, group=None) -> bool:
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(value, op=dist.ReduceOp.MIN, group=group)
     return bool(value.item())
+
+
+def distribution(strategy: object, world_size: int) -> dict[str, object]:
+    """Under torchrun (a process group exists): ``world_size``, ``strategy`` (``ddp``, ``fsdp``: the stage's
+    ``backend.strategy``) and ``process_group`` (its backend: ``gloo``, ``nccl``), which the start line and
+    ``summary.json`` show; empty in a single process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return {}
+    return {"world_size": world_size, "strategy": getattr(strategy, "value", strategy),
+            "process_group": str(dist.get_backend())}

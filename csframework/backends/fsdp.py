@@ -63,9 +63,10 @@ def load(model: torch.nn.Module, optimizer, directory: Path, files: set[str]) ->
     """Load the shards in ``directory`` into ``model`` and ``optimizer`` (collective; any number of ranks).
     ``files``: the names the checkpoint lists; DCP may read no other."""
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, storage_reader=_SafeReader(directory, files), planner=_SafePlanner())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # DCP loads into these very dicts (in place), which then go back into the model and optimizer
+    dcp.load({"model": model_state, "optim": optim_state}, storage_reader=_SafeReader(directory, files),
+             planner=_SafePlanner())
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
 def read_model(directory: Path, files: set[str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
@@ -125,3 +126,13 @@ class LoggingPlugin:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def quiet_logger() -> Any:
+    """A run's logger until this plugin sets one up (``on_fit_start``): warnings and errors to stderr,
+    nothing else."""
+    return structlog.wrap_logger(
+        structlog.PrintLogger(file=None),
+        processors=[structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(30),
+    )

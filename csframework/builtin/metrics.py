@@ -16,6 +16,7 @@ from ..command import command_line
 from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
+from ..summary_file import read_summary
 from .plot import write_curves
 
 
@@ -99,8 +100,6 @@ class MetricsPlugin:
     def _completed_before(run) -> bool:
         """Whether the run directory's ``summary.json`` (read as untrusted) says completed at this step, with
         the metrics the checkpoint resumed holds (derived, not believed: an edited summary is rewritten)."""
-        from ..sweep.table import read_summary
-
         summary, _ = read_summary(run.files)
         return (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
                 and summary["metrics"] == json.loads(dumps(dict(run.metrics))))

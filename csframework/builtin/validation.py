@@ -15,6 +15,7 @@ from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_S
                              MAX_MEMORY_MB, MAX_TIMEOUT_S, check_range)
 from ..config.optimizer import param_group_configs
 from ..config.sections import eval_sets
+from ..console_once import first_time
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..schedule import optimizer_spec, schedule_spec
@@ -42,19 +43,17 @@ def on_train_start(run) -> None:
     """Warn (not refuse: a short trial run is legitimate) when the learning-rate warm-up is longer than the
     stage's training, so the rate never reaches ``optimizer.lr``, naming the setting and a value that works
     (a tenth of the stage). Usually the optimizer's default warm-up meeting a shortened run: in a sweep the
-    console shows it once (``sweep.job.first_in_sweep``), every job's ``events.jsonl`` records it."""
+    console shows it once (``console_once.first_time``), every job's ``events.jsonl`` records it."""
     cfg = run.stage_config
     warmup, steps = cfg.optimizer.schedule.warmup_steps, run.total_steps(cfg)
     if warmup > steps:
-        from ..sweep.job import first_in_sweep
-
         length = (f"loop.max_steps ({steps})" if cfg.loop.max_steps is not None
                   else f"loop.max_epochs ({cfg.loop.max_epochs}, {steps} steps)")
         run.log.warning("warmup_longer_than_training", warmup_steps=warmup, steps=steps,
                         problem=f"optimizer.schedule.warmup_steps ({warmup}) is longer than {length}: the "
                                 "learning rate never reaches optimizer.lr",
                         fix=f"set optimizer.schedule.warmup_steps={steps // 10} (any value up to {steps} works)",
-                        console=first_in_sweep("warmup_longer_than_training"))
+                        console=first_time("warmup_longer_than_training"))
 
 
 def stage_name_ok(name: str) -> bool:

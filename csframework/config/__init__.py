@@ -14,7 +14,8 @@ from .precision import PRECISIONS, PrecisionConfig
 from .run import STAGE_KEYS, Mode, RunConfig
 from .schema import cached_schema, disabled_section, flat_config, plugin_sections, run_config_type
 from .sections import CheckpointConfig, DataConfig, LoopConfig, PluginsConfig
-from .stages import for_each_stage, stage_config, stage_configs
+from .readonly import plain
+from .stages import for_each_stage, run_stages, stage_config, stage_configs
 from .typed import explicit_groups, to_run_config
 from .user_files import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, check_config_files,
                          user_config_dirs)
@@ -23,8 +24,9 @@ __all__ = [
     "RunConfig", "DeviceConfig", "BackendConfig", "OptimizerConfig", "ParamGroupConfig", "ScheduleConfig",
     "PrecisionConfig",
     "DataConfig", "LoopConfig", "CheckpointConfig", "PluginsConfig", "Mode", "STAGE_KEYS",
-    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "to_run_config", "stage_config", "stage_configs", "for_each_stage",
+    "FIELDS_BY_OPTIMIZER", "PRECISIONS", "to_run_config", "stage_config", "stage_configs",
+    "run_stages", "for_each_stage",
     "explicit_groups", "describe_error", "user_config_dirs", "check_config_files", "run_config_type",
     "cached_schema", "plugin_sections", "disabled_section", "flat_config", "MAX_CONFIG_BYTES",
-    "MAX_CONFIG_NODES", "MAX_CONFIG_DEPTH",
+    "MAX_CONFIG_NODES", "MAX_CONFIG_DEPTH", "plain",
 ]

@@ -111,3 +111,10 @@ def _freeze(value: Any, root: str, path: str) -> Any:
     if isinstance(value, (dict, list)):
         return _read_only_container(value, path)
     return value
+
+
+def plain(args: Any) -> dict[str, Any]:
+    """``args`` (a mapping of keyword arguments, or ``None``) as a plain dict of plain values: a frozen run
+    config holds read-only OmegaConf containers, which a constructor must not receive."""
+    container: Any = OmegaConf.to_container(args, resolve=True) if isinstance(args, DictConfig) else args
+    return {str(key): value for key, value in dict(container or {}).items()}

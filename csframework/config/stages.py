@@ -54,3 +54,10 @@ def for_each_stage(config: RunConfig, rule: Callable[[RunConfig], list[str]]) ->
         if cfg.device.type == config.device.type:
             problems += [prefix + p for p in rule(cfg) if p not in base]
     return problems
+
+
+def run_stages(config: RunConfig) -> list[tuple[str, RunConfig]]:
+    """``(name, merged config)`` of every stage of a run, in order: ``("main", config)`` without ``stages``."""
+    if not config.stages:
+        return [("main", config)]
+    return [(name, stage_config(config, name, partial)) for name, partial in config.stages.items()]

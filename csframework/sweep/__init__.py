@@ -17,6 +17,7 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import cast
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -25,8 +26,8 @@ from ..command import continue_command
 from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
-from .job import (INTERRUPTED, JOBS, PARENT_ENV, REFUSED, SAID, dead_jobs, describe, exit_status_of,
-                  handling_stop_signals, mark_interrupted, refused_jobs, reset_stop, run_sweep_job)
+from .job import JOBS, PARENT_ENV, dead_jobs, describe, exit_status_of, handling_stop_signals, run_sweep_job
+from .marks import INTERRUPTED, REFUSED, SAID, mark_interrupted, refused_jobs, reset_stop
 from .plot import PLOT, PLOT_SVG, swept_keys
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, make_row, read_rows, rebuild_rows,
                     record_row, row_overrides, write_table)
@@ -58,7 +59,7 @@ class SweepCallback(Callback):
         reset_stop()
         guard_launcher(str(config.hydra.get("launcher", {}).get("_target_", "")))
         try:
-            subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir") \
+            subdir = cast(dict, OmegaConf.to_container(config.hydra.sweep, resolve=False)).get("subdir") \
                 if "sweep" in config.get("hydra", {}) else None
             _NUMBERED = subdir == "${hydra.job.num}"
             prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=_NUMBERED)

@@ -29,6 +29,7 @@ parent is gone (killed outright, SIGKILL included): a running job gets a SIGTERM
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -41,102 +42,31 @@ from pathlib import Path
 
 import structlog
 
+from .. import console_once
 from ..errors import CsfError, RunDirHoldsRun, RunDirInUse, UnsafePathError, one_line, printable
 from ..files import SafeDir
 from ..jsonout import dumps
 from ..process_state import clean_process_state
 from ..signals import Interrupted, caught_stop_signal, exit_status, forget_stop_signals, signal_name
-from .table import (locked, make_row, override_columns, read_rows, read_summary, record_row, recorded_overrides,
-                    row_overrides)
+from ..summary_file import read_summary
+from .marks import (INTERRUPTED, REFUSED, SAID, first_in_sweep, interrupted_by, mark_interrupted, refuse,
+                    refused_jobs, reset_stop)
+from .table import make_row, override_columns, read_rows, record_row, recorded_overrides, row_overrides
 
-INTERRUPTED = ".interrupted"
-REFUSED = ".refused"  # jobs of this multirun not run because their run directory belongs to another sweep
 JOBS = ".jobs"  # one file per job process running now (its pid), for the parent to forward signals to
-SAID = ".said"  # the warnings a job of this multirun has shown on the console, one key a line
 PARENT_ENV = "CSFRAMEWORK_SWEEP_PARENT"  # the pid of the multirun's parent, inherited by worker processes
 #: How often a worker's watchdog looks for the multirun's parent, and how long a running job then has to
 #: save its checkpoint before the worker exits anyway.
 WATCHDOG_POLL_S = 0.5
 WATCHDOG_GRACE_S = 10.0
 
-_stopped: list[int] = []  # the stop signal this process saw during this multirun (if .interrupted is lost)
-_sweep_of_job: list[Path] = []  # the sweep directory of the job running in this process, while it runs
-_MAX_SAID_BYTES = 1 << 16
 _job_caught: list[int] = []  # the stop signals the running job's set-up caught (``_job_signals``)
-
-
-def reset_stop() -> None:
-    """A new multirun in this process: no stop seen yet."""
-    _stopped.clear()
-
-
-def interrupted_by(sweep_dir: Path) -> int | None:
-    """The signal that interrupted the sweep in ``sweep_dir`` (this multirun), else ``None``."""
-    if _stopped:
-        return _stopped[0]
-    sweep = SafeDir(sweep_dir)
-    try:
-        if sweep.kind(INTERRUPTED) is None:
-            return None
-        text = sweep.read(INTERRUPTED, 16).decode("ascii", "replace").strip()
-    except (OSError, ValueError, UnsafePathError):
-        return signal.SIGINT  # something is there and cannot be read: stopping is the safe reading
-    return int(text) if text.isdigit() and 0 < int(text) < 65 else signal.SIGINT
-
-
-def mark_interrupted(sweep_dir: Path, signum: int) -> None:
-    """Record the stop (in this process, and in ``.interrupted`` for the other processes of the sweep).
-    Called from signal handlers: never raises."""
-    if not _stopped:
-        _stopped.append(int(signum))
-    sweep = SafeDir(sweep_dir)
-    with contextlib.suppress(OSError, CsfError):
-        if sweep.kind(INTERRUPTED) is None:
-            sweep.write(INTERRUPTED, str(int(signum)), durable=False)
-
-
-def refuse(sweep_dir: Path, num: int) -> None:
-    """Record that job ``num`` was refused (the multirun then exits 1)."""
-    with contextlib.suppress(OSError, CsfError), SafeDir(sweep_dir).append(REFUSED) as f:
-        f.write(f"{num}\n")
-
-
-def refused_jobs(sweep_dir: Path) -> set[int]:
-    """The jobs ``refuse`` recorded in this multirun (read as untrusted: what is not a job number is left out)."""
-    try:
-        text = SafeDir(sweep_dir).read(REFUSED, 1 << 20).decode("ascii", "replace")
-    except (OSError, ValueError, CsfError):
-        return set()
-    return {int(line) for line in text.split() if line.isdigit()}
 
 
 def objective_of(summary: dict | None, objective: str) -> float | None:
     """The objective's value in a well-formed summary (``"NaN"`` and the infinities as floats)."""
     value = (summary or {}).get("metrics", {}).get(objective)
     return float(value) if value is not None else None
-
-
-def first_in_sweep(key: str) -> bool:
-    """Whether the job running in this process is the first of its multirun to show the warning ``key`` on
-    the console: a warning every job would repeat (a default too long for a short run, say) is shown once
-    per sweep, and recorded in every job's ``events.jsonl``. Kept in the sweep directory's ``.said``, under
-    the table's lock, so jobs in other processes (joblib, submitit, Ray) see it too. True outside a sweep
-    job, and whenever the record cannot be read or written (a warning shown twice beats one lost)."""
-    if not _sweep_of_job:
-        return True
-    sweep_dir = _sweep_of_job[-1]
-    try:
-        with locked(sweep_dir):
-            sweep = SafeDir(sweep_dir)
-            said = sweep.read(SAID, _MAX_SAID_BYTES).decode("utf-8", "replace").splitlines() \
-                if sweep.kind(SAID) is not None else []
-            if key in said:
-                return False
-            with sweep.append(SAID) as f:
-                f.write(key + "\n")
-        return True
-    except (OSError, ValueError, CsfError):
-        return True
 
 
 def describe(num: int, overrides: list[str]) -> str:
@@ -401,11 +331,8 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             threads = default_threads(hc)
             if threads and not cfg.backend.get("threads"):
                 torch.set_num_threads(threads)
-            _sweep_of_job.append(sweep_dir)
-            try:
+            with console_once.shown_once_by(functools.partial(first_in_sweep, sweep_dir)):
                 run_job(cfg, overrides)
-            finally:
-                _sweep_of_job.clear()
         status = "completed"
         late = _signal_seen()
         if late is not None:  # it came after the last step: fit saved and completed, the sweep still stops

@@ -27,18 +27,17 @@ import yaml
 
 from ..errors import UnsafePathError, printable
 from ..files import SafeDir
-from ..jsonout import NON_FINITE, dumps, jsonable
+from ..jsonout import dumps, jsonable
+from ..summary_file import read_summary
 
 TABLE_JSON, TABLE_CSV, LOCK = "sweep.json", "sweep.csv", ".sweep.lock"
 #: Columns that follow the overridden keys, in this order; the metrics go between status and global_step.
 HEAD, TAIL = ("job",), ("global_step", "wall_time_s", "run_dir")
 STATUSES = ("completed", "failed", "interrupted")
-#: The most ``sweep.json`` (and a job's ``summary.json`` or ``overrides.yaml``) may hold when read back.
+#: The most ``sweep.json`` (and a job's ``overrides.yaml``) may hold when read back (``summary.json``:
+#: ``summary_file.MAX_SUMMARY_BYTES``).
 MAX_TABLE_BYTES = 64 << 20
-MAX_SUMMARY_BYTES = 16 << 20
 MAX_OVERRIDES_BYTES = 1 << 20
-#: The non-finite floats as ``jsonout`` writes them.
-NON_FINITE_STRINGS = ("NaN", *NON_FINITE.values())
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
@@ -53,22 +52,6 @@ def row_overrides(row: dict) -> dict[str, str]:
     """The overridden keys of a row (those between ``job`` and ``status``) and their values."""
     keys = list(row)
     return {k: row[k] for k in keys[:keys.index("status")] if k not in HEAD}
-
-
-def summary_problem(summary) -> str | None:
-    """What in a parsed ``summary.json`` is not what a run writes (``status`` a string, ``global_step`` an
-    integer, ``metrics`` a table of numbers or the non-finite strings); None if nothing."""
-    if not isinstance(summary, dict):
-        return "it is not an object"
-    if not isinstance(summary.get("status"), str):
-        return "its status is not a string"
-    if type(summary.get("global_step")) is not int or summary["global_step"] < 0:
-        return "its global_step is not a non-negative integer"
-    metrics = summary.get("metrics")
-    if not isinstance(metrics, dict) or not all(
-            isinstance(k, str) and (type(v) in (int, float) or v in NON_FINITE_STRINGS) for k, v in metrics.items()):
-        return "its metrics are not a table of numbers"
-    return None
 
 
 def make_row(job: int, overrides: list[str], status: str, summary: dict | None, wall_time_s: float | None,
@@ -131,28 +114,6 @@ def read_rows(sweep_dir: Path) -> list[dict]:
     sys.stderr.write(f"csframework: {printable(str(Path(sweep_dir) / TABLE_JSON))}: {printable(problem)}; the table "
                      f"is rebuilt from the job directories ({len(rows)} rows)\n")
     return rows
-
-
-def read_summary(job_dir: SafeDir, since: float = 0.0) -> tuple[dict | None, str | None]:
-    """A job's ``summary.json`` (written at or after ``since``, a time.time()) if it is well-formed, and
-    what is wrong with it otherwise (None when it is absent or older)."""
-    try:
-        with job_dir.opened(create=False) as fd:
-            if os.stat("summary.json", dir_fd=fd, follow_symlinks=False).st_mtime < since:
-                return None, None
-        data = job_dir.read("summary.json", MAX_SUMMARY_BYTES)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError, UnsafePathError) as e:
-        return None, f"{getattr(e, 'strerror', None) or e}"
-    try:
-        summary = json.loads(data)
-    except RecursionError:
-        return None, "it is nested too deeply"
-    except ValueError as e:
-        return None, f"it is not JSON ({e})"
-    problem = summary_problem(summary)
-    return (None, problem) if problem else (summary, None)
 
 
 def recorded_overrides(job_dir: SafeDir) -> list[str]:

@@ -161,7 +161,7 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("docs/guides/checkpoints.md", "import torch"): Elsewhere(
         "tests/e2e/test_weights_out.py", "run as written after that training"),
     ("docs/guides/compiling.md", "python -m csframework backend.compile=true "): Run(skip={"device=gpu": GPU}),
-    ("docs/architecture.md", "__main__.py (CLI)"): NotARecipe("the modules and what each does"),
+    ("docs/architecture.md", "10 the command line"): NotARecipe("the floors, their modules and what each does"),
     ("docs/architecture.md", "for each micro-batch"): NotARecipe("pseudo-code of one optimizer step"),
     ("docs/backends.md", "python -m csframework device=toy"): Run(setup="toy_backend"),
     ("docs/backends.md", "toy_backend/"): NotARecipe("the layout of tests/support/toy_backend"),

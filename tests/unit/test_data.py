@@ -448,3 +448,42 @@ def test_the_command_line_prints_each_as_one_line_without_a_traceback(tmp_path, 
         assert result.exit_code == code, result.stderr[-2000:]
         assert lines[-1].startswith(f"csframework: error: {message}"), result.stderr[-2000:]
         assert "Traceback" not in result.stderr
+
+
+# -- issue 42: one function builds a loader, for the run and for the Cerebras input workers ----------------
+CLUSTERS = {"_target_": "csframework.defaults.tiny.Clusters", "n": 64}
+
+
+def test_a_loader_gets_every_data_setting_from_the_one_function_that_builds_it():
+    from csframework.data import build_loader
+
+    data = DataConfig(train=CLUSTERS, val=CLUSTERS, batch_size=8, eval_batch_size=16, num_workers=2, timeout_s=7.0,
+                      prefetch_factor=3, pin_memory=True, persistent_workers=True, drop_last=False)
+    train, dataset = build_loader(data, "train", seed=1)
+    assert (train.num_workers, train.timeout, train.prefetch_factor, train.pin_memory) == (2, 7.0, 3, True)
+    assert train.persistent_workers and len(dataset) == 64 and train.samples_per_batch == 8
+    val, _ = build_loader(data, "val", seed=1, eval_steps=1)
+    assert val.samples_per_batch == 16 and val.position.sample == 16 and not val.position.shuffle
+    assert build_loader(DataConfig(train=CLUSTERS), "train", seed=1, device_type="GPU")[0].pin_memory  # null: GPU
+    with pytest.raises(ConfigError, match=r"data.eval.holdout: no such evaluation set \(sets: val\)"):
+        build_loader(data, "holdout", seed=1)
+
+
+def test_the_cerebras_input_workers_read_the_batches_the_run_reads():
+    pytest.importorskip("csframework_cerebras")
+    from omegaconf import OmegaConf
+
+    from csframework.data import build_loader, epoch_batches
+    from csframework_cerebras.data import input_fn, val_input_fn
+
+    data = DataConfig(train=CLUSTERS, val=CLUSTERS, batch_size=8, timeout_s=9.0, prefetch_factor=None)
+    plain = OmegaConf.to_container(OmegaConf.structured(data), resolve=True, enum_to_str=True)
+    ours, _ = build_loader(data, "train", seed=3)
+    expected = [b for e in (2, 3) for b in epoch_batches(ours, e, 5 if e == 2 else 0)]
+    batches = input_fn(plain, 3, epoch=2, start=5)
+    for want in expected:  # from batch 5 of epoch 2 on, through the next epoch
+        got = next(batches)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    val = val_input_fn(plain, 3)
+    assert (val.timeout, val.samples_per_batch) == (0, 8)  # no workers: no timeout applies, as in the run
+    assert [len(b[0]) for b in val] == [len(b[0]) for b in build_loader(data, "val", seed=3)[0]]

@@ -5,62 +5,11 @@ is imported only when CSX is used, and the moved CSX names still work with a war
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import csframework as csf
-
-PACKAGE = Path(csf.__file__).parent
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The csframework modules ``path`` imports anywhere in its code (``TYPE_CHECKING`` blocks excepted)."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for child in node.body for n in ast.walk(child)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            for alias in node.names:  # a submodule, else a name of the module ``base``
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
-    return {m for m in found if m in modules and m != name}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node):
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        state[node] = 2
-        stack.pop()
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
+from import_graph import PACKAGE, find_cycle, imports_of, module_name
 
 
 def test_no_import_circle_among_csframeworks_modules():

@@ -509,3 +509,52 @@ def test_run_takes_a_run_config_and_says_how_to_make_one():
                           (OmegaConf.create({"loop": {}}), "csframework.api.to_run_config")):
         with pytest.raises(TypeError, match=f"Run takes a RunConfig, not .*: make one with {re.escape(advice)}"):
             csf.Run(given)
+
+
+# -- issue 42: the run holds a Stage; the plugin manager composition built ---------------------------------
+class StageParts:
+    """Records, at each stage's start, the run's parts and whether the previous stage's loaders were closed."""
+
+    name = "stage_parts"
+
+    def __init__(self):
+        self.seen = []
+
+    @csf.hookimpl
+    def on_train_start(self, run):
+        self.seen.append((run.stage, run.current, run.backend, run.optimizer, run.train_loader))
+
+
+def test_each_stage_is_built_whole_and_the_run_reads_its_parts_from_it(tmp_path, monkeypatch):
+    from csframework.data import FrameworkLoader
+    from csframework.stage import Stage
+
+    closed = []
+    monkeypatch.setattr(FrameworkLoader, "close", lambda loader: closed.append(loader))
+    parts = StageParts()
+    fit(tmp_path, "+stages.warm.loop.max_steps=2", "+stages.tune.loop.max_steps=1", plugins=[parts])
+    (warm, warm_stage, *_), (tune, tune_stage, backend, optimizer, train_loader) = parts.seen
+    assert (warm, tune) == ("warm", "tune") and isinstance(tune_stage, Stage) and warm_stage is not tune_stage
+    assert (backend, optimizer, train_loader) == (tune_stage.backend, tune_stage.optimizer, tune_stage.train_loader)
+    assert all(part is not None for part in vars(tune_stage).values())  # no part left to be set later
+    assert warm_stage.train_loader in closed  # entering a stage releases the previous one's loaders
+
+
+def test_a_backend_may_replace_the_stages_optimizer_and_schedule_in_attach(tmp_path):
+    run = csf.Run(fixtures.compose(), output_dir=tmp_path)
+    optimizer = torch.optim.SGD(run.model.parameters(), lr=0.5)
+    run.optimizer, run.scheduler = optimizer, "a backend's schedule"
+    assert run.current.optimizer is optimizer and run.current.scheduler == "a backend's schedule"
+
+
+def test_the_cli_hands_the_run_the_plugin_manager_its_composition_built(tmp_path):
+    from csframework import api
+
+    found = api.command_line_composition(["plugins.disable=[progress]"], for_run=True)
+    config = fixtures.compose("plugins.disable=[progress]")
+    manager = found.run_manager(config)
+    assert manager is found.manager
+    assert csf.Run(config, output_dir=tmp_path, manager=manager).hooks.pm is manager
+    # a manager asked for composition only, or for other plugins than the config's, is not the run's
+    assert api.command_line_composition(["plugins.disable=[progress]"]).run_manager(config) is None
+    assert found.run_manager(fixtures.compose()) is None

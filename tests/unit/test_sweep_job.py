@@ -160,3 +160,20 @@ def test_a_worker_exits_within_seconds_of_its_multirun_parent_being_killed(tmp_p
             assert waited < 5 and "term" not in log.read_text()
         else:
             assert 1.5 < waited < 8 and "term" in log.read_text()
+
+
+def test_a_warning_every_job_would_repeat_is_shown_once_per_sweep(tmp_path):
+    """The built-ins ask ``console_once.first_time`` (a low floor); a sweep's job answers it from the sweep
+    directory's ``.said``, which every job of the sweep shares, in whatever process it runs."""
+    import functools
+
+    from csframework import console_once
+    from csframework.sweep.marks import first_in_sweep
+
+    assert console_once.first_time("warmup") and console_once.first_time("warmup")  # outside a sweep: always
+    for job in range(2):
+        with console_once.shown_once_by(functools.partial(first_in_sweep, tmp_path)):
+            assert console_once.first_time("warmup") is (job == 0)
+            assert console_once.first_time("other") is (job == 0)
+    assert console_once.first_time("warmup")  # the sweep's jobs are over
+    assert (tmp_path / ".said").read_text().split() == ["warmup", "other"]

@@ -9,7 +9,8 @@ from hostile import strict_json
 from sweep_dirs import GOOD, fake_job
 
 from csframework.files import SafeDir
-from csframework.sweep.table import columns, csv_cell, make_row, read_rows, read_summary, record_row
+from csframework.summary_file import read_summary
+from csframework.sweep.table import columns, csv_cell, make_row, read_rows, record_row
 
 
 def test_a_row_per_job_replaced_on_rerun_with_the_columns_in_order(tmp_path):

@@ -117,14 +117,14 @@ def _write_file(where: SafeDir, name: str, write, checksum: bool = True) -> dict
 def _save_state(state: dict, f) -> None:
     """``torch.save`` with the CRC-32 of every zip record computed (torch's default; forced here)."""
     config = getattr(getattr(getattr(torch.utils, "serialization", None), "config", None), "save", None)
-    previous = getattr(config, "compute_crc32", None)
+    if config is None or getattr(config, "compute_crc32", None) is not False:
+        torch.save(state, f)
+        return
+    config.compute_crc32 = True
     try:
-        if previous is False:
-            config.compute_crc32 = True
         torch.save(state, f)
     finally:
-        if previous is False:
-            config.compute_crc32 = previous
+        config.compute_crc32 = False
 
 
 def _zip_records(path: Path) -> dict:
@@ -321,9 +321,9 @@ def read_checkpoint(path: Path, read_shard_metadata: Callable[[Path], object] | 
         if name != "state.pt":
             _check_file(path / name, expected)
     if "config.yaml" in files:
-        problem = yaml_problem(read_config_yaml(path))
-        if problem:
-            raise DamagedCheckpoint(f"checkpoint {path}: config.yaml is damaged ({problem})")
+        damage = yaml_problem(read_config_yaml(path))
+        if damage:
+            raise DamagedCheckpoint(f"checkpoint {path}: config.yaml is damaged ({damage})")
     # The big file's checksum is verified while torch.load reads it (both read the same pages); a
     # loaded state is used only if the checksum holds. weights_only=True never runs code either way.
     problem: list[BaseException] = []

@@ -45,10 +45,10 @@ def _flatten(node, prefix: str) -> dict:
 
 def _config_differences(saved_yaml: str, config, section: str) -> list[str]:
     try:
-        saved = OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}")).get(section)
+        saved = cast(dict, OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}"))).get(section)
     except Exception:  # noqa: BLE001 - a config we cannot read names nothing
         return []
-    now = OmegaConf.to_container(OmegaConf.structured(config)).get(section)
+    now = cast(dict, OmegaConf.to_container(OmegaConf.structured(config))).get(section)
     before, after = _flatten(saved, section), _flatten(now, section)
     return [f"{key} is {before.get(key, '(unset)')} in the checkpoint, {after.get(key, '(unset)')} now"
             for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
@@ -68,7 +68,7 @@ def changed_settings(saved_yaml: str, config, stage: str) -> list[tuple[str, obj
     the checkpoint's config (``saved_yaml``) is not its value in ``config`` (the stage's config now). A
     key the checkpoint's config lacks (an older csframework's) is left out, as is a config it cannot read."""
     try:
-        saved = OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}"))
+        saved = cast(dict, OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}")))
         partial = (saved.get("stages") or {}).get(stage) or {}
         before = {}
         for section in ("loop", "optimizer"):
@@ -157,7 +157,7 @@ class CheckpointPlugin:
             size = len(text.encode("utf-8"))
             if size > MAX_CONFIG_BYTES:
                 sections = {f.name: len(repr(getattr(run.config, f.name))) for f in dataclasses.fields(run.config)}
-                largest = max(sections, key=sections.get)
+                largest = max(sections, key=lambda name: sections[name])
                 raise ConfigError(f"{largest}: the run's config is {size} bytes as YAML, more than the "
                                   f"{MAX_CONFIG_BYTES} bytes (16 MiB) a checkpoint's config.yaml may hold, so no "
                                   f"checkpoint of this run could be resumed; its largest section is {largest!r} "

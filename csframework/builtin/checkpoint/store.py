@@ -97,7 +97,7 @@ def read_best(root: Path) -> dict | None:
     return None
 
 
-def locate(target: Path) -> tuple[Path, bool]:
+def resolve_checkpoint_path(target: Path) -> tuple[Path, bool]:
     """What a user's path to a checkpoint names, resolved: ``(a checkpoint directory, False)``, or ``(a
     checkpoints/ directory, True)`` to choose among (for a run directory, its ``checkpoints/``).
     ``CheckpointNotFound`` naming the path and what it lacks when it is neither; ``UnsafePathError`` when a run
@@ -125,11 +125,11 @@ def locate(target: Path) -> tuple[Path, bool]:
 
 
 def resume_source(target: Path) -> tuple[Path, bool]:
-    """What ``checkpoint.resume=<target>`` names (``locate``): ``(a checkpoint directory, False)``, or
+    """What ``checkpoint.resume=<target>`` names (``resolve_checkpoint_path``): ``(a checkpoint directory, False)``, or
     ``(a checkpoints/ directory, True)`` whose newest good checkpoint is meant. ``ConfigError`` naming the
     path and what it lacks when it is neither."""
     try:
-        return locate(target)
+        return resolve_checkpoint_path(target)
     except CheckpointNotFound as e:
         raise ConfigError(f"checkpoint.resume: {e}") from e
 
