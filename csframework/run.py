@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from . import failures, loop
 from .backends.base import Backend
-from .backends.cachedir import usable_inductor_env
+from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
 from .config import RunConfig, stage_config
 from .config.sections import eval_set_key, eval_sets

@@ -21,9 +21,9 @@ from ..data import move_to
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..precision import policy
-from . import whole_step
+from .compile import whole_step
 from .base import BackendBase, BackendSpec
-from .compiled import COMPILE_MODES, CompiledOps, CompiledStep
+from .compile.step import COMPILE_MODES, CompiledOps, CompiledStep
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 
 

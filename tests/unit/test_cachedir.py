@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from csframework.backends import cachedir
-from csframework.backends.csx.compiler import REPORT_VERSION, CompileCache
+from csframework.graph import cachedir
+from csframework.graph.compiler import REPORT_VERSION, CompileCache
 from csframework.files import PrivateDir, UntrustedDirError
 
 

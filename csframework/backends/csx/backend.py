@@ -18,10 +18,10 @@ from ... import step
 from ...data import epoch_batches, move_to
 from ...jsonout import dumps
 from ..base import BackendBase
-from . import optim as csx_optim
-from .compiler import CompileCache, Compiled, StaticStep, device_for_host, numerics_key
-from .precision import CsxPrecision
-from .tracer import step_closure
+from ...graph import optim as csx_optim
+from ...graph.compiler import CompileCache, Compiled, StaticStep, device_for_host, numerics_key
+from ...graph.precision import CsxPrecision
+from ...graph.tracer import step_closure
 
 
 class CsxBackend(BackendBase):

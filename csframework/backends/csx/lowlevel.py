@@ -34,10 +34,10 @@ import torch
 
 from ...errors import CompileError, ConfigError, CsfError
 from ..eager import missing_cuda
-from .compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
-from .inductor import default_compiler
+from ...graph.compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
+from ...graph.inductor import default_compiler
 from .schema import CsxConfig, graph_compiler_problem, num_csx_problem
-from .tracer import active, step_closure
+from ...graph.tracer import active, step_closure
 
 __all__ = ["backend", "compile", "trace", "step_closure", "Backend", "EagerHandle", "CsxBackendHandle",
            "CompiledModel"]

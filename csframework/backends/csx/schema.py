@@ -101,7 +101,7 @@ def optimizer_rules(cfg) -> list[str]:
         return []
     from ...errors import ConfigError
     from ...schedule import locate_class
-    from .optim import preinitialisable
+    from ...graph.optim import preinitialisable
 
     try:
         cls = locate_class(target, "optimizer._target_")

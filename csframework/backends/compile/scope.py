@@ -25,7 +25,7 @@ import os
 import types
 from typing import Callable
 
-from ..compat import recompile_limit_key
+from ...compat import recompile_limit_key
 
 #: The loggers whose records are compiling's (a record's logger name starts with one of them).
 COMPILE_LOGGERS = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch._subclasses", "torch.fx",

@@ -20,16 +20,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import step
-from ..compat import needs_torch
-from ..errors import CompileError, TracingError
-from .csx import optim as csx_optim
-from .csx.compiler import CompileCache, Compiled, GraphLimitError, StaticStep, numerics_key
-from .csx.inductor import STANDALONE_TORCH
-from .csx.precision import GraphLossScaler
+from ... import step
+from ...compat import needs_torch
+from ...errors import CompileError, TracingError
+from ...graph import optim as csx_optim
+from ...graph.compiler import CompileCache, Compiled, GraphLimitError, StaticStep, numerics_key
+from ...graph.inductor import STANDALONE_TORCH
+from ...graph.precision import GraphLossScaler
 
 if TYPE_CHECKING:
-    from .eager import EagerBackend
+    from ..eager import EagerBackend
 
 #: The hooks called inside a step (between the forward and the update).
 IN_STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")

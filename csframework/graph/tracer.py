@@ -32,7 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from ...errors import CompileError, TracingError
+from ..errors import CompileError, TracingError
 from . import optim as csx_optim
 from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
 
@@ -544,7 +544,7 @@ class StepTracer:
         """Run the step once on fake tensors and return its graph (Python side effects happen now)."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from ...compat import get_proxy_mode, make_fx_options
+        from ..compat import get_proxy_mode, make_fx_options
 
         global _ACTIVE
         leaves, spec = pytree.tree_flatten((args, kwargs))

@@ -46,16 +46,16 @@ from typing import Any, Callable
 
 import torch
 
-from .. import step
-from ..compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
-from ..errors import ConfigError
-from ..precision import NO_AUTOCAST
-from .cachedir import trusted_root
-from .compile_scope import CACHE_ENV, CompileScope, fresh
-from .csx.compiler import CompileCache, Compiled
-from .csx import optim as csx_optim
-from .csx.optim import preinitialisable, preinitialize, unwrapped
-from .csx.precision import CsxPrecision, GraphLossScaler
+from ... import step
+from ...compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
+from ...errors import ConfigError
+from ...precision import NO_AUTOCAST
+from ...graph.cachedir import trusted_root
+from .scope import CACHE_ENV, CompileScope, fresh
+from ...graph.compiler import CompileCache, Compiled
+from ...graph import optim as csx_optim
+from ...graph.optim import preinitialisable, preinitialize, unwrapped
+from ...graph.precision import CsxPrecision, GraphLossScaler
 from .whole_step import WholeStep, batch_shapes, first_trace_failed
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
@@ -155,7 +155,7 @@ OTHER_FIX = "move that code out of the model's forward (into a hook outside the 
 
 def _internal(filename: str) -> bool:
     """Frames of torch, csframework and Python itself are not the user's."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return (filename.startswith(here) or f"{os.sep}torch{os.sep}" in filename or "<" in filename
             or f"{os.sep}lib{os.sep}python" in filename and "site-packages" not in filename)
 

@@ -9,12 +9,12 @@ import traceback
 
 import torch
 
-from ...errors import TracingError
+from ..errors import TracingError
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 #: The framework's directory, from this package's location: its code between the user's step and torch is
 #: never "the user's line" ...
-_CSF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_CSF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: ... except the models it ships, which are the user's code of a run.
 _MODELS = (os.path.join(_CSF_DIR, "models.py"), os.path.join(_CSF_DIR, "defaults") + os.sep)
 _STDLIB_SKIP = ("contextlib.py", "functools.py", "typing.py")

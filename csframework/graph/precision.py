@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ...config import PrecisionConfig
-from ...precision import HALF_DTYPES
+from ..config import PrecisionConfig
+from ..precision import HALF_DTYPES
 from . import optim as csx_optim
-from .cbfloat16 import round_to_cbfloat16
+from ..backends.csx.cbfloat16 import round_to_cbfloat16
 
 
 

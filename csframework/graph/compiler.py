@@ -21,11 +21,11 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ...errors import CompileError, CsfError
-from ...files import PrivateDir
-from ...jsonout import dumps
-from ..cachedir import trusted_root
-from . import graph as graphs
+from ..errors import CompileError, CsfError
+from ..files import PrivateDir
+from ..jsonout import dumps
+from .cachedir import trusted_root
+from . import passes as graphs
 from . import inductor
 from .tracer import Signature, StepTracer, Traced, detailed_difference
 
@@ -112,8 +112,8 @@ def numerics_key(precision: Any) -> dict:
     """What decides a compiled graph's numbers besides its operations: the precision policy (format, loss
     scaling: the ``precision`` config), the cbfloat16 emulation's format, and csframework's and torch's versions.
     Part of every cache entry's name, so two runs that differ in any of them never share an entry."""
-    from ... import __version__
-    from . import cbfloat16
+    from .. import __version__
+    from ..backends.csx import cbfloat16
 
     policy = {f.name: getattr(precision, f.name) for f in dataclasses.fields(precision)} \
         if dataclasses.is_dataclass(precision) else dict(precision or {})

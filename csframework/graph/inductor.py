@@ -23,14 +23,14 @@ from typing import Callable
 
 import torch
 
-from ...compat import needs_torch
-from ...errors import CsfError
-from ...files import PrivateDir
+from ..compat import needs_torch
+from ..errors import CsfError
+from ..files import PrivateDir
 
 #: The first torch with ``torch._inductor.standalone_compile`` and ``CompiledArtifact``.
 STANDALONE_TORCH = (2, 8)
 
-from .schema import GRAPH_COMPILER_ENV
+from ..backends.csx.schema import GRAPH_COMPILER_ENV
 
 #: Compilations done in this process (a cache hit loads and does not count): what tests count.
 compilations = 0
