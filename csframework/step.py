@@ -22,7 +22,7 @@ primitives, as a ``PrecisionOps``.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import torch
 
@@ -73,8 +73,9 @@ def detached(outputs: dict) -> dict:
     return {k: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v for k, v in outputs.items()}
 
 
-def micro_batch(run: RunProtocol, ops: PrecisionOps, module: torch.nn.Module, batch: Any, accum: int) -> dict:
-    """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs."""
+def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batch: Any, accum: int) -> dict:
+    """Forward and backward of one micro-batch of a step of ``accum`` micro-batches (``module``: the model's
+    forward, or its compiled function); returns its outputs."""
     hooks = run.hooks
     with ops.autocast():
         outputs = model_outputs(module(batch))
@@ -121,7 +122,7 @@ def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | 
     optimizer.zero_grad(set_to_none=True)
 
 
-def train_step(run: RunProtocol, ops: PrecisionOps, module: torch.nn.Module, batches: Iterable[Any],
+def train_step(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batches: Iterable[Any],
                max_grad_norm: float | None) -> dict:
     """A whole step over its micro-batches at once; returns the outputs of the last one (detached)."""
     batches = list(batches)

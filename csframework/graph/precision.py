@@ -1,67 +1,24 @@
-"""Precision on CSX: half-precision compute inside the traced step and loss scaling as graph operations.
+"""Precision inside a traced step's graph: half-precision compute and loss scaling as graph operations.
 
 * ``float32``: nothing.
-* ``bfloat16`` / ``float16``: autocast while tracing (the casts become graph operations), as on CPU/GPU.
-* ``cbfloat16``: every matrix product, convolution and attention (the operations the wafer runs in half
-  precision) takes CB16-rounded inputs and gives a CB16-rounded result; in the backward pass the gradient
-  flowing through the same boundary is CB16-rounded too. Master weights and optimizer state stay float32.
+* ``bfloat16`` / ``float16``: autocast while tracing (the casts become graph operations), as eagerly.
 * Loss scaling (``dynamic`` or a number) is part of the graph, with ``GradScaler``'s arithmetic and state:
   the scale multiplies the loss, gradients are unscaled with an overflow check, a step whose gradients are not
   finite is skipped with ``torch.where`` (no host synchronisation) and the scale is updated in the graph.
+
+``GraphPrecision`` is the ``step.PrecisionOps`` of a traced (or compiled) step: the compile path of the CPU/GPU
+backend uses it as it is, the CSX emulator adds its cbfloat16 compute on top (``backends/csx/precision.py``).
 """
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from ..config import PrecisionConfig
 from ..precision import HALF_DTYPES
-from . import optim as csx_optim
-from ..backends.csx.cbfloat16 import round_to_cbfloat16
-
-
-
-class _CB16Compute(torch.autograd.Function):
-    """CB16 rounding at a compute boundary: the value forward, the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.dtype = x.dtype
-        return round_to_cbfloat16(x).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return round_to_cbfloat16(grad).to(ctx.dtype)
-
-
-def cb16(x):
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return _CB16Compute.apply(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(cb16(v) for v in x)
-    return x
-
-
-_CB16_OPS = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
-             torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm,
-             torch.baddbmm, torch.Tensor.baddbmm, torch.einsum, F.conv1d, F.conv2d, F.conv3d,
-             F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention,
-             F.bilinear}
-
-
-class CB16ComputeMode(TorchFunctionMode):
-    """Rounds the inputs and outputs of the half-precision compute operations to CB16."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _CB16_OPS:
-            args = tuple(cb16(a) for a in args)
-            kwargs = {k: cb16(v) for k, v in kwargs.items()}
-            return cb16(func(*args, **kwargs))
-        return func(*args, **kwargs)
+from . import optim as graph_optim
 
 
 class GraphLossScaler:
@@ -78,6 +35,7 @@ class GraphLossScaler:
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self.growth_factor, self.backoff_factor = 2.0, 0.5
         self.growth_interval = int(cfg.growth_interval)
+        self._found_inf: torch.Tensor | None = None  # the last unscale's overflow count, for update
 
     def state_attrs(self) -> list[tuple]:
         """The tensors the graph reads and updates, for the tracer's state collection."""
@@ -91,7 +49,7 @@ class GraphLossScaler:
         if not self.enabled:
             return None
         grads = [p.grad for p in params if p.grad is not None]
-        if not self.dynamic:
+        if self.fixed is not None:
             torch._foreach_mul_(grads, 1.0 / self.fixed)
             return None
         inv_scale = self.scale.double().reciprocal().float()
@@ -105,7 +63,7 @@ class GraphLossScaler:
         return found_inf > 0
 
     def update(self) -> None:
-        if self.dynamic:
+        if self.dynamic and self._found_inf is not None:
             torch._amp_update_scale_(self.scale, self.growth_tracker, self._found_inf, self.growth_factor,
                                      self.backoff_factor, self.growth_interval)
             self._found_inf = None
@@ -123,8 +81,8 @@ class GraphLossScaler:
             self.growth_tracker.fill_(int(state.get("_growth_tracker", 0)))
 
 
-class CsxPrecision:
-    """The precision policy of a CSX run."""
+class GraphPrecision:
+    """The precision policy of a traced step: autocast to a half precision, loss scaling in the graph."""
 
     def __init__(self, cfg: PrecisionConfig, device: torch.device):
         self.name = cfg.name
@@ -132,10 +90,8 @@ class CsxPrecision:
         self.dtype = HALF_DTYPES.get(cfg.name)
         self.scaler = GraphLossScaler(cfg, device)
 
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager:
         """The context the forward pass is traced in."""
-        if self.name == "cbfloat16":
-            return CB16ComputeMode()
         if self.dtype is not None:
             return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
@@ -149,7 +105,7 @@ class CsxPrecision:
         return self.scaler.unscale([p for g in optimizer.param_groups for p in g["params"]])
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, skip: torch.Tensor | None) -> None:
-        csx_optim.step(optimizer, skip=skip)
+        graph_optim.step(optimizer, skip=skip)
 
     def update(self) -> None:
         self.scaler.update()

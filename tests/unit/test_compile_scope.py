@@ -1,6 +1,6 @@
 """What ``backend.compile`` sets up without compiling anything (fast; run on every supported torch): which
 optimizers run torch's own update, the learning rate as a tensor for any optimizer, and the process-wide torch
-settings held only while a run's compiled step runs (``backends/compile_scope.py``)."""
+settings held only while a run's compiled step runs (``backends/compile/scope.py``)."""
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,4 @@
-"""``csframework.backends.csx.inductor``.
+"""``csframework.graph.inductor``.
 
 The CSX train step compiled with TorchInductor (``backend.graph_compiler=inductor``): the same numbers as
 the interpreted graph, the compile cache across runs, retrace mode, the fallback with its one-line warning,

@@ -14,9 +14,9 @@ generates their code):
   recompilation (another optimizer's ``step`` reads it as a number); torch's optimizers, and subclasses keeping
   torch's ``step``, run their ``foreach`` path with ``capturable`` state (the fastest compiled update measured:
   docs/performance.md). Under dynamic loss scaling (``precision=float16``) the scaling
-  is tensor operations, as on CSX (``csx/precision.GraphLossScaler``): the gradients are unscaled with one
+  is tensor operations, as on CSX (``graph/precision.GraphLossScaler``): the gradients are unscaled with one
   overflow check and the scale updated (one kernel each, between the compiled functions), and the compiled update
-  is ``csx/optim``'s traceable optimizer step, which skips an overflowing step with ``torch.where``: nothing waits
+  is ``graph/optim``'s traceable optimizer step, which skips an overflowing step with ``torch.where``: nothing waits
   for the device. A custom optimizer that cannot create its state before the first step keeps ``GradScaler``
   and runs its update eagerly;
 * ``evaluate``: evaluation's forward and loss.
@@ -32,7 +32,7 @@ eagerly), and each is reported with its cause. A recompilation for a Python valu
 
 Inductor's cache (``cache_dir()``) keeps the generated code across runs, so an identical run compiles from it.
 When compiling fails (no C++ compiler: checked first; an Inductor error) the run goes on eagerly with one
-warning. The process-wide torch settings this needs are held only while the run uses them (``compile_scope``).
+warning. The process-wide torch settings this needs are held only while the run uses them (``scope``).
 """
 from __future__ import annotations
 
@@ -40,23 +40,24 @@ import linecache
 import os
 import time
 import traceback
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
 from ... import step
 from ...compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
 from ...errors import ConfigError
-from ...precision import NO_AUTOCAST
+from ...graph import optim as graph_optim
 from ...graph.cachedir import trusted_root
-from .scope import CACHE_ENV, CompileScope, fresh
 from ...graph.compiler import CompileCache, Compiled
-from ...graph import optim as csx_optim
 from ...graph.optim import preinitialisable, preinitialize, unwrapped
-from ...graph.precision import CsxPrecision, GraphLossScaler
-from .whole_step import WholeStep, batch_shapes, first_trace_failed
+from ...graph.precision import GraphLossScaler, GraphPrecision
+from ...precision import NO_AUTOCAST
+from .scope import CACHE_ENV, CompileScope, fresh
+from .whole_step import WholeStep, batch_shapes, one_line
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -118,7 +119,7 @@ def missing_compiler() -> str | None:
     try:
         cpp_compiler()
     except Exception as e:
-        return compiler_failure(_one_line(e))
+        return compiler_failure(one_line(e))
     return None
 
 
@@ -198,7 +199,7 @@ class Recorder:
             if all(str(b) != str(found) for b in self.breaks):
                 self.breaks.append(found)
         self.graphs += 1
-        return compile_fx(gm, example_inputs, config_patches=self.options)
+        return cast(Callable, compile_fx(gm, example_inputs, config_patches=self.options))
 
 
 def _signature(batch: Any) -> tuple:
@@ -209,18 +210,13 @@ def _signature(batch: Any) -> tuple:
                  if isinstance(t, torch.Tensor))
 
 
-def _one_line(error: BaseException) -> str:
-    text = " ".join(f"{type(error).__name__}: {error}".split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _failure(error: BaseException) -> str | None:
     """One line for an error of compiling (not of running the user's code), else ``None``."""
     from torch._dynamo.exc import BackendCompilerFailed
 
     if not isinstance(error, BackendCompilerFailed):
         return None
-    return _one_line(error.inner_exception if getattr(error, "inner_exception", None) is not None else error)
+    return one_line(error.inner_exception if getattr(error, "inner_exception", None) is not None else error)
 
 
 def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
@@ -264,16 +260,12 @@ def _raw_step(optimizer: torch.optim.Optimizer) -> Callable:
     hooked = (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
               or getattr(opt_module, "_global_optimizer_pre_hooks", None)
               or getattr(opt_module, "_global_optimizer_post_hooks", None))
-    raw = type(optimizer).step
+    raw: Any = type(optimizer).step
     if hooked or "step" in vars(optimizer):  # hooks, or an instance's own step (a torch LRScheduler wraps it)
         return lambda skip: optimizer.step()
     while hasattr(raw, "__wrapped__"):
         raw = raw.__wrapped__
     return lambda skip: raw(optimizer)
-
-
-class _CompileFailed(Exception):
-    """Inductor could not compile the whole step's graph (the step then runs eagerly)."""
 
 
 class CompiledStep:
@@ -305,18 +297,18 @@ class CompiledStep:
         if device.type == "cpu":
             self._check_compiler()
         self.recorder = Recorder(mode)
-        options = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
+        options: dict[str, Any] = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
         self.options = options
         # functions of this step's own (``fresh``): Dynamo's caches are per code object, and never reset
         self.forward = self._guarded("forward", torch.compile(fresh(self._forward), **options))
         self.evaluate = self._guarded("evaluate", torch.compile(fresh(self._evaluate), **options))
         self.scaler = getattr(precision, "scaler", None)  # GradScaler, under dynamic loss scaling
-        #: dynamic loss scaling as tensor operations (``csx/precision.py``), wherever the optimizer's update traces:
+        #: dynamic loss scaling as tensor operations (``graph/precision.py``), wherever the optimizer's update traces:
         #: the overflow check, the skipped update and the new scale are then compiled with the step (or with the
         #: update), and this scaler, not the ``GradScaler``, holds the scale (``GradScaler``'s state keys)
         self.loss_scaler: GraphLossScaler | None = None
         if self.scaler is not None and not sharded and preinitialisable(type(run.optimizer)):
-            self.precision = CsxPrecision(run.stage_config.precision, device)
+            self.precision = GraphPrecision(run.stage_config.precision, device)
             self.loss_scaler = self.precision.scaler
             self.loss_scaler.load_state_dict(self.scaler.state_dict())
         self._shapes: dict[str, tuple] = {}
@@ -331,7 +323,7 @@ class CompiledStep:
             self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(self.cache_root / f"steps-{mode}",
                                                                                      self._warn_cache),
                                    max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
-                                   on_compile=self._whole_compiled)
+                                   on_compile=self._whole_compiled, on_untraced=self._whole_untraced)
         else:
             self._compile_update(sharded)
 
@@ -347,7 +339,7 @@ class CompiledStep:
             if self.loss_scaler is None:
                 self._step = _raw_step(optimizer)
             else:  # the traceable update, which skips an overflowing step with torch.where (no synchronisation)
-                self._step = lambda skip: csx_optim.step(optimizer, skip=skip)
+                self._step = lambda skip: graph_optim.step(optimizer, skip=skip)
             self._params = [p for g in optimizer.param_groups for p in g["params"]]
             self.update = self._guarded("update", torch.compile(fresh(self._update), **self.options))
             # an optimizer that creates its state in its first step (neither torch's nor preinitialisable) takes
@@ -363,7 +355,7 @@ class CompiledStep:
             try:
                 self.scope.vec_isa_ok = _trust_vector_isa(self.cache_root)
             except Exception as e:  # the compiler runs, but cannot build the check's programs
-                problem = compiler_failure(_one_line(e))
+                problem = compiler_failure(one_line(e))
             finally:
                 self.scope.close()
         if problem is not None:
@@ -405,29 +397,18 @@ class CompiledStep:
 
     # -- the whole step as one graph ------------------------------------------------------------------------
     def train_whole(self, batch, global_step: int) -> dict | None:
-        """Train on ``batch`` with the whole step's graph; ``None`` when the step is not (or no longer) one graph
-        and the caller runs it through the compiled functions (or eagerly, once compiling has failed)."""
+        """Train on ``batch`` with the whole step's graph; ``None`` when the step is not one graph after all (it
+        does not trace: its functions are compiled from now on; Inductor failed: the run goes on eagerly) and the
+        caller runs it through the compiled functions."""
         if self._notes:
             self._log_notes()
         whole = self.whole
         if whole is None or self.failed is not None:
             return None
         self.scope.enter()
-        try:
-            outputs = whole(batch, global_step)
-        except _CompileFailed:
-            self.whole = None
-            return None
-        except Exception as e:
-            if not first_trace_failed(e):
-                raise
-            if whole.traced:  # a later shape does not trace: that batch runs eagerly
-                self.run.log.warning("step_not_traced", problem=_one_line(e), result="this batch runs eagerly")
-                return whole.eager(batch)
-            # data-dependent code: Dynamo compiles what it can and reports the graph breaks
-            self.whole = None
-            self.run.log.info("step_compiled_per_function", reason=_one_line(e))
-            self._compile_update(sharded=False)
+        outputs = whole(batch, global_step)
+        if outputs is None:
+            self._leave_whole_step(*(whole.refused or ("compile", "unknown")))
             return None
         if whole.full and not self._limit_reported:
             self._limit_reported = True
@@ -437,18 +418,29 @@ class CompiledStep:
                                          "few lengths)")
         return outputs
 
+    def _leave_whole_step(self, why: str, reason: str) -> None:
+        """The step is not one graph after all: the functions compiled instead (it did not trace), or eagerly
+        (Inductor failed, ``why == "compile"``)."""
+        self.whole = None
+        if why == "compile":
+            self._fall_back(reason)
+            return
+        # data-dependent code: Dynamo compiles what it can and reports the graph breaks
+        self.run.log.info("step_compiled_per_function", reason=reason)
+        self._compile_update(sharded=False)
+
+    def _whole_untraced(self, problem: str) -> None:
+        """A later batch shape does not trace: that batch runs eagerly."""
+        self.run.log.warning("step_not_traced", problem=problem, result="this batch runs eagerly")
+
     def prepare_optimizer(self) -> None:
         """The optimizer's settings for the compiled update (again after a checkpoint is loaded)."""
         prepare_optimizer(self.run.optimizer, self.device, torch_step=self.loss_scaler is None)
 
     def _whole_compiled(self, compiled: Compiled, seconds: float) -> None:
         """A graph of the whole step was compiled or loaded (before it runs): count and report it."""
-        info = compiled.report.get("graph_compiler", {})
-        if info.get("status") == "fallback":
-            self._fall_back(info.get("reason", "unknown"))
-            raise _CompileFailed
         self.seconds += seconds
-        if info.get("status") == "loaded":
+        if compiled.report.get("graph_compiler", {}).get("status") == "loaded":
             self.graph_loads += 1
         else:
             self.graph_compiles += 1
@@ -557,6 +549,12 @@ class CompiledStep:
                 self.update(skip)
         self.run.optimizer._opt_called = True  # what torch's LR schedulers check, as a wrapped step sets it
 
+    @property
+    def update_compiled(self) -> bool:
+        """Whether the compiled update (clipping and the optimizer's step) runs: set up, and compiling has not
+        failed (the fallback rule, in one place)."""
+        return self.compiled_update and self.failed is None
+
     # -- figures ------------------------------------------------------------------------------------------
     @staticmethod
     def _cache_counts() -> tuple[int, int]:
@@ -587,24 +585,30 @@ class CompiledStep:
 
 
 class CompiledOps:
-    """The precision policy's ``step.PrecisionOps`` around the compiled functions: the forward's autocast is
-    inside the compiled forward, the optimizer step is the compiled update (clipping included: the step is
-    then given no ``max_grad_norm``)."""
+    """The step's runner under ``backend.compile`` when the step is not one graph: ``csframework.step``'s
+    sequence with the compiled forward (``forward``: its autocast inside, so ``autocast`` is no context here) and
+    the compiled update (``optimizer_step``, clipping included: ``clip`` gives the step no ``max_grad_norm``
+    then), the precision policy's other primitives (``step.PrecisionOps``), and the compiled evaluation."""
 
     def __init__(self, compiled: CompiledStep):
         self.precision, self.compiled = compiled.precision, compiled
+        self.forward, self.evaluate = compiled.forward, compiled.evaluate
 
-    def autocast(self):
+    def clip(self, max_grad_norm: float | None) -> float | None:
+        """The clipping the step does itself: none while the compiled update clips."""
+        return None if self.compiled.update_compiled else max_grad_norm
+
+    def autocast(self) -> AbstractContextManager:
         return NO_AUTOCAST
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
 
-    def unscale(self, optimizer):
+    def unscale(self, optimizer: torch.optim.Optimizer) -> Any:
         return self.precision.unscale(optimizer)
 
-    def optimizer_step(self, optimizer, skip) -> None:
-        if self.compiled.compiled_update and self.compiled.failed is None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, skip: Any) -> None:
+        if self.compiled.update_compiled:
             self.compiled.apply_update(skip)
         else:
             self.precision.optimizer_step(optimizer, skip)
