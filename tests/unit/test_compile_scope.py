@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from csframework.backends.compile.scope import CACHE_ENV, CompileScope, fresh
-from csframework.backends.compile.step import prepare_optimizer, torch_optimizer
+from csframework.backends.compile.update import prepare_optimizer, torch_optimizer
 from csframework.graph.optim import builtin_base, is_builtin, preinitialisable
 from csframework.compat import recompile_limit_key
 

@@ -36,33 +36,29 @@ warning. The process-wide torch settings this needs are held only while the run 
 """
 from __future__ import annotations
 
-import linecache
-import os
 import time
 import traceback
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import torch
 
 from ... import step
-from ...compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
 from ...errors import ConfigError
 from ...graph import optim as graph_optim
 from ...graph.cachedir import trusted_root
 from ...graph.compiler import CompileCache, Compiled
-from ...graph.optim import preinitialisable, preinitialize, unwrapped
+from ...graph.optim import preinitialisable, preinitialize
 from ...graph.precision import GraphLossScaler, GraphPrecision
 from ...precision import NO_AUTOCAST
-from .scope import CACHE_ENV, CompileScope, fresh
-from .whole_step import WholeStep, batch_shapes, one_line
+from .findings import (COMPILER_ERRORS, Recorder, compile_failure, compiler_failure, describe_break,
+                       missing_compiler, one_line, signature)
+from .scope import CompileScope, cache_dir, fresh, trust_vector_isa
+from .update import prepare_optimizer, raw_step, torch_optimizer
+from .whole_step import WholeStep, batch_shapes
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-#: Where Inductor keeps generated code and built kernels unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise.
-DEFAULT_CACHE_DIR = "~/.cache/csframework/inductor"
 #: Compilations of one function after its first (new shapes) before it runs eagerly. A recompilation for any other
 #: reason (a guard on a Python value failed: ``.item()`` in the forward, a counter the model reads) is its last.
 MAX_RECOMPILES = 8
@@ -70,202 +66,6 @@ MAX_RECOMPILES = 8
 
 #: The compiled functions that run the model's forward.
 MODEL_FUNCTIONS = ("forward", "evaluate")
-
-
-def cache_dir() -> Path:
-    """Inductor's cache directory: ``$TORCHINDUCTOR_CACHE_DIR``, else ``~/.cache/csframework/inductor`` (not
-    Inductor's default in the temporary directory, which the system may clear). Inductor writes its entries
-    atomically under file locks, so concurrent runs (sweep jobs, torchrun ranks) share it safely."""
-    given = os.environ.get(CACHE_ENV)
-    # Inductor writes its default into the variable once it has looked: that is no user's choice
-    if given and os.path.abspath(given) != os.path.abspath(inductor_default_cache_dir()):
-        return Path(given)
-    return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
-
-
-def _isa_marker_path(root: Path) -> Path:
-    """The file saying that Inductor built and ran code for this CPU's vector instructions in cache ``root``."""
-    return root / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
-
-
-def _trust_vector_isa(root: Path) -> bool:
-    """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
-    programs for it (about 4 s of a cached run's compile time). Returns whether the check passed, here or in an
-    earlier run (then ``CompileScope`` sets Inductor's ``cpp.vec_isa_ok``: the check's result is part of
-    Inductor's cache keys, so every run, the first included, compiles with it set)."""
-    if torch.cuda.is_available():
-        return False
-    marker = _isa_marker_path(root)
-    if not marker.is_file():
-        if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
-            return False
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:  # a read-only cache: the check runs again next time
-            pass
-    return True
-
-
-#: The setting that names the C++ compiler Inductor builds CPU code with.
-COMPILER_SETTING = "CXX"
-#: Inductor's errors of a C++ compiler that is missing or fails (their names, as in a failure's one line).
-COMPILER_ERRORS = ("InvalidCxxCompiler", "CppCompileError")
-
-
-def missing_compiler() -> str | None:
-    """Why Inductor cannot build C++ on this machine (one line naming ``CXX`` and the fix), or ``None``: it looks
-    for ``$CXX`` (else ``g++`` on ``PATH``) and runs it."""
-    try:
-        cpp_compiler()
-    except Exception as e:
-        return compiler_failure(one_line(e))
-    return None
-
-
-def compiler_failure(reason: str) -> str:
-    """``reason`` (a compiler's failure) with the setting to fix."""
-    given = os.environ.get(COMPILER_SETTING)
-    setting = (f"{COMPILER_SETTING}={given}" if given
-               else f"{COMPILER_SETTING} is unset (Inductor looks for g++ on PATH)")
-    return (f"no working C++ compiler for Inductor: {setting}: {reason}; set {COMPILER_SETTING} to a C++ compiler "
-            "(g++ or clang++)")
-
-
-@dataclass
-class GraphBreak:
-    """Where and why Dynamo split a compiled function."""
-    where: str  # "file:line" of the user's code, or "" when none is the user's
-    reason: str  # one line
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.reason}" if self.where else self.reason
-
-
-#: The usual graph breaks: words of Dynamo's reason or of the user's line, what the construct is, and its fix.
-CONSTRUCTS = ((("item()", "tensor.item"), "`.item()` reads a tensor's value on the host",
-               "keep the value a tensor (torch.where for a choice), or read it in a hook outside the step "
-               "(on_train_step_end)"),
-              (("data-dependent", "could not guard", "generic_jump"), "Python control flow on a tensor's value",
-               "use torch.where instead of a Python branch on a tensor's value, or move the check to a hook outside "
-               "the step (on_train_step_end)"),
-              (("print",), "print() inside the compiled code",
-               "remove the print from the forward, or log from a hook outside the step"))
-OTHER_FIX = "move that code out of the model's forward (into a hook outside the step) or make it a tensor operation"
-
-
-def _internal(filename: str) -> bool:
-    """Frames of torch, csframework and Python itself are not the user's."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return (filename.startswith(here) or f"{os.sep}torch{os.sep}" in filename or "<" in filename
-            or f"{os.sep}lib{os.sep}python" in filename and "site-packages" not in filename)
-
-
-def describe_break(reason: str, stack: list) -> GraphBreak:
-    """Dynamo's reason for a graph break and the user's stack there, as the user's line and one line saying
-    what the construct there is and its fix (Dynamo's own words where the construct is not a usual one)."""
-    frame = next((f for f in reversed(stack) if not _internal(f.filename)), stack[-1] if stack else None)
-    where = f"{frame.filename}:{frame.lineno}" if frame is not None else ""
-    code = ((frame.line or linecache.getline(frame.filename, frame.lineno)) if frame is not None else "").strip()
-    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
-    # Dynamo's first line says only that it was a call; the next names what could not be traced
-    useful = [ln for ln in lines if not ln.startswith(("Encountered graph break", "Developer debug context",
-                                                        "For more details", "Hint: "))]
-    text = " ".join((useful or lines or ["unknown"])[:2])
-    words = f"{text} {code}".lower()
-    construct, fix = next(((what, fix) for keys, what, fix in CONSTRUCTS if any(k in words for k in keys)),
-                          (text if len(text) <= 240 else text[:237] + "...", OTHER_FIX))
-    return GraphBreak(where, (f"`{code}`: " if code else "") + f"{construct}; fix: {fix}")
-
-
-class Recorder:
-    """The backend handed to ``torch.compile``: Inductor with ``mode``'s options, counting what it compiles and
-    the graph breaks Dynamo reports with each graph."""
-
-    def __init__(self, mode: str):
-        import torch._inductor
-
-        self.options = torch._inductor.list_mode_options(mode)
-        self.breaks: list[GraphBreak] = []
-        self.graphs = 0
-        self.failed: str | None = None
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from torch._inductor.compile_fx import compile_fx
-
-        reason = getattr(gm, "compile_subgraph_reason", None)
-        if reason is not None and getattr(reason, "graph_break", False):
-            found = describe_break(str(reason.reason), list(reason.user_stack or []))
-            if all(str(b) != str(found) for b in self.breaks):
-                self.breaks.append(found)
-        self.graphs += 1
-        return cast(Callable, compile_fx(gm, example_inputs, config_patches=self.options))
-
-
-def _signature(batch: Any) -> tuple:
-    """The shapes and dtypes of a batch's tensors (what a recompilation is reported with)."""
-    from torch.utils import _pytree as pytree
-
-    return tuple((tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in pytree.tree_leaves(batch)
-                 if isinstance(t, torch.Tensor))
-
-
-def _failure(error: BaseException) -> str | None:
-    """One line for an error of compiling (not of running the user's code), else ``None``."""
-    from torch._dynamo.exc import BackendCompilerFailed
-
-    if not isinstance(error, BackendCompilerFailed):
-        return None
-    return one_line(error.inner_exception if getattr(error, "inner_exception", None) is not None else error)
-
-
-def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer``'s update is torch's own code (a ``torch.optim`` class, or a user's subclass of one that
-    keeps its ``step``): it takes ``foreach`` and ``capturable`` state."""
-    return unwrapped(getattr(type(optimizer), "step", None)).__module__.startswith("torch.optim")
-
-
-def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, torch_step: bool = True) -> None:
-    """Make ``optimizer``'s settings those the update compiles best with (again after a checkpoint is loaded,
-    which brings back the saved ones): every learning rate is a tensor (float64 on the host, float32 on a GPU)
-    that the schedule fills in place, so a new rate is an input of the compiled update, not a recompilation
-    (torch's optimizers take it as it is; in another optimizer's ``step``, ``p.add_(u, alpha=-group["lr"])`` and
-    the other arithmetic read it as a number). Torch's own update, where it is the one run (``torch_step``), runs
-    ``foreach`` with ``capturable`` state."""
-    own = torch_optimizer(optimizer)
-    for group in optimizer.param_groups:
-        if own and torch_step and "foreach" in group:
-            group["foreach"] = True
-        if own and torch_step and "capturable" in group:
-            group["capturable"] = True
-        lr = group.get("lr")
-        if isinstance(lr, (int, float)) and not isinstance(lr, bool):  # (a group may have none: Adafactor's None)
-            dtype = torch.float64 if device.type == "cpu" else torch.float32
-            group["lr"] = torch.tensor(float(lr), dtype=dtype, device=device)
-    if not own:
-        return
-    # capturable optimizers keep their step counts on the parameters' device
-    for state in optimizer.state.values():
-        count = state.get("step") if isinstance(state, dict) else None
-        if isinstance(count, torch.Tensor) and count.device != device:
-            state["step"] = count.to(device=device, dtype=torch.float32)
-
-
-def _raw_step(optimizer: torch.optim.Optimizer) -> Callable:
-    """``optimizer.step`` without torch's wrappers when nothing hooks it: the wrapper that switches grad mode
-    breaks the graph on purpose (the update runs under ``no_grad`` here anyway), and the profiler's is ignored
-    when compiling. With step hooks registered, ``step`` itself (its hooks run, the graph breaks)."""
-    from torch.optim import optimizer as opt_module
-
-    hooked = (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
-              or getattr(opt_module, "_global_optimizer_pre_hooks", None)
-              or getattr(opt_module, "_global_optimizer_post_hooks", None))
-    raw: Any = type(optimizer).step
-    if hooked or "step" in vars(optimizer):  # hooks, or an instance's own step (a torch LRScheduler wraps it)
-        return lambda skip: optimizer.step()
-    while hasattr(raw, "__wrapped__"):
-        raw = raw.__wrapped__
-    return lambda skip: raw(optimizer)
 
 
 class CompiledStep:
@@ -337,7 +137,7 @@ class CompiledStep:
             # the state the first step would create, created now: it is then no cause of a recompilation
             preinitialize(optimizer)
             if self.loss_scaler is None:
-                self._step = _raw_step(optimizer)
+                self._step = raw_step(optimizer)
             else:  # the traceable update, which skips an overflowing step with torch.where (no synchronisation)
                 self._step = lambda skip: graph_optim.step(optimizer, skip=skip)
             self._params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -353,7 +153,7 @@ class CompiledStep:
         if problem is None:
             self.scope.enter()  # (the vector-instruction check builds in csframework's cache)
             try:
-                self.scope.vec_isa_ok = _trust_vector_isa(self.cache_root)
+                self.scope.vec_isa_ok = trust_vector_isa(self.cache_root)
             except Exception as e:  # the compiler runs, but cannot build the check's programs
                 problem = compiler_failure(one_line(e))
             finally:
@@ -470,7 +270,7 @@ class CompiledStep:
                 else:
                     out = compiled(*args)
             except Exception as e:
-                reason = _failure(e)
+                reason = compile_failure(e)
                 if reason is None:
                     raise self._fullgraph_error(e) if self._is_break(e) else e
                 self._fall_back(reason)
@@ -486,7 +286,7 @@ class CompiledStep:
     def _compiled(self, name: str, args: tuple, shape: tuple | None = None, seconds: float = 0.0) -> None:
         """After a call that compiled (in ``seconds``): log the first compilation (its own seconds), report
         recompilations and new graph breaks."""
-        shape = _signature(args) if shape is None else shape
+        shape = signature(args) if shape is None else shape
         if name in self._shapes:
             new_shape = shape != self._shapes[name]
             cause = (f"new input shapes {shape} (compiled for {self._shapes[name]})" if new_shape

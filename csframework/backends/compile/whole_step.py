@@ -27,6 +27,7 @@ from ...graph import optim as graph_optim
 from ...graph.compiler import CompileCache, Compiled, StaticStep, numerics_key
 from ...graph.inductor import STANDALONE_TORCH
 from ...graph.precision import GraphLossScaler
+from .findings import one_line
 
 #: The hooks called inside a step (between the forward and the update).
 IN_STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
@@ -123,12 +124,6 @@ class WholeStep:
     def eager(self, batch: Any) -> dict:
         """The same step without a graph."""
         return self._step(batch)
-
-
-def one_line(error: BaseException) -> str:
-    """``error`` as one line of at most 300 characters, its type first."""
-    text = " ".join(f"{type(error).__name__}: {error}".split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def batch_shapes(compiled: Compiled) -> tuple:
