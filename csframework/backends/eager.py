@@ -59,9 +59,9 @@ class CpuConfig(ReadOnly):
     compile: bool = False
     """Compile the training step (forward, loss and their backward; clipping and the optimizer update) and
     evaluation: in one CPU process the whole step as one traced graph (``backends/compile/whole_step.py``),
-    otherwise its functions with ``torch.compile`` (``backends/compile/step.py``). The first steps compile (seconds; an
-    identical run reads the cache), graph breaks and recompilations are reported; if compiling fails the run
-    goes on eagerly with a warning. On CSX the step is always traced and compiled: see its
+    otherwise its functions with ``torch.compile`` (``backends/compile/step.py``). The first steps compile
+    (seconds; an identical run reads the cache), graph breaks and recompilations are reported; if compiling
+    fails the run goes on eagerly with a warning. On CSX the step is always traced and compiled: see its
     ``backend.graph_compiler``."""
     compile_mode: str = "default"
     """With ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs on a GPU: the least launch overhead) or
