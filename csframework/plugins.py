@@ -137,7 +137,8 @@ def plugin_choices(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (), extra: Iterable[Any] = (),
                   disable: Iterable[str] = (), asking: Sequence[str] | None = None) -> pluggy.PluginManager:
     """All plugins: entry points, ``enable`` (module paths), ``extra`` (objects), then ``builtins``
-    (``(name, plugin)`` pairs), minus the names in ``disable`` (blocked: never imported or registered).
+    (``(name, plugin)`` pairs; a plugin given as ``"pkg.module:attribute"`` is imported only when it is
+    registered), minus the names in ``disable`` (blocked: never imported or registered).
 
     pluggy calls the last registered first, so built-ins run before user plugins in each hook. A class is
     instantiated here (no arguments), so each run has its own instance; with ``asking`` (hook names, before
@@ -160,6 +161,9 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
     for name, plugin in candidates:
         if pm.is_blocked(name):
             continue
+        if isinstance(plugin, str):  # a built-in named by its path: imported now that it is not disabled
+            module_name, _, attr = plugin.partition(":")
+            plugin = getattr(importlib.import_module(module_name), attr)
         if asking is not None and isinstance(plugin, type) and not any(hasattr(plugin, h) for h in asking):
             continue
         if pm.has_plugin(name):

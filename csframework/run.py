@@ -14,8 +14,8 @@ import torch
 from omegaconf import DictConfig
 
 from . import failures, loop, resume
-from .backends.cachedir import usable_inductor_env
 from .backends.distributed import distribution, peer_lost
+from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
 from .builtin.logs import quiet_logger
 from .config import RunConfig, run_stages

@@ -122,7 +122,7 @@ def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | 
     optimizer.zero_grad(set_to_none=True)
 
 
-def train_step(run: RunProtocol, ops: PrecisionOps, module: torch.nn.Module, batches: Iterable[Any],
+def train_step(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batches: Iterable[Any],
                max_grad_norm: float | None) -> dict:
     """A whole step over its micro-batches at once; returns the outputs of the last one (detached)."""
     batches = list(batches)

@@ -20,10 +20,10 @@ from ..config.readonly import ReadOnly
 from ..data import move_to
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..precision import policy
-from . import whole_step
+from ..precision import Float32, Precision, policy
 from .base import BackendBase, BackendSpec
-from .compiled import COMPILE_MODES, CompiledOps, CompiledStep
+from .compile import whole_step
+from .compile.step import COMPILE_MODES, CompiledOps, CompiledStep
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 
 
@@ -58,10 +58,10 @@ class CpuConfig(ReadOnly):
     """torch intra-op threads on the host; 0 keeps torch's default."""
     compile: bool = False
     """Compile the training step (forward, loss and their backward; clipping and the optimizer update) and
-    evaluation: in one CPU process the whole step as one traced graph (``backends/whole_step.py``), otherwise
-    its functions with ``torch.compile`` (``backends/compiled.py``). The first steps compile (seconds; an
-    identical run reads the cache), graph breaks and recompilations are reported; if compiling fails the run
-    goes on eagerly with a warning. On CSX the step is always traced and compiled: see its
+    evaluation: in one CPU process the whole step as one traced graph (``backends/compile/whole_step.py``),
+    otherwise its functions with ``torch.compile`` (``backends/compile/step.py``). The first steps compile
+    (seconds; an identical run reads the cache), graph breaks and recompilations are reported; if compiling
+    fails the run goes on eagerly with a warning. On CSX the step is always traced and compiled: see its
     ``backend.graph_compiler``."""
     compile_mode: str = "default"
     """With ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs on a GPU: the least launch overhead) or
@@ -143,7 +143,11 @@ class EagerBackend(BackendBase):
         self.compile_settings = dict(mode=backend.compile_mode, fullgraph=backend.compile_fullgraph)
         self.whole_step = backend.compile_whole_step
         self.compiled: CompiledStep | None = None
-        self.ops = self.precision  # the step's precision primitives (the compiled ones under backend.compile)
+        #: the step's runner, chosen at ``attach``: the whole step's graph (``whole_graph``, the compiled step
+        #: that runs it) until it is not one graph after all, then (or from the start) ``steps``: the step's
+        #: functions compiled, or eagerly
+        self.whole_graph: CompiledStep | None = None
+        self.steps: EagerSteps | CompiledOps
         self.trained: tuple = ()  # (optimizer, model) of the stage, from attach
 
     def any_rank_signal(self, signum: int | None) -> int | None:
@@ -237,16 +241,21 @@ class EagerBackend(BackendBase):
         return self.precision.fused_optimizer(model)
 
     def attach(self, run) -> None:
-        """Under ``backend.compile``: set up the compiled step (it needs the stage's optimizer)."""
+        """Choose the step's runner (under ``backend.compile`` it needs the stage's optimizer)."""
         self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
-        if self.compile:
-            refused = whole_step.unavailable(run, self) if self.whole_step else None
-            self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
-                                         sharded=self.sharded, whole=self.whole_step and refused is None,
-                                         **self.compile_settings)
-            if refused is not None:
-                self.compiled.note(lambda log: log.info("step_compiled_per_function", reason=refused))
-            self.ops = CompiledOps(self.compiled)
+        self.steps = EagerSteps(self.precision, run.module)
+        if not self.compile:
+            return
+        refused = whole_step.refusal(device_type=self.device.type, distributed=self.distributed, accum=self.accum,
+                                     optimizer=type(run.optimizer), hooked=whole_step.in_step_hooks(run.hooks.pm.hook)
+                                     ) if self.whole_step else None
+        self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
+                                     sharded=self.sharded, whole=self.whole_step and refused is None,
+                                     **self.compile_settings)
+        self.whole_graph = self.compiled if self.compiled.whole is not None else None
+        if refused is not None:
+            self.compiled.note(lambda log: log.info("step_compiled_per_function", reason=refused))
+        self.steps = CompiledOps(self.compiled)
 
     def to_device(self, batch):
         if self.device.type == "cpu":
@@ -255,31 +264,25 @@ class EagerBackend(BackendBase):
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
-        module, ops, compiled = run.module, self.ops, self.compiled
-        if compiled is not None and compiled.whole is not None:  # one graph a step, when it traces and compiles
-            outputs = compiled.train_whole(batch, run.global_step)
+        if self.whole_graph is not None:  # one graph a step, while the step traces and compiles
+            outputs = self.whole_graph.train_whole(batch, run.global_step)
             if outputs is not None:
                 return outputs
-        # compiled: the forward is the compiled function (which calls run.module), the clipping is in the update
-        forward = compiled.forward if compiled is not None else module
-        clip = None if compiled is not None and compiled.compiled_update and compiled.failed is None else self.max_grad_norm
+            self.whole_graph = None  # replaced, once: the step's functions (compiled, or eagerly if compiling failed)
+        module, steps = run.module, self.steps
         if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
             module.set_requires_gradient_sync(last)
         if last or not self.distributed or self.sharded:
-            outputs = step.micro_batch(run, ops, forward, batch, self.accum)
+            outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
         else:
             with module.no_sync():  # DDP all-reduces the gradients in the step's last micro-batch only
-                outputs = step.micro_batch(run, ops, forward, batch, self.accum)
+                outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
         if last:
-            step.apply_gradients(run, ops, clip)
+            step.apply_gradients(run, steps, steps.clip(self.max_grad_norm))
         return step.detached(outputs)
 
     def eval_batch(self, run, batch) -> dict:
-        if self.compiled is not None:
-            outputs = self.compiled.evaluate(batch)
-        else:
-            with self.precision.autocast():
-                outputs = step.model_outputs(run.module(batch))
+        outputs = self.steps.evaluate(batch)
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 
@@ -316,6 +319,25 @@ class EagerBackend(BackendBase):
     def compile_seconds(self) -> float:
         """Seconds ``backend.compile`` has spent compiling the step and evaluation functions (0 eagerly)."""
         return self.compiled.seconds if self.compiled is not None else 0.0
+
+
+class EagerSteps:
+    """The step's runner without compiling: ``csframework.step``'s sequence with the precision policy's
+    primitives (``step.PrecisionOps``) and the module as it is."""
+
+    def __init__(self, precision: Precision | Float32, module: torch.nn.Module):
+        self.precision, self.forward = precision, module
+        self.autocast, self.backward, self.unscale = precision.autocast, precision.backward, precision.unscale
+        self.optimizer_step, self.update = precision.optimizer_step, precision.update
+
+    @staticmethod
+    def clip(max_grad_norm: float | None) -> float | None:
+        """The step clips the gradients itself."""
+        return max_grad_norm
+
+    def evaluate(self, batch: Any) -> dict:
+        with self.precision.autocast():
+            return step.model_outputs(self.forward(batch))
 
 
 class EagerPlugin:

@@ -5,7 +5,6 @@ from __future__ import annotations
 def builtin_plugins() -> list[tuple[str, object]]:
     """Fresh instances, in registration order (pluggy calls the last registered first): the features
     (validation, checkpoint, metrics, progress, logging) and the backends (eager CPU/GPU, CSX)."""
-    from ..backends.csx.plugin import CsxPlugin
     from ..backends.eager import EagerPlugin
     from . import validation
     from .checkpoint import CheckpointPlugin
@@ -15,4 +14,4 @@ def builtin_plugins() -> list[tuple[str, object]]:
 
     return [("validation", validation), ("checkpoint", CheckpointPlugin()), ("metrics", MetricsPlugin()),
             ("progress", ProgressPlugin()), ("logging", LoggingPlugin()), ("eager", EagerPlugin()),
-            ("csx", CsxPlugin())]
+            ("csx", "csframework.backends.csx.plugin:CsxPlugin")]  # imported only when not disabled

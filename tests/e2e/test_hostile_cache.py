@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from csframework.backends.csx import inductor
+from csframework.graph import inductor
 from fixtures import CONF
 
 pytestmark = [pytest.mark.slow,

@@ -1,4 +1,4 @@
-"""Compile caches trusted like ``~/.ssh`` (issue 37): ``files.PrivateDir``, ``backends.cachedir.trusted_root``
+"""Compile caches trusted like ``~/.ssh`` (issue 37): ``files.PrivateDir``, ``graph.cachedir.trusted_root``
 and the CSX ``CompileCache`` built on them. A cache that is not this user's alone (a directory writable by
 group or others, a link, a FIFO, a hard-linked file, a file where the directory belongs) is never read: the
 run compiles afresh in a private directory after one warning naming the cache and why; an entry that is a
@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from csframework.backends import cachedir
-from csframework.backends.csx.compiler import REPORT_VERSION, CompileCache
+from csframework.graph import cachedir
+from csframework.graph.compiler import REPORT_VERSION, CompileCache
 from csframework.files import PrivateDir, UntrustedDirError
 
 

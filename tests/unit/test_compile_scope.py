@@ -1,18 +1,23 @@
 """What ``backend.compile`` sets up without compiling anything (fast; run on every supported torch): which
 optimizers run torch's own update, the learning rate as a tensor for any optimizer, and the process-wide torch
-settings held only while a run's compiled step runs (``backends/compile_scope.py``)."""
+settings held only while a run's compiled step runs (``backends/compile/scope.py``), which runner a stage's
+step gets (``whole_step.refusal``) and a static step's bound on its graphs."""
 from __future__ import annotations
 
 import logging
 import os
 
+import pytest
 import torch
 from torch import nn
 
-from csframework.backends.compile_scope import CACHE_ENV, CompileScope, fresh
-from csframework.backends.compiled import prepare_optimizer, torch_optimizer
-from csframework.backends.csx.optim import builtin_base, is_builtin, preinitialisable
-from csframework.compat import recompile_limit_key
+from csframework.backends.compile.scope import CACHE_ENV, CompileScope, fresh
+from csframework.backends.compile.update import prepare_optimizer, torch_optimizer
+from csframework.backends.compile.whole_step import refusal
+from csframework.compat import needs_torch, recompile_limit_key
+from csframework.graph.compiler import StaticStep
+from csframework.graph.inductor import STANDALONE_TORCH
+from csframework.graph.optim import builtin_base, is_builtin, preinitialisable
 
 
 class GroupedAdamW(torch.optim.AdamW):
@@ -161,3 +166,35 @@ def test_under_debug_torchs_log_handlers_stay_as_they_are(tmp_path):
         assert _settings()["handlers"] == before
     finally:
         scope.close()
+
+
+# -- which runner: the whole step's graph or the functions, from plain values --------------------------------
+WHOLE = dict(device_type="cpu", distributed=False, accum=1, optimizer=torch.optim.AdamW, hooked=())
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"device_type": "cuda"}, "on a GPU the step's compiled functions run as CUDA graphs"),
+    ({"distributed": True}, "under ddp and fsdp"),
+    ({"accum": 4}, "loop.grad_accum_steps=4: each micro-batch is compiled"),
+    ({"optimizer": Plain}, "Plain creates its state in its first step; give it a preinitialize() method"),
+    ({"hooked": ["on_after_backward (plugin spy)"]}, "a plugin implements on_after_backward (plugin spy)"),
+])
+def test_the_whole_step_is_refused_with_the_reason_and_the_fix(change, words):
+    # a single CPU process stepping AdamW without in-step hooks: one graph (on a torch without standalone_compile,
+    # the one reason left is that torch)
+    assert refusal(**WHOLE) == needs_torch("one graph for the whole step", STANDALONE_TORCH)
+    assert words in refusal(**{**WHOLE, **change})
+
+
+def test_a_static_step_past_max_graphs_hands_back_none_for_a_new_shape_and_keeps_the_known_ones():
+    """``StaticStep.prepare`` tells its caller that a shape is one graph too many by returning ``None`` (the
+    whole step then runs that batch eagerly), not by raising."""
+    def double(x):
+        return x * 2
+
+    steps = StaticStep(double, "double", retrace=False, cache=None, keyed=True, max_graphs=1)
+    first = steps.prepare((torch.ones(2),), {}, iteration=1)
+    assert first is not None and steps.execute(first, 0).tolist() == [2.0, 2.0]
+    assert steps.prepare((torch.ones(3),), {}, iteration=2) is None
+    again = steps.prepare((torch.full((2,), 3.0),), {}, iteration=3)
+    assert again is not None and steps.execute(again, 1).tolist() == [6.0, 6.0]

@@ -1,4 +1,4 @@
-"""``backend.compile=true`` (``csframework.backends.compiled``): the settings, the same numbers as eager, graph
+"""``backend.compile=true`` (``csframework.backends.compile``): the settings, the same numbers as eager, graph
 breaks and recompilations reported, the fallback, ``summary.json``'s ``compile`` block.
 
 Compiling is slow on 2 cores; the runs use the tiny Blobs MLP and Inductor's cache (``~/.cache/csframework/

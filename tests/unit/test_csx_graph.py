@@ -5,7 +5,7 @@ on torch 2.4, torch.fx's dead-code pass erased them, and with them the backward 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from csframework.backends.csx import graph
+from csframework.graph import passes as graph
 
 
 def test_clean_up_keeps_in_place_updates_whose_results_are_unused():

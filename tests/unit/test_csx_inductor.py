@@ -1,4 +1,4 @@
-"""``csframework.backends.csx.inductor``.
+"""``csframework.graph.inductor``.
 
 The CSX train step compiled with TorchInductor (``backend.graph_compiler=inductor``): the same numbers as
 the interpreted graph, the compile cache across runs, retrace mode, the fallback with its one-line warning,
@@ -15,7 +15,8 @@ import torch
 import csframework as csf
 import fixtures
 from csframework import compat
-from csframework.backends.csx import inductor, lowlevel
+from csframework.backends.csx import lowlevel
+from csframework.graph import inductor
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
 from csframework.files import PrivateDir
 from csx_runs import max_diff, params_of, run_on

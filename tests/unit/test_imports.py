@@ -3,7 +3,10 @@
 The import structure: no circle among csframework's modules (function-local imports count), the tracer
 is imported only when CSX is used, and the moved CSX names still work with a warning."""
 import ast
+import json
+import os
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -49,8 +52,37 @@ def test_the_built_in_plugins_and_run_reach_fsdp_only_through_the_backend():
 
 
 def test_importing_csframework_does_not_import_the_tracer():
-    code = "import csframework, sys; assert 'csframework.backends.csx.tracer' not in sys.modules"
+    code = "import csframework, sys; assert 'csframework.graph.tracer' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+#: A run in a fresh process; prints the ``csframework.backends.csx`` modules it imported and its graph.
+WITHOUT_CSX = """
+import json, sys
+import csframework as csf
+from fixtures import compose
+summary = csf.Run(compose(*sys.argv[2:]), output_dir=sys.argv[1]).fit()
+print(json.dumps({"csx": sorted(m for m in sys.modules if m.startswith("csframework.backends.csx")),
+                  "graph": summary.get("compile", {}).get("graph")}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, graph", [
+    ((), None),
+    (("backend.compile=true",), "whole step"),
+    (("backend.compile=true", "backend.compile_whole_step=false"), "per function"),
+])
+def test_with_the_csx_plugin_disabled_no_csx_module_is_imported(tmp_path, overrides, graph):
+    """The CSX emulator is a plugin like a third-party one: the CPU backend, compiled or not (its whole step
+    runs on ``csframework.graph``, not on ``backends.csx``), never imports it."""
+    support = Path(__file__).parents[1] / "support"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_CSX, str(tmp_path), "plugins.disable=[csx]",
+                           "loop.max_steps=3", "backend.threads=1", *overrides],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(support)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"csx": [], "graph": graph}
 
 
 def test_the_csx_names_moved_to_csframework_csx_and_the_old_ones_warn():

@@ -3,8 +3,6 @@ the same floor or down; no circle of imports, counting those under ``if TYPE_CHE
 circle is a circle of design all the same); no module grows past 500 lines."""
 from fnmatch import fnmatch
 
-import pytest
-
 from import_graph import PACKAGE, circles, import_graph
 
 #: The floors, from the bottom, and the modules on each (names without ``csframework.``; a pattern matches a
@@ -26,14 +24,9 @@ FLOORS = [
 #: The package's ``__init__`` is the public facade (``csf.Run`` ...): it loads modules of every floor lazily,
 #: and a module that reads ``__version__`` from it depends on no floor. It stands outside the floors.
 FACADE = "csframework"
-#: The one circle left on this branch: backends/eager.py -> compiled.py -> whole_step.py -> eager.py (a
-#: type-level import of EagerBackend). Issue 42's move of the compile path to backends/compile/ removes it;
-#: the lead makes test_no_circle_at_all strict when both land.
-PENDING_CIRCLE = {"csframework.backends.eager", "csframework.backends.compiled", "csframework.backends.whole_step"}
-#: The most lines a module may have; the tracer is one algorithm that reads best whole, and compiled.py is
-#: being split by the compile-path move of issue 42 (another branch).
+#: The most lines a module may have; the tracer is one algorithm that reads best whole.
 MAX_LINES = 500
-LONGER = {"backends/csx/tracer.py", "backends/compiled.py"}
+LONGER = {"graph/tracer.py"}
 
 
 def floor_of(module: str) -> int:
@@ -68,14 +61,7 @@ def test_an_upward_import_is_found():
     assert upward_imports({"csframework.run": {"csframework.errors"}, "csframework.errors": set()}) == []
 
 
-def test_no_circle_but_the_pending_one_counting_type_checking_imports():
-    found = circles(import_graph(type_checking=True))
-    assert [sorted(c) for c in found if c != PENDING_CIRCLE] == []
-
-
-@pytest.mark.xfail(strict=False, reason="backends/eager -> compiled -> whole_step -> eager: removed by issue 42's "
-                                        "compile-path move, on another branch")
-def test_no_circle_at_all():
+def test_no_circle_counting_type_checking_imports():
     assert circles(import_graph(type_checking=True)) == []
 
 

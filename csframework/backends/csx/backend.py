@@ -18,10 +18,11 @@ from ... import step
 from ...data import epoch_batches, move_to
 from ...jsonout import dumps
 from ..base import BackendBase
-from . import optim as csx_optim
-from .compiler import CompileCache, Compiled, StaticStep, device_for_host, numerics_key
-from .precision import CsxPrecision
-from .tracer import step_closure
+from ...graph import optim as graph_optim
+from ...graph.compiler import CompileCache, Compiled, StaticStep, device_for_host
+from ...graph.tracer import step_closure
+from .precision import CsxPrecision, csx_numerics_key
+from .schema import DEFAULT_COMPILE_DIR
 
 
 class CsxBackend(BackendBase):
@@ -38,8 +39,8 @@ class CsxBackend(BackendBase):
         self.compile_only, self.validate_only = b.compile_only, b.validate_only
         self.dry_run = "compiled" if b.compile_only else "validated" if b.validate_only else None
         self.num_csx, self.num_workers_per_csx = b.num_csx, b.num_workers_per_csx
-        self.cache = CompileCache(b.compile_dir, lambda problem: run.log.warning("compile_cache_untrusted",
-                                                                                 problem=problem))
+        self.cache = CompileCache(b.compile_dir or DEFAULT_COMPILE_DIR,
+                                  lambda problem: run.log.warning("compile_cache_untrusted", problem=problem))
         self.graph_compiler = b.graph_compiler
         self.precision = CsxPrecision(cfg.precision, self.device)
         self.max_grad_norm = cfg.optimizer.max_grad_norm
@@ -61,7 +62,7 @@ class CsxBackend(BackendBase):
     def attach(self, run) -> None:
         """Preinitialize the optimizer state and set up the traced train and eval steps."""
         self.run = run
-        csx_optim.preinitialize(run.optimizer)
+        graph_optim.preinitialize(run.optimizer)
         extra = lambda: {"stage": run.stage, "device": str(self.device), "precision": self.precision.name,  # noqa: E731
                          "num_csx": self.num_csx, "num_workers_per_csx": self.num_workers_per_csx,
                          "grad_accum_steps": self.accum}
@@ -69,11 +70,11 @@ class CsxBackend(BackendBase):
                                      modules=[run.model], optimizers=[run.optimizer],
                                      extras=self.precision.scaler.state_attrs(), report_extra=extra,
                                      on_compile=self._compiled, graph_compiler=self.graph_compiler,
-                                     key=numerics_key(run.stage_config.precision))
+                                     key=csx_numerics_key(run.stage_config.precision))
         # evaluation graphs (one per batch shape) stay interpreted: compiling each would cost more than it saves
         self.eval_step = StaticStep(self._eval_step, "eval_step", retrace=self.retrace, cache=self.cache,
                                     keyed=True, modules=[run.model], report_extra=extra,
-                                    key=numerics_key(run.stage_config.precision))
+                                    key=csx_numerics_key(run.stage_config.precision))
 
     def to_device(self, batch):
         return batch if self.device.type == "cpu" else move_to(batch, self.device, non_blocking=True)
@@ -97,10 +98,17 @@ class CsxBackend(BackendBase):
             return {}
         batches, self._pending = self._pending + [batch], []
         self._delivered = None
-        if self.train_step.first is None:
+        train_step = self._traced()[0]
+        if train_step.first is None:
             self._compiling(run)
-        self.train_step(((batches,)), {}, iteration=run.global_step + 1, global_step=run.global_step)
+        train_step(((batches,)), {}, iteration=run.global_step + 1, global_step=run.global_step)
         return self._delivered
+
+    def _traced(self) -> tuple[StaticStep, StaticStep]:
+        """The traced train and eval steps (``attach`` makes them, before the stage's first batch)."""
+        if self.train_step is None or self.eval_step is None:
+            raise RuntimeError("CsxBackend: a batch before attach(); Run attaches the backend when a stage starts")
+        return self.train_step, self.eval_step
 
     def _compiling(self, run) -> None:
         """Say what the first step is about to do: with Inductor, a graph new to ``compile_dir`` compiles for
@@ -112,8 +120,9 @@ class CsxBackend(BackendBase):
 
     def eval_batch(self, run, batch) -> dict:
         self._delivered = None
+        eval_step = self._traced()[1]
         with torch.no_grad():
-            self.eval_step((batch,), {}, iteration=self.eval_step.executions + 1, global_step=run.global_step)
+            eval_step((batch,), {}, iteration=eval_step.executions + 1, global_step=run.global_step)
         return self._delivered
 
     # -- compile_only / validate_only ---------------------------------------------------------------------
@@ -125,12 +134,12 @@ class CsxBackend(BackendBase):
             if len(batches) == self.accum:
                 break
         if self.compile_only:
-            compiled = self.train_step.compile_only(((batches,)), {})
+            compiled = self._traced()[0].compile_only(((batches,)), {})
             run.log.info("compile_only", stage=run.stage, fingerprint=compiled.fingerprint,
                          cache=compiled.report["cache"]["status"], ops=compiled.report["ops"]["total"],
                          report=str(self.report_path))
         else:
-            traced = self.train_step.validate_only(((batches,)), {})
+            traced = self._traced()[0].validate_only(((batches,)), {})
             self.validated_ops = sum(1 for n in traced.gm.graph.nodes if n.op == "call_function")
             run.log.info("validate_only", stage=run.stage, ops=self.validated_ops,
                          result="the step traces into a static graph; nothing was executed")

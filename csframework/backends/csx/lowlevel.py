@@ -34,10 +34,9 @@ import torch
 
 from ...errors import CompileError, ConfigError, CsfError
 from ..eager import missing_cuda
-from .compiler import DEFAULT_COMPILE_DIR, CompileCache, StaticStep, device_for_host
-from .inductor import default_compiler
-from .schema import CsxConfig, graph_compiler_problem, num_csx_problem
-from .tracer import active, step_closure
+from ...graph.compiler import CompileCache, StaticStep, device_for_host
+from ...graph.tracer import active, step_closure
+from .schema import DEFAULT_COMPILE_DIR, CsxConfig, default_compiler, graph_compiler_problem, num_csx_problem
 
 __all__ = ["backend", "compile", "trace", "step_closure", "Backend", "EagerHandle", "CsxBackendHandle",
            "CompiledModel"]
@@ -63,7 +62,7 @@ class Backend:
         self.device_type = device_type
         self.settings = settings
         self.device = torch.device("cpu")
-        self.models: list[CompiledModel] = []
+        self.models: list[torch.nn.Module] = []  # CompiledModels on CSX
 
     def __repr__(self) -> str:
         return f"csf.csx.backend({self.device_type!r}, {', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
@@ -126,9 +125,10 @@ class CsxBackendHandle(Backend):
 
     # -- traced functions ---------------------------------------------------------------------------------
     def run_traced(self, fn: Callable, args: tuple, kwargs: dict):
-        if active() is not None:
+        outer = active()
+        if outer is not None:
             raise CompileError(f"{getattr(fn, '__name__', 'step')}: a @csf.csx.trace function was called inside the "
-                               f"traced step '{active().name}'; one step is one graph: call the inner function "
+                               f"traced step '{outer.name}'; one step is one graph: call the inner function "
                                "undecorated, or call both steps from the training loop")
         step = self.steps.get(fn)
         optimizers = list(self.optimizers)
@@ -263,7 +263,7 @@ def compile(model: torch.nn.Module, backend: Backend | None = None):  # noqa: A0
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"csf.csx.compile expects a torch.nn.Module, got {type(model).__name__}")
     model.to(backend.device)
-    if not backend.is_csx:
+    if not isinstance(backend, CsxBackendHandle):
         backend.models.append(model)
         return model
     compiled = CompiledModel(model, backend, len(backend.models) + 1)

@@ -26,7 +26,7 @@ class CsxConfig(ReadOnly):
     num_workers_per_csx: int = 0
     """Input workers per system; global across stages (0: the default)."""
     compile_dir: Optional[str] = None
-    """Where compiled graphs are cached by fingerprint."""
+    """Where compiled graphs are cached by fingerprint (``null``: ``~/.cache/csframework/csx``)."""
     graph_compiler: str = "inductor"
     """How the train step's static graph runs: ``inductor`` compiles it once to host code with TorchInductor
     (cached in ``compile_dir``; without a C++ compiler, or when Inductor fails, the interpreted graph runs,
@@ -40,6 +40,13 @@ class CsxConfig(ReadOnly):
         "traced graph to host code, none interprets it)")
 
 
+def default_compiler() -> str:
+    """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``."""
+    return os.environ.get(GRAPH_COMPILER_ENV) or "inductor"
+
+
+#: ``backend.compile_dir``'s default.
+DEFAULT_COMPILE_DIR = "~/.cache/csframework/csx"
 #: Values of ``backend.graph_compiler``.
 GRAPH_COMPILERS = ("inductor", "none")
 #: The environment variable that sets ``backend.graph_compiler``'s default (``conf/backend/csx.yaml`` reads it).
@@ -101,7 +108,7 @@ def optimizer_rules(cfg) -> list[str]:
         return []
     from ...errors import ConfigError
     from ...schedule import locate_class
-    from .optim import preinitialisable
+    from ...graph.optim import preinitialisable
 
     try:
         cls = locate_class(target, "optimizer._target_")

@@ -23,22 +23,15 @@ from typing import Callable
 
 import torch
 
-from ...compat import needs_torch
-from ...errors import CsfError
-from ...files import PrivateDir
+from ..compat import needs_torch
+from ..errors import CsfError
+from ..files import PrivateDir
 
 #: The first torch with ``torch._inductor.standalone_compile`` and ``CompiledArtifact``.
 STANDALONE_TORCH = (2, 8)
 
-from .schema import GRAPH_COMPILER_ENV
-
 #: Compilations done in this process (a cache hit loads and does not count): what tests count.
 compilations = 0
-
-
-def default_compiler() -> str:
-    """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``."""
-    return os.environ.get(GRAPH_COMPILER_ENV) or "inductor"
 
 
 def _host_tag() -> str:
@@ -46,7 +39,7 @@ def _host_tag() -> str:
     loads kernels they cannot run) and torch's thread count (Inductor's CPU kernels are specialised on it), or
     the CUDA version."""
     if torch.cuda.is_available():
-        return "cuda" + torch.version.cuda.replace(".", "")
+        return "cuda" + str(torch.version.cuda).replace(".", "")
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-t{torch.get_num_threads()}"
 
 
@@ -151,7 +144,8 @@ def compile_graph(gm: torch.fx.GraphModule, entry: PrivateDir | None, cache_root
                         return fn, {"status": "loaded", "seconds": round(time.perf_counter() - start, 3)}
                 except Exception:  # a stale or damaged artifact: compile again
                     pass
-            artifact = torch._inductor.standalone_compile(gm, example_inputs(gm), dynamic_shapes="from_example_inputs",
+            inputs: list = example_inputs(gm)
+            artifact = torch._inductor.standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs",
                                                           options={"config_patches": patches})
             compilations += 1
             if entry is not None:

@@ -137,7 +137,7 @@ def step(optimizer, skip: torch.Tensor | None = None) -> None:
                 continue
             grads = [p.grad for p in params]
             if group.get("maximize", False):
-                grads = torch._foreach_neg(grads)
+                grads = list(torch._foreach_neg(grads))
             if isinstance(optimizer, torch.optim.SGD):
                 _sgd_group(optimizer, group, params, grads, skip)
             else:

@@ -14,9 +14,9 @@ generates their code):
   recompilation (another optimizer's ``step`` reads it as a number); torch's optimizers, and subclasses keeping
   torch's ``step``, run their ``foreach`` path with ``capturable`` state (the fastest compiled update measured:
   docs/performance.md). Under dynamic loss scaling (``precision=float16``) the scaling
-  is tensor operations, as on CSX (``csx/precision.GraphLossScaler``): the gradients are unscaled with one
+  is tensor operations, as on CSX (``graph/precision.GraphLossScaler``): the gradients are unscaled with one
   overflow check and the scale updated (one kernel each, between the compiled functions), and the compiled update
-  is ``csx/optim``'s traceable optimizer step, which skips an overflowing step with ``torch.where``: nothing waits
+  is ``graph/optim``'s traceable optimizer step, which skips an overflowing step with ``torch.where``: nothing waits
   for the device. A custom optimizer that cannot create its state before the first step keeps ``GradScaler``
   and runs its update eagerly;
 * ``evaluate``: evaluation's forward and loss.
@@ -32,36 +32,33 @@ eagerly), and each is reported with its cause. A recompilation for a Python valu
 
 Inductor's cache (``cache_dir()``) keeps the generated code across runs, so an identical run compiles from it.
 When compiling fails (no C++ compiler: checked first; an Inductor error) the run goes on eagerly with one
-warning. The process-wide torch settings this needs are held only while the run uses them (``compile_scope``).
+warning. The process-wide torch settings this needs are held only while the run uses them (``scope``).
 """
 from __future__ import annotations
 
-import linecache
-import os
 import time
 import traceback
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Any, Callable
 
 import torch
 
-from .. import step
-from ..compat import cpp_compiler, inductor_default_cache_dir, pick_vec_isa
-from ..errors import ConfigError
-from ..precision import NO_AUTOCAST
-from .cachedir import trusted_root
-from .compile_scope import CACHE_ENV, CompileScope, fresh
-from .csx.compiler import CompileCache, Compiled
-from .csx import optim as csx_optim
-from .csx.optim import preinitialisable, preinitialize, unwrapped
-from .csx.precision import CsxPrecision, GraphLossScaler
-from .whole_step import WholeStep, batch_shapes, first_trace_failed
+from ... import step
+from ...errors import ConfigError
+from ...graph import optim as graph_optim
+from ...graph.cachedir import trusted_root
+from ...graph.compiler import CompileCache, Compiled
+from ...graph.optim import preinitialisable, preinitialize
+from ...graph.precision import GraphLossScaler, GraphPrecision
+from ...precision import NO_AUTOCAST
+from .findings import (COMPILER_ERRORS, Recorder, compile_failure, compiler_failure, describe_break,
+                       missing_compiler, one_line, signature)
+from .scope import CompileScope, cache_dir, fresh, trust_vector_isa
+from .update import prepare_optimizer, raw_step, torch_optimizer
+from .whole_step import WholeStep, batch_shapes
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-#: Where Inductor keeps generated code and built kernels unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise.
-DEFAULT_CACHE_DIR = "~/.cache/csframework/inductor"
 #: Compilations of one function after its first (new shapes) before it runs eagerly. A recompilation for any other
 #: reason (a guard on a Python value failed: ``.item()`` in the forward, a counter the model reads) is its last.
 MAX_RECOMPILES = 8
@@ -69,211 +66,6 @@ MAX_RECOMPILES = 8
 
 #: The compiled functions that run the model's forward.
 MODEL_FUNCTIONS = ("forward", "evaluate")
-
-
-def cache_dir() -> Path:
-    """Inductor's cache directory: ``$TORCHINDUCTOR_CACHE_DIR``, else ``~/.cache/csframework/inductor`` (not
-    Inductor's default in the temporary directory, which the system may clear). Inductor writes its entries
-    atomically under file locks, so concurrent runs (sweep jobs, torchrun ranks) share it safely."""
-    given = os.environ.get(CACHE_ENV)
-    # Inductor writes its default into the variable once it has looked: that is no user's choice
-    if given and os.path.abspath(given) != os.path.abspath(inductor_default_cache_dir()):
-        return Path(given)
-    return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
-
-
-def _isa_marker_path(root: Path) -> Path:
-    """The file saying that Inductor built and ran code for this CPU's vector instructions in cache ``root``."""
-    return root / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
-
-
-def _trust_vector_isa(root: Path) -> bool:
-    """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
-    programs for it (about 4 s of a cached run's compile time). Returns whether the check passed, here or in an
-    earlier run (then ``CompileScope`` sets Inductor's ``cpp.vec_isa_ok``: the check's result is part of
-    Inductor's cache keys, so every run, the first included, compiles with it set)."""
-    if torch.cuda.is_available():
-        return False
-    marker = _isa_marker_path(root)
-    if not marker.is_file():
-        if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
-            return False
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:  # a read-only cache: the check runs again next time
-            pass
-    return True
-
-
-#: The setting that names the C++ compiler Inductor builds CPU code with.
-COMPILER_SETTING = "CXX"
-#: Inductor's errors of a C++ compiler that is missing or fails (their names, as in a failure's one line).
-COMPILER_ERRORS = ("InvalidCxxCompiler", "CppCompileError")
-
-
-def missing_compiler() -> str | None:
-    """Why Inductor cannot build C++ on this machine (one line naming ``CXX`` and the fix), or ``None``: it looks
-    for ``$CXX`` (else ``g++`` on ``PATH``) and runs it."""
-    try:
-        cpp_compiler()
-    except Exception as e:
-        return compiler_failure(_one_line(e))
-    return None
-
-
-def compiler_failure(reason: str) -> str:
-    """``reason`` (a compiler's failure) with the setting to fix."""
-    given = os.environ.get(COMPILER_SETTING)
-    setting = (f"{COMPILER_SETTING}={given}" if given
-               else f"{COMPILER_SETTING} is unset (Inductor looks for g++ on PATH)")
-    return (f"no working C++ compiler for Inductor: {setting}: {reason}; set {COMPILER_SETTING} to a C++ compiler "
-            "(g++ or clang++)")
-
-
-@dataclass
-class GraphBreak:
-    """Where and why Dynamo split a compiled function."""
-    where: str  # "file:line" of the user's code, or "" when none is the user's
-    reason: str  # one line
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.reason}" if self.where else self.reason
-
-
-#: The usual graph breaks: words of Dynamo's reason or of the user's line, what the construct is, and its fix.
-CONSTRUCTS = ((("item()", "tensor.item"), "`.item()` reads a tensor's value on the host",
-               "keep the value a tensor (torch.where for a choice), or read it in a hook outside the step "
-               "(on_train_step_end)"),
-              (("data-dependent", "could not guard", "generic_jump"), "Python control flow on a tensor's value",
-               "use torch.where instead of a Python branch on a tensor's value, or move the check to a hook outside "
-               "the step (on_train_step_end)"),
-              (("print",), "print() inside the compiled code",
-               "remove the print from the forward, or log from a hook outside the step"))
-OTHER_FIX = "move that code out of the model's forward (into a hook outside the step) or make it a tensor operation"
-
-
-def _internal(filename: str) -> bool:
-    """Frames of torch, csframework and Python itself are not the user's."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return (filename.startswith(here) or f"{os.sep}torch{os.sep}" in filename or "<" in filename
-            or f"{os.sep}lib{os.sep}python" in filename and "site-packages" not in filename)
-
-
-def describe_break(reason: str, stack: list) -> GraphBreak:
-    """Dynamo's reason for a graph break and the user's stack there, as the user's line and one line saying
-    what the construct there is and its fix (Dynamo's own words where the construct is not a usual one)."""
-    frame = next((f for f in reversed(stack) if not _internal(f.filename)), stack[-1] if stack else None)
-    where = f"{frame.filename}:{frame.lineno}" if frame is not None else ""
-    code = ((frame.line or linecache.getline(frame.filename, frame.lineno)) if frame is not None else "").strip()
-    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
-    # Dynamo's first line says only that it was a call; the next names what could not be traced
-    useful = [ln for ln in lines if not ln.startswith(("Encountered graph break", "Developer debug context",
-                                                        "For more details", "Hint: "))]
-    text = " ".join((useful or lines or ["unknown"])[:2])
-    words = f"{text} {code}".lower()
-    construct, fix = next(((what, fix) for keys, what, fix in CONSTRUCTS if any(k in words for k in keys)),
-                          (text if len(text) <= 240 else text[:237] + "...", OTHER_FIX))
-    return GraphBreak(where, (f"`{code}`: " if code else "") + f"{construct}; fix: {fix}")
-
-
-class Recorder:
-    """The backend handed to ``torch.compile``: Inductor with ``mode``'s options, counting what it compiles and
-    the graph breaks Dynamo reports with each graph."""
-
-    def __init__(self, mode: str):
-        import torch._inductor
-
-        self.options = torch._inductor.list_mode_options(mode)
-        self.breaks: list[GraphBreak] = []
-        self.graphs = 0
-        self.failed: str | None = None
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from torch._inductor.compile_fx import compile_fx
-
-        reason = getattr(gm, "compile_subgraph_reason", None)
-        if reason is not None and getattr(reason, "graph_break", False):
-            found = describe_break(str(reason.reason), list(reason.user_stack or []))
-            if all(str(b) != str(found) for b in self.breaks):
-                self.breaks.append(found)
-        self.graphs += 1
-        return compile_fx(gm, example_inputs, config_patches=self.options)
-
-
-def _signature(batch: Any) -> tuple:
-    """The shapes and dtypes of a batch's tensors (what a recompilation is reported with)."""
-    from torch.utils import _pytree as pytree
-
-    return tuple((tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in pytree.tree_leaves(batch)
-                 if isinstance(t, torch.Tensor))
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(f"{type(error).__name__}: {error}".split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _failure(error: BaseException) -> str | None:
-    """One line for an error of compiling (not of running the user's code), else ``None``."""
-    from torch._dynamo.exc import BackendCompilerFailed
-
-    if not isinstance(error, BackendCompilerFailed):
-        return None
-    return _one_line(error.inner_exception if getattr(error, "inner_exception", None) is not None else error)
-
-
-def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer``'s update is torch's own code (a ``torch.optim`` class, or a user's subclass of one that
-    keeps its ``step``): it takes ``foreach`` and ``capturable`` state."""
-    return unwrapped(getattr(type(optimizer), "step", None)).__module__.startswith("torch.optim")
-
-
-def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, torch_step: bool = True) -> None:
-    """Make ``optimizer``'s settings those the update compiles best with (again after a checkpoint is loaded,
-    which brings back the saved ones): every learning rate is a tensor (float64 on the host, float32 on a GPU)
-    that the schedule fills in place, so a new rate is an input of the compiled update, not a recompilation
-    (torch's optimizers take it as it is; in another optimizer's ``step``, ``p.add_(u, alpha=-group["lr"])`` and
-    the other arithmetic read it as a number). Torch's own update, where it is the one run (``torch_step``), runs
-    ``foreach`` with ``capturable`` state."""
-    own = torch_optimizer(optimizer)
-    for group in optimizer.param_groups:
-        if own and torch_step and "foreach" in group:
-            group["foreach"] = True
-        if own and torch_step and "capturable" in group:
-            group["capturable"] = True
-        lr = group.get("lr")
-        if isinstance(lr, (int, float)) and not isinstance(lr, bool):  # (a group may have none: Adafactor's None)
-            dtype = torch.float64 if device.type == "cpu" else torch.float32
-            group["lr"] = torch.tensor(float(lr), dtype=dtype, device=device)
-    if not own:
-        return
-    # capturable optimizers keep their step counts on the parameters' device
-    for state in optimizer.state.values():
-        count = state.get("step") if isinstance(state, dict) else None
-        if isinstance(count, torch.Tensor) and count.device != device:
-            state["step"] = count.to(device=device, dtype=torch.float32)
-
-
-def _raw_step(optimizer: torch.optim.Optimizer) -> Callable:
-    """``optimizer.step`` without torch's wrappers when nothing hooks it: the wrapper that switches grad mode
-    breaks the graph on purpose (the update runs under ``no_grad`` here anyway), and the profiler's is ignored
-    when compiling. With step hooks registered, ``step`` itself (its hooks run, the graph breaks)."""
-    from torch.optim import optimizer as opt_module
-
-    hooked = (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
-              or getattr(opt_module, "_global_optimizer_pre_hooks", None)
-              or getattr(opt_module, "_global_optimizer_post_hooks", None))
-    raw = type(optimizer).step
-    if hooked or "step" in vars(optimizer):  # hooks, or an instance's own step (a torch LRScheduler wraps it)
-        return lambda skip: optimizer.step()
-    while hasattr(raw, "__wrapped__"):
-        raw = raw.__wrapped__
-    return lambda skip: raw(optimizer)
-
-
-class _CompileFailed(Exception):
-    """Inductor could not compile the whole step's graph (the step then runs eagerly)."""
 
 
 class CompiledStep:
@@ -305,18 +97,18 @@ class CompiledStep:
         if device.type == "cpu":
             self._check_compiler()
         self.recorder = Recorder(mode)
-        options = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
+        options: dict[str, Any] = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
         self.options = options
         # functions of this step's own (``fresh``): Dynamo's caches are per code object, and never reset
         self.forward = self._guarded("forward", torch.compile(fresh(self._forward), **options))
         self.evaluate = self._guarded("evaluate", torch.compile(fresh(self._evaluate), **options))
         self.scaler = getattr(precision, "scaler", None)  # GradScaler, under dynamic loss scaling
-        #: dynamic loss scaling as tensor operations (``csx/precision.py``), wherever the optimizer's update traces:
+        #: dynamic loss scaling as tensor operations (``graph/precision.py``), wherever the optimizer's update traces:
         #: the overflow check, the skipped update and the new scale are then compiled with the step (or with the
         #: update), and this scaler, not the ``GradScaler``, holds the scale (``GradScaler``'s state keys)
         self.loss_scaler: GraphLossScaler | None = None
         if self.scaler is not None and not sharded and preinitialisable(type(run.optimizer)):
-            self.precision = CsxPrecision(run.stage_config.precision, device)
+            self.precision = GraphPrecision(run.stage_config.precision, device)
             self.loss_scaler = self.precision.scaler
             self.loss_scaler.load_state_dict(self.scaler.state_dict())
         self._shapes: dict[str, tuple] = {}
@@ -331,7 +123,7 @@ class CompiledStep:
             self.whole = WholeStep(run, self.precision, max_grad_norm, cache=CompileCache(self.cache_root / f"steps-{mode}",
                                                                                      self._warn_cache),
                                    max_graphs=MAX_RECOMPILES + 1, config_patches=self.recorder.options,
-                                   on_compile=self._whole_compiled)
+                                   on_compile=self._whole_compiled, on_untraced=self._whole_untraced)
         else:
             self._compile_update(sharded)
 
@@ -345,9 +137,9 @@ class CompiledStep:
             # the state the first step would create, created now: it is then no cause of a recompilation
             preinitialize(optimizer)
             if self.loss_scaler is None:
-                self._step = _raw_step(optimizer)
+                self._step = raw_step(optimizer)
             else:  # the traceable update, which skips an overflowing step with torch.where (no synchronisation)
-                self._step = lambda skip: csx_optim.step(optimizer, skip=skip)
+                self._step = lambda skip: graph_optim.step(optimizer, skip=skip)
             self._params = [p for g in optimizer.param_groups for p in g["params"]]
             self.update = self._guarded("update", torch.compile(fresh(self._update), **self.options))
             # an optimizer that creates its state in its first step (neither torch's nor preinitialisable) takes
@@ -361,9 +153,9 @@ class CompiledStep:
         if problem is None:
             self.scope.enter()  # (the vector-instruction check builds in csframework's cache)
             try:
-                self.scope.vec_isa_ok = _trust_vector_isa(self.cache_root)
+                self.scope.vec_isa_ok = trust_vector_isa(self.cache_root)
             except Exception as e:  # the compiler runs, but cannot build the check's programs
-                problem = compiler_failure(_one_line(e))
+                problem = compiler_failure(one_line(e))
             finally:
                 self.scope.close()
         if problem is not None:
@@ -405,29 +197,18 @@ class CompiledStep:
 
     # -- the whole step as one graph ------------------------------------------------------------------------
     def train_whole(self, batch, global_step: int) -> dict | None:
-        """Train on ``batch`` with the whole step's graph; ``None`` when the step is not (or no longer) one graph
-        and the caller runs it through the compiled functions (or eagerly, once compiling has failed)."""
+        """Train on ``batch`` with the whole step's graph; ``None`` when the step is not one graph after all (it
+        does not trace: its functions are compiled from now on; Inductor failed: the run goes on eagerly) and the
+        caller runs it through the compiled functions."""
         if self._notes:
             self._log_notes()
         whole = self.whole
         if whole is None or self.failed is not None:
             return None
         self.scope.enter()
-        try:
-            outputs = whole(batch, global_step)
-        except _CompileFailed:
-            self.whole = None
-            return None
-        except Exception as e:
-            if not first_trace_failed(e):
-                raise
-            if whole.traced:  # a later shape does not trace: that batch runs eagerly
-                self.run.log.warning("step_not_traced", problem=_one_line(e), result="this batch runs eagerly")
-                return whole.eager(batch)
-            # data-dependent code: Dynamo compiles what it can and reports the graph breaks
-            self.whole = None
-            self.run.log.info("step_compiled_per_function", reason=_one_line(e))
-            self._compile_update(sharded=False)
+        outputs = whole(batch, global_step)
+        if outputs is None:
+            self._leave_whole_step(*(whole.refused or ("compile", "unknown")))
             return None
         if whole.full and not self._limit_reported:
             self._limit_reported = True
@@ -437,18 +218,29 @@ class CompiledStep:
                                          "few lengths)")
         return outputs
 
+    def _leave_whole_step(self, why: str, reason: str) -> None:
+        """The step is not one graph after all: the functions compiled instead (it did not trace), or eagerly
+        (Inductor failed, ``why == "compile"``)."""
+        self.whole = None
+        if why == "compile":
+            self._fall_back(reason)
+            return
+        # data-dependent code: Dynamo compiles what it can and reports the graph breaks
+        self.run.log.info("step_compiled_per_function", reason=reason)
+        self._compile_update(sharded=False)
+
+    def _whole_untraced(self, problem: str) -> None:
+        """A later batch shape does not trace: that batch runs eagerly."""
+        self.run.log.warning("step_not_traced", problem=problem, result="this batch runs eagerly")
+
     def prepare_optimizer(self) -> None:
         """The optimizer's settings for the compiled update (again after a checkpoint is loaded)."""
         prepare_optimizer(self.run.optimizer, self.device, torch_step=self.loss_scaler is None)
 
     def _whole_compiled(self, compiled: Compiled, seconds: float) -> None:
         """A graph of the whole step was compiled or loaded (before it runs): count and report it."""
-        info = compiled.report.get("graph_compiler", {})
-        if info.get("status") == "fallback":
-            self._fall_back(info.get("reason", "unknown"))
-            raise _CompileFailed
         self.seconds += seconds
-        if info.get("status") == "loaded":
+        if compiled.report.get("graph_compiler", {}).get("status") == "loaded":
             self.graph_loads += 1
         else:
             self.graph_compiles += 1
@@ -478,7 +270,7 @@ class CompiledStep:
                 else:
                     out = compiled(*args)
             except Exception as e:
-                reason = _failure(e)
+                reason = compile_failure(e)
                 if reason is None:
                     raise self._fullgraph_error(e) if self._is_break(e) else e
                 self._fall_back(reason)
@@ -494,7 +286,7 @@ class CompiledStep:
     def _compiled(self, name: str, args: tuple, shape: tuple | None = None, seconds: float = 0.0) -> None:
         """After a call that compiled (in ``seconds``): log the first compilation (its own seconds), report
         recompilations and new graph breaks."""
-        shape = _signature(args) if shape is None else shape
+        shape = signature(args) if shape is None else shape
         if name in self._shapes:
             new_shape = shape != self._shapes[name]
             cause = (f"new input shapes {shape} (compiled for {self._shapes[name]})" if new_shape
@@ -557,6 +349,12 @@ class CompiledStep:
                 self.update(skip)
         self.run.optimizer._opt_called = True  # what torch's LR schedulers check, as a wrapped step sets it
 
+    @property
+    def update_compiled(self) -> bool:
+        """Whether the compiled update (clipping and the optimizer's step) runs: set up, and compiling has not
+        failed (the fallback rule, in one place)."""
+        return self.compiled_update and self.failed is None
+
     # -- figures ------------------------------------------------------------------------------------------
     @staticmethod
     def _cache_counts() -> tuple[int, int]:
@@ -587,24 +385,30 @@ class CompiledStep:
 
 
 class CompiledOps:
-    """The precision policy's ``step.PrecisionOps`` around the compiled functions: the forward's autocast is
-    inside the compiled forward, the optimizer step is the compiled update (clipping included: the step is
-    then given no ``max_grad_norm``)."""
+    """The step's runner under ``backend.compile`` when the step is not one graph: ``csframework.step``'s
+    sequence with the compiled forward (``forward``: its autocast inside, so ``autocast`` is no context here) and
+    the compiled update (``optimizer_step``, clipping included: ``clip`` gives the step no ``max_grad_norm``
+    then), the precision policy's other primitives (``step.PrecisionOps``), and the compiled evaluation."""
 
     def __init__(self, compiled: CompiledStep):
         self.precision, self.compiled = compiled.precision, compiled
+        self.forward, self.evaluate = compiled.forward, compiled.evaluate
 
-    def autocast(self):
+    def clip(self, max_grad_norm: float | None) -> float | None:
+        """The clipping the step does itself: none while the compiled update clips."""
+        return None if self.compiled.update_compiled else max_grad_norm
+
+    def autocast(self) -> AbstractContextManager:
         return NO_AUTOCAST
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
 
-    def unscale(self, optimizer):
+    def unscale(self, optimizer: torch.optim.Optimizer) -> Any:
         return self.precision.unscale(optimizer)
 
-    def optimizer_step(self, optimizer, skip) -> None:
-        if self.compiled.compiled_update and self.compiled.failed is None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, skip: Any) -> None:
+        if self.compiled.update_compiled:
             self.compiled.apply_update(skip)
         else:
             self.precision.optimizer_step(optimizer, skip)

@@ -32,8 +32,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from ...errors import CompileError, TracingError
-from . import optim as csx_optim
+from ..errors import CompileError, TracingError
+from . import optim as graph_optim
 from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
 
 # -- the active trace ---------------------------------------------------------------------------------------
@@ -160,8 +160,8 @@ class GuardedDict(dict):
                 + (f" at {user_frame_here(2)}" if user_frame_here(2) else "")
                 + ": state created during the step has no place to live between steps (it would be "
                 "re-created every step). Fix: create it before the trace: give the optimizer a "
-                "`preinitialize()` method that fills self.state[p] for every parameter (the CSX backend calls "
-                "it before tracing), or use torch.optim.SGD/Adam/AdamW, which are preinitialized for you.")
+                "`preinitialize()` method that fills self.state[p] for every parameter (it is called before "
+                "tracing), or use torch.optim.SGD/Adam/AdamW, which are preinitialized for you.")
         super().__setitem__(key, value)
 
     def setdefault(self, key, default=None):
@@ -216,7 +216,10 @@ class State:
 
 
 def collect_state(modules: Sequence[torch.nn.Module], optimizers: Sequence, extras: Sequence[tuple]) -> State:
-    tensors, kinds, names, slots = [], [], [], []
+    tensors: list[torch.Tensor] = []
+    kinds: list[str] = []
+    names: list[str] = []
+    slots: list[Slot] = []
     index: dict[int, int] = {}
 
     def add(t, kind, name):
@@ -238,7 +241,8 @@ def collect_state(modules: Sequence[torch.nn.Module], optimizers: Sequence, extr
             for name, b in mod._buffers.items():
                 if b is not None:
                     slots.append(Slot(mod._buffers, name, add(b, "buffer", prefix + dot + name), "buffer"))
-    lrs, hyper = [], []
+    lrs: list[float] = []
+    hyper: list[tuple] = []
     for o_i, opt in enumerate(optimizers):
         for g_i, group in enumerate(opt.param_groups):
             lrs.append(float(group["lr"]))
@@ -349,7 +353,7 @@ class _Swap:
             self.fake_state.append((opt, real_state, per_param))
             opt.state = guarded
             self.undo.append(functools.partial(setattr, opt, "state", real_state))
-            if csx_optim.is_builtin(opt):
+            if graph_optim.is_builtin(opt):
                 had = "step" in opt.__dict__
                 previous = opt.__dict__.get("step")
                 opt.step = functools.partial(_builtin_step, opt)
@@ -370,7 +374,7 @@ class _Swap:
         positions = {id(t): i for i, t in enumerate(self.state.tensors)}
         for opt, real_state, per_param in self.fake_state:
             for p, st in real_state.items():
-                entry = per_param.get(id(p))
+                entry = per_param[id(p)]
                 for key, value in st.items():
                     now = dict.get(entry, key)
                     if isinstance(value, torch.Tensor):
@@ -413,7 +417,7 @@ def _builtin_step(opt, closure=None):
     if closure is not None:
         raise TracingError(f"{type(opt).__name__}.step(closure): a closure that re-evaluates the model "
                            "cannot be part of a static graph; call step() without one")
-    csx_optim.step(opt)
+    graph_optim.step(opt)
 
 
 def _refuse_dynamic_shapes(gm) -> None:
@@ -528,7 +532,7 @@ class StepTracer:
         """The live state and the signature of this call. The full collection (names, slots, layout) is
         redone only when the identity of a state tensor, a module's mode or an optimizer setting changed."""
         for opt in self.optimizers:
-            csx_optim.preinitialize(opt)
+            graph_optim.preinitialize(opt)
         key = quick_key(self.modules, self.optimizers, self.extras)
         cached = getattr(self, "_cached", None)
         if cached is not None and cached[0] == key:
@@ -544,7 +548,7 @@ class StepTracer:
         """Run the step once on fake tensors and return its graph (Python side effects happen now)."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from ...compat import get_proxy_mode, make_fx_options
+        from ..compat import get_proxy_mode, make_fx_options
 
         global _ACTIVE
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -651,5 +655,5 @@ def step_closure(fn: Callable) -> Callable:
         ctx.add_closure(fn, args, kwargs)
         return None
 
-    closure.__csf_step_closure__ = True
+    setattr(closure, "__csf_step_closure__", True)  # noqa: B010 - marks the wrapper (functools' type has no slot)
     return closure

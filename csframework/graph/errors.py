@@ -6,15 +6,16 @@ import linecache
 import os
 import sys
 import traceback
+from types import FrameType
 
 import torch
 
-from ...errors import TracingError
+from ..errors import TracingError
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 #: The framework's directory, from this package's location: its code between the user's step and torch is
 #: never "the user's line" ...
-_CSF_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_CSF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: ... except the models it ships, which are the user's code of a run.
 _MODELS = (os.path.join(_CSF_DIR, "models.py"), os.path.join(_CSF_DIR, "defaults") + os.sep)
 _STDLIB_SKIP = ("contextlib.py", "functools.py", "typing.py")
@@ -45,7 +46,7 @@ class Where:
 
 def user_frame_here(skip: int = 1) -> Where | None:
     """The innermost frame of the caller's stack that is the user's code."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None:
         if not is_internal(frame.f_code.co_filename):
             return Where(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
@@ -58,7 +59,7 @@ _INTERNAL_CODE: dict = {}
 
 def user_location(skip: int = 1) -> tuple[str, int, str] | None:
     """``(file, line, function)`` of the caller's innermost user frame; cheap (cached per code object)."""
-    frame = sys._getframe(skip + 1)
+    frame: FrameType | None = sys._getframe(skip + 1)
     while frame is not None:
         code = frame.f_code
         internal = _INTERNAL_CODE.get(code)
@@ -72,7 +73,7 @@ def user_location(skip: int = 1) -> tuple[str, int, str] | None:
 
 def called_from(name: str, skip: int = 1, depth: int = 6) -> bool:
     """Whether one of the next ``depth`` callers (torch internals) is a function called ``name``."""
-    frame = sys._getframe(skip + 1)
+    frame: FrameType | None = sys._getframe(skip + 1)
     for _ in range(depth):
         if frame is None:
             return False
@@ -87,7 +88,7 @@ def user_frame_of(error: BaseException) -> Where | None:
     found = None
     for fs in traceback.extract_tb(error.__traceback__):
         if not is_internal(fs.filename):
-            found = Where(fs.filename, fs.lineno, fs.name, fs.line)
+            found = Where(fs.filename, fs.lineno or 0, fs.name, fs.line)
     return found
 
 

@@ -4,11 +4,11 @@ A run is a library call, not the owner of the process: in a notebook, the caller
 settings and log handlers read the same after ``fit()`` as before it. ``CompileScope`` sets, from the first
 compiled call of a stage until ``close()`` (the end of the stage, of ``fit`` or ``validate``, however it ends):
 
-* ``$TORCHINDUCTOR_CACHE_DIR``: csframework's Inductor cache (``compiled.cache_dir()``);
+* ``$TORCHINDUCTOR_CACHE_DIR``: csframework's Inductor cache (``cache_dir()``);
 * Dynamo's recompile limit (per code object), above csframework's own bound (``compiled.MAX_RECOMPILES``, per
   compiled function), so that csframework's bound, and its one ``recompile_limit`` warning, come first;
-* Inductor's ``cpp.vec_isa_ok`` once the CPU's vector instructions are known to build (``compiled``'s
-  ``_trust_vector_isa``);
+* Inductor's ``cpp.vec_isa_ok`` once the CPU's vector instructions are known to build
+  (``trust_vector_isa``);
 * torch's compile loggers (``torch._dynamo``, ``torch._inductor``, ...): their records become the run's
   ``torch_log`` events (``events.jsonl``, not the console), so csframework's one line per problem is the only one
   on stderr; ``debug=true`` leaves torch's own lines as they are.
@@ -23,9 +23,12 @@ import contextlib
 import logging
 import os
 import types
+from pathlib import Path
 from typing import Callable
 
-from ..compat import recompile_limit_key
+import torch
+
+from ...compat import inductor_default_cache_dir, pick_vec_isa, recompile_limit_key
 
 #: The loggers whose records are compiling's (a record's logger name starts with one of them).
 COMPILE_LOGGERS = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch._subclasses", "torch.fx",
@@ -108,3 +111,42 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
+
+
+#: Where Inductor keeps generated code and built kernels unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise.
+DEFAULT_CACHE_DIR = "~/.cache/csframework/inductor"
+
+
+def cache_dir() -> Path:
+    """Inductor's cache directory: ``$TORCHINDUCTOR_CACHE_DIR``, else ``~/.cache/csframework/inductor`` (not
+    Inductor's default in the temporary directory, which the system may clear). Inductor writes its entries
+    atomically under file locks, so concurrent runs (sweep jobs, torchrun ranks) share it safely."""
+    given = os.environ.get(CACHE_ENV)
+    # Inductor writes its default into the variable once it has looked: that is no user's choice
+    if given and os.path.abspath(given) != os.path.abspath(inductor_default_cache_dir()):
+        return Path(given)
+    return Path(os.path.expanduser(DEFAULT_CACHE_DIR))
+
+
+def isa_marker_path(root: Path) -> Path:
+    """The file saying that Inductor built and ran code for this CPU's vector instructions in cache ``root``."""
+    return root / f"csframework-vec-isa-{torch.backends.cpu.get_cpu_capability().lower()}.ok"
+
+
+def trust_vector_isa(root: Path) -> bool:
+    """Check the CPU's vector instructions once per cache, not in every process: Inductor builds and runs test
+    programs for it (about 4 s of a cached run's compile time). Returns whether the check passed, here or in an
+    earlier run (then ``CompileScope`` sets Inductor's ``cpp.vec_isa_ok``: the check's result is part of
+    Inductor's cache keys, so every run, the first included, compiles with it set)."""
+    if torch.cuda.is_available():
+        return False
+    marker = isa_marker_path(root)
+    if not marker.is_file():
+        if not pick_vec_isa():  # none works: Inductor's own check says so again and builds scalar code
+            return False
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # a read-only cache: the check runs again next time
+            pass
+    return True

@@ -16,20 +16,19 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeAlias
 
 import torch
 from torch.utils import _pytree as pytree
 
-from ...errors import CompileError, CsfError
-from ...files import PrivateDir
-from ...jsonout import dumps
-from ..cachedir import trusted_root
-from . import graph as graphs
+from ..errors import CompileError, CsfError
+from ..files import PrivateDir
+from ..jsonout import dumps
+from .cachedir import trusted_root
+from . import passes as graphs
 from . import inductor
-from .tracer import Signature, StepTracer, Traced, detailed_difference
+from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
-DEFAULT_COMPILE_DIR = "~/.cache/csframework/csx"
 REPORT_VERSION = 1
 
 
@@ -52,8 +51,8 @@ class CompileCache:
     (``cachedir.trusted_root``: else this process compiles into a private directory of its own, after one
     ``warn``), its entries read and written through the no-follow layer (``files.PrivateDir``)."""
 
-    def __init__(self, directory: str | os.PathLike | None, warn: Callable[[str], None] | None = None):
-        self.directory = trusted_root(directory or DEFAULT_COMPILE_DIR, warn)
+    def __init__(self, directory: str | os.PathLike, warn: Callable[[str], None] | None = None):
+        self.directory = trusted_root(directory, warn)
 
     def entry(self, fp: str) -> Path:
         return self.directory / fp
@@ -108,17 +107,16 @@ def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compile
     report["graph_compiler"] = {"name": graph_compiler, **info}
 
 
-def numerics_key(precision: Any) -> dict:
+def numerics_key(precision: Any, formats: dict | None = None) -> dict:
     """What decides a compiled graph's numbers besides its operations: the precision policy (format, loss
-    scaling: the ``precision`` config), the cbfloat16 emulation's format, and csframework's and torch's versions.
-    Part of every cache entry's name, so two runs that differ in any of them never share an entry."""
-    from ... import __version__
-    from . import cbfloat16
+    scaling: the ``precision`` config), any number ``formats`` the device emulates (CSX's cbfloat16), and
+    csframework's and torch's versions. Part of every cache entry's name, so two runs that differ in any of them
+    never share an entry."""
+    from .. import __version__
 
     policy = {f.name: getattr(precision, f.name) for f in dataclasses.fields(precision)} \
         if dataclasses.is_dataclass(precision) else dict(precision or {})
-    return {"precision": policy, "csframework": __version__, "torch": torch.__version__,
-            "cbfloat16": [cbfloat16.EXPONENT_BITS, cbfloat16.MANTISSA_BITS, cbfloat16.BIAS]}
+    return {"precision": policy, "csframework": __version__, "torch": torch.__version__, **(formats or {})}
 
 
 def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra: dict | None = None,
@@ -136,7 +134,7 @@ def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra:
     start = time.perf_counter()
     report = cache.load(fp) if cache is not None else None
     hit = report is not None
-    if not hit:
+    if report is None:
         state = traced.state
         kinds = [(kind, kind == "parameter" and t.requires_grad) for kind, t in zip(state.kinds, state.tensors)]
         kinds += [("learning_rate", False)] * len(state.lrs) + [("global_step", False)]
@@ -162,15 +160,15 @@ def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra:
     return compiled
 
 
-class GraphLimitError(CompileError):
-    """A keyed ``StaticStep`` has compiled its ``max_graphs`` graphs and a call has a signature new to it."""
+#: What ``StaticStep.prepare`` hands ``execute``: the graph, the live state and the call's flattened arguments.
+Prepared: TypeAlias = "tuple[Compiled, State, list]"
 
 
 class StaticStep:
-    """One step function on a CSX backend: traced, compiled, executed.
+    """One step function: traced, compiled, executed (CSX's steps, the CPU's whole step).
 
     ``keyed=True`` keeps one graph per input signature (evaluation, where the last batch may be short), at
-    most ``max_graphs`` of them (then a new signature is a ``GraphLimitError``); otherwise a second signature
+    most ``max_graphs`` of them (then ``prepare`` returns ``None`` for a new signature); otherwise a second signature
     is a ``CompileError`` (a second compile is not allowed). ``graph_compiler`` (``inductor`` or ``none``)
     compiles each new graph, with Inductor's ``config_patches``; a retrace that gives the identical graph runs
     the graph already compiled.
@@ -207,8 +205,10 @@ class StaticStep:
             return self.graphs.get(sig.values)
         return self.first
 
-    def prepare(self, args: tuple, kwargs: dict, iteration: int, execute: bool = True):
-        """Trace if needed (always under retrace); returns (compiled, state, leaves)."""
+    def prepare(self, args: tuple, kwargs: dict, iteration: int) -> Prepared | None:
+        """Trace if needed (always under retrace); returns ``(compiled, state, leaves)`` for ``execute``, or
+        ``None`` when ``max_graphs`` graphs are compiled and this call's signature is new to them (the caller
+        runs the step without a graph)."""
         leaves, _ = pytree.tree_flatten((args, kwargs))
         state, sig = self.tracer.collect(leaves)
         known = self._lookup(sig)
@@ -222,8 +222,7 @@ class StaticStep:
             return compiled, state, leaves
         if known is None and self.first is not None and self.max_graphs is not None \
                 and len(self.graphs) >= self.max_graphs:
-            raise GraphLimitError(f"{self.name}: {self.max_graphs} graphs compiled already; iteration {iteration} "
-                                  f"would need another: {detailed_difference(self.first[0], sig, state)}")
+            return None
         traced = self.tracer.trace(args, kwargs, state)
         self.traces += 1
         self.trace_seconds += traced.seconds
@@ -252,15 +251,26 @@ class StaticStep:
             setattr(compiled.traced, attr, getattr(traced, attr))
         return compiled, state, leaves
 
-    def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int):
-        compiled, state, leaves = self.prepare(args, kwargs, iteration)
+    def execute(self, prepared: Prepared, global_step: int) -> Any:
+        """Run a prepared graph on the live state; returns the step's outputs."""
+        compiled, state, leaves = prepared
         out = StepTracer.execute(compiled.runner, compiled.traced, state, leaves, global_step)
         self.executions += 1
         return out
 
+    def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int) -> Any:
+        """Prepare and execute (a step without ``max_graphs``: every call has its graph)."""
+        return self.execute(self._prepared(args, kwargs, iteration), global_step)
+
     def compile_only(self, args: tuple, kwargs: dict, iteration: int = 1) -> Compiled:
-        compiled, _, _ = self.prepare(args, kwargs, iteration)
-        return compiled
+        return self._prepared(args, kwargs, iteration)[0]
+
+    def _prepared(self, args: tuple, kwargs: dict, iteration: int) -> Prepared:
+        prepared = self.prepare(args, kwargs, iteration)
+        if prepared is None:
+            raise CompileError(f"{self.name}: {self.max_graphs} graphs compiled already and iteration {iteration} "
+                               "would need another; keep the input shapes fixed (e.g. data.drop_last=true)")
+        return prepared
 
     def validate_only(self, args: tuple, kwargs: dict) -> Traced:
         """Trace and check one step; nothing is compiled or executed."""
