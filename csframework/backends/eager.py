@@ -25,6 +25,7 @@ from . import whole_step
 from .base import BackendBase, BackendSpec
 from .compiled import COMPILE_MODES, CompiledOps, CompiledStep
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
+from .payoff import Payoff
 
 
 class Strategy(str, Enum):
@@ -241,8 +242,11 @@ class EagerBackend(BackendBase):
         self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
         if self.compile:
             refused = whole_step.unavailable(run, self) if self.whole_step else None
+            # whether compiling pays, measured where a step's time is the host's own: one CPU process, one micro-batch
+            timed = self.device.type == "cpu" and not self.distributed and self.accum == 1
             self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                          sharded=self.sharded, whole=self.whole_step and refused is None,
+                                         payoff=Payoff(run.stage_config.loop.log_every) if timed else None,
                                          **self.compile_settings)
             if refused is not None:
                 self.compiled.note(lambda log: log.info("step_compiled_per_function", reason=refused))
@@ -255,6 +259,11 @@ class EagerBackend(BackendBase):
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
+        if self.compiled is not None:  # (timed: whether compiling pays, ``payoff``)
+            return self.compiled.timed(run.global_step, lambda: self._train_batch(run, batch, last))
+        return self._train_batch(run, batch, last)
+
+    def _train_batch(self, run, batch, last: bool) -> dict:
         module, ops, compiled = run.module, self.ops, self.compiled
         if compiled is not None and compiled.whole is not None:  # one graph a step, when it traces and compiles
             outputs = compiled.train_whole(batch, run.global_step)

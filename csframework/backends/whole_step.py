@@ -9,7 +9,8 @@ Inductor artifact are cached under ``cache_dir()``, so an identical run loads th
 
 It applies (``unavailable`` says why not) to a single-process CPU stage stepping a built-in or preinitialisable
 optimizer, one micro-batch a step, and no plugin hooked inside the step (traced, such a hook would run once, not
-every step). Dynamic loss scaling (``precision=float16``) is part of the graph, as on CSX: ``CompiledStep``
+every step), to a model without repeated blocks (one graph would compile every layer again: ``regions`` compiles
+each block once instead). Dynamic loss scaling (``precision=float16``) is part of the graph, as on CSX: ``CompiledStep``
 hands over ``csx/precision.CsxPrecision``, whose overflow check, skipped update (``torch.where``) and new scale
 are graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace
 (data-dependent code in the model), ``compiled.CompiledStep`` compiles the step's functions with
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .. import step
 from ..compat import needs_torch
 from ..errors import CompileError, TracingError
+from . import regions
 from .csx import optim as csx_optim
 from .csx.compiler import CompileCache, Compiled, GraphLimitError, StaticStep, numerics_key
 from .csx.inductor import STANDALONE_TORCH
@@ -56,7 +58,7 @@ def unavailable(run, backend: EagerBackend) -> str | None:
     if hooked:
         return (f"a plugin implements {', '.join(hooked)}, which must run at every step (traced, it would run "
                 "once); move it to on_train_batch_end or on_train_step_end to make the step one graph")
-    return needs_torch("one graph for the whole step", STANDALONE_TORCH)
+    return needs_torch("one graph for the whole step", STANDALONE_TORCH) or regions.whole_step_refusal(run.module)
 
 
 class WholeStep:
