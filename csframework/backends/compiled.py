@@ -21,6 +21,10 @@ generates their code):
   and runs its update eagerly;
 * ``evaluate``: evaluation's forward and loss.
 
+A model of repeated blocks (a transformer's layers) is compiled by region instead (``regions``): each block
+class's ``forward`` once, run for every layer, the rest of the forward and evaluation eager around it. On the CPU
+``payoff`` times the compiled step against a few eager ones and says when compiling does not pay.
+
 Zeroing the gradients (``set_to_none``) is no operation. Plugin hooks run between the compiled functions, as
 everywhere: data-dependent code in a hook is no graph break. Data-dependent code in the model (``.item()``,
 ``if tensor:``) is: Dynamo runs that part eagerly, and ``graph_breaks`` reports it once, naming the user's file

@@ -10,7 +10,7 @@ The eager steps are at fixed global steps, so a resumed run trains exactly as th
 from __future__ import annotations
 
 import statistics
-import time
+from time import perf_counter
 from typing import Callable
 
 #: Steps trained eagerly after the first log window, for the eager estimate (their median: one slow first call
@@ -39,9 +39,9 @@ class Payoff:
             self.done = True
             return train()
         compiling = compiled_seconds()
-        start = time.perf_counter()
+        start = perf_counter()
         outputs = train()
-        seconds = time.perf_counter() - start
+        seconds = perf_counter() - start
         if self.eager_step(global_step):
             self.eager.append(seconds)
         elif compiled_seconds() == compiling:
