@@ -515,7 +515,9 @@ class CompiledStep:
         def call(*args):
             if self._notes:
                 self._log_notes()
-            if self.failed is not None or name in self.eager or self._eager_now:
+            # (the payoff check's eager steps keep the update compiled: torch's capturable update runs eagerly on
+            # a GPU only)
+            if self.failed is not None or name in self.eager or self._eager_now and name in MODEL_FUNCTIONS:
                 return eager(*args)
             self.scope.enter()
             graphs = self.recorder.graphs

@@ -3,7 +3,8 @@
 Compiling costs seconds before the first step and saves nothing where a model's step is its matrix products (the
 nanoGPT-shaped model's compiled step is about as fast as its eager one). So the run measures it, on the CPU in
 one process: the compiled steps of the first ``loop.log_every`` window (those that compiled left out) are timed,
-then the next ``EAGER_STEPS`` steps train eagerly (the same step without its compiled code: the eager estimate),
+then the next ``EAGER_STEPS`` steps train eagerly (the same step without its compiled code: the eager estimate;
+where the step's functions are compiled, the update stays compiled, as torch's capturable update must on a CPU),
 and if the compiled step's median is not below the eager ones', one ``compile_not_faster`` warning gives both.
 The eager steps are at fixed global steps, so a resumed run trains exactly as the uninterrupted one.
 """
