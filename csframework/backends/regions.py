@@ -97,7 +97,7 @@ class Regions:
         with an instance ``forward`` of its own keeps it)."""
         pairs = [(block, forward) for block, forward in zip(self.blocks, self._forwards) if "forward" not in vars(block)]
         for block, forward in pairs:
-            block.forward = forward  # type: ignore[method-assign]
+            block.forward = forward
         try:
             yield
         finally:
