@@ -56,12 +56,12 @@ from ..errors import ConfigError
 from ..precision import NO_AUTOCAST
 from . import regions
 from .cachedir import trusted_root
-from .payoff import Payoff
 from .compile_scope import CACHE_ENV, CompileScope, fresh
 from .csx.compiler import CompileCache, Compiled
 from .csx import optim as csx_optim
 from .csx.optim import preinitialisable, preinitialize, unwrapped
 from .csx.precision import CsxPrecision, GraphLossScaler
+from .payoff import Payoff
 from .whole_step import WholeStep, batch_shapes, first_trace_failed
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
