@@ -477,7 +477,8 @@ class CompiledStep:
         finally:
             self._eager_now = False
         found = payoff.verdict()
-        if found is not None:
+        # (a graph break, or a function that runs eagerly, has had its own warning: the step is not all compiled)
+        if found is not None and not self.recorder.breaks and not self.eager:
             compiled, eager = (round(1e3 * s, 3) for s in found)
             self.run.log.warning("compile_not_faster", compiled_ms=compiled, eager_ms=eager,
                                  problem=f"the compiled step took {compiled} ms, the same step run eagerly {eager} ms "
