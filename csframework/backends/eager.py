@@ -25,6 +25,7 @@ from .base import BackendBase, BackendSpec
 from .compile import whole_step
 from .compile.step import COMPILE_MODES, CompiledOps, CompiledStep
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
+from .compile.payoff import Payoff
 
 
 class Strategy(str, Enum):
@@ -249,8 +250,11 @@ class EagerBackend(BackendBase):
         refused = whole_step.refusal(device_type=self.device.type, distributed=self.distributed, accum=self.accum,
                                      optimizer=type(run.optimizer), hooked=whole_step.in_step_hooks(run.hooks.pm.hook)
                                      ) if self.whole_step else None
+        # whether compiling pays, measured where a step's time is the host's own: one CPU process, one micro-batch
+        timed = self.device.type == "cpu" and not self.distributed and self.accum == 1
         self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                      sharded=self.sharded, whole=self.whole_step and refused is None,
+                                     payoff=Payoff(run.stage_config.loop.log_every) if timed else None,
                                      **self.compile_settings)
         self.whole_graph = self.compiled if self.compiled.whole is not None else None
         if refused is not None:
@@ -264,6 +268,11 @@ class EagerBackend(BackendBase):
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
+        if self.compiled is not None:  # (timed: whether compiling pays, ``payoff``)
+            return self.compiled.timed(run.global_step, lambda: self._train_batch(run, batch, last))
+        return self._train_batch(run, batch, last)
+
+    def _train_batch(self, run, batch, last: bool) -> dict:
         if self.whole_graph is not None:  # one graph a step, while the step traces and compiles
             outputs = self.whole_graph.train_whole(batch, run.global_step)
             if outputs is not None:

@@ -73,3 +73,20 @@ def test_the_tables_page_has_both_sections():
     text = (harness.ROOT / bench_main.TABLES_PAGE).read_text()
     for section in ("benchmarks", "benchmarks-gpu"):
         assert f"<!-- {section}:start -->" in text and f"<!-- {section}:end -->" in text
+
+
+def test_compile_time_runs_the_nanogpt_shaped_model_and_checks_the_targets(monkeypatch):
+    """benchmarks/compile_time.py: its eager contestant trains examples/char_gpt's model (the compiled ones are
+    the same run with backend.compile=true: minutes cold); the report checks the issue's targets."""
+    from benchmarks import compile_time
+
+    monkeypatch.syspath_prepend(str(harness.ROOT / "examples" / "char_gpt"))
+    eager = compile_time.contestant("gpt-1", compiled=False)
+    assert eager["compile_s"] == 0.0 and eager["s_per_step"] > 0
+    rows = [{"model": m, "cold_s": c, "cached_s": 1.0, "step_ratio": 0.9, "graph": "per function",
+             "regions": "12 x Block" if m == "gpt-12" else "", "cached_hit": "hit"}
+            for m, c in (("default", 20.0), ("gpt-1", 10.0), ("gpt-12", 12.0))]
+    text = compile_time.report(rows)
+    assert "| gpt-12 | per function (12 x Block compiled once) | 12.0 | 1.0 | 0.90x |" in text
+    assert "12 layers' cold compile / 1 layer's: 1.20x (target <= 1.5x)" in text
+    assert "default transformer: cold 20.0 s (target <= 30 s), cached 1.0 s (target <= 3 s)" in text

@@ -58,15 +58,20 @@ def _torch_loggers() -> list[logging.Logger]:
     return [logger for logger in named if logger.handlers]
 
 
-def fresh(method: Callable) -> Callable:
-    """A bound ``method`` as a function of its own code object: Dynamo keeps compiled code, and counts
-    recompilations, per code object, so functions of a new ``CompiledStep`` start with none (no global reset)."""
-    function = method.__func__  # type: ignore[attr-defined]
+def fresh_function(function: Callable) -> Callable:
+    """A copy of ``function`` with a code object of its own: Dynamo keeps compiled code, and counts
+    recompilations, per code object, so a copy compiled by a new ``CompiledStep`` starts with none (no global
+    reset)."""
     code = function.__code__.replace(co_name=function.__code__.co_name)
     copy = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__qualname__ = function.__qualname__
-    return types.MethodType(copy, method.__self__)  # type: ignore[attr-defined]
+    return copy
+
+
+def fresh(method: Callable) -> Callable:
+    """A bound ``method`` as a function of its own code object (``fresh_function``)."""
+    return types.MethodType(fresh_function(method.__func__), method.__self__)  # type: ignore[attr-defined]
 
 
 class CompileScope:

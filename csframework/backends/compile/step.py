@@ -21,6 +21,10 @@ generates their code):
   and runs its update eagerly;
 * ``evaluate``: evaluation's forward and loss.
 
+Compiled per function, a model of repeated blocks (a transformer's layers) is compiled by region (``regions``):
+each block class's ``forward`` once, run for every layer, the rest of the forward and evaluation eager around it.
+On the CPU ``payoff`` times the compiled step against a few eager ones and says when compiling does not pay.
+
 Zeroing the gradients (``set_to_none``) is no operation. Plugin hooks run between the compiled functions, as
 everywhere: data-dependent code in a hook is no graph break. Data-dependent code in the model (``.item()``,
 ``if tensor:``) is: Dynamo runs that part eagerly, and ``graph_breaks`` reports it once, naming the user's file
@@ -51,8 +55,10 @@ from ...graph.compiler import CompileCache, Compiled
 from ...graph.optim import preinitialisable, preinitialize
 from ...graph.precision import GraphLossScaler, GraphPrecision
 from ...precision import NO_AUTOCAST
+from . import regions
 from .findings import (COMPILER_ERRORS, Recorder, compile_failure, compiler_failure, describe_break,
                        missing_compiler, one_line, signature)
+from .payoff import Payoff
 from .scope import CompileScope, cache_dir, fresh, trust_vector_isa
 from .update import prepare_optimizer, raw_step, torch_optimizer
 from .whole_step import WholeStep, batch_shapes
@@ -73,7 +79,7 @@ class CompiledStep:
     one graph (``whole``: ``whole_step``), or its functions compiled with ``torch.compile``."""
 
     def __init__(self, run, precision, module: torch.nn.Module, device: torch.device, max_grad_norm: float | None,
-                 *, mode: str, fullgraph: bool, sharded: bool, whole: bool = False):
+                 *, mode: str, fullgraph: bool, sharded: bool, whole: bool = False, payoff: Payoff | None = None):
         self.run, self.precision, self.module, self.device = run, precision, module, device
         self.max_grad_norm = max_grad_norm
         self.mode, self.fullgraph = mode, fullgraph
@@ -83,6 +89,8 @@ class CompiledStep:
         self.reported = 0  # graph breaks already warned about
         self.eager: set[str] = set()  # the functions that run eagerly from now on (csframework's recompile bound)
         self._notes: list[Callable[[Any], None]] = []  # lines for the run's log once it is logging (in fit)
+        self.payoff = payoff  # whether the compiled step is faster than the eager one, measured (``payoff``)
+        self._eager_now = False  # the payoff check's eager steps: the compiled code set aside
         if mode == "reduce-overhead" and device.type == "cpu":
             self.note(lambda log: log.info("compile_mode", mode=mode, result="on a CPU it compiles as default does: "
                                            "its CUDA graphs (the launch overhead it saves) exist on a GPU only"))
@@ -99,9 +107,14 @@ class CompiledStep:
         self.recorder = Recorder(mode)
         options: dict[str, Any] = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
         self.options = options
+        # a model of repeated blocks (a transformer's layers): each block's code compiled once for every layer, the
+        # rest of the forward eager (``regions``); CUDA graphs would replay one block's buffers for every layer
+        graphed = mode == "reduce-overhead" and device.type == "cuda"
+        self.regions = None if whole or sharded or graphed else regions.find(
+            module, lambda function: torch.compile(function, **options))
         # functions of this step's own (``fresh``): Dynamo's caches are per code object, and never reset
-        self.forward = self._guarded("forward", torch.compile(fresh(self._forward), **options))
-        self.evaluate = self._guarded("evaluate", torch.compile(fresh(self._evaluate), **options))
+        self.forward = self._guarded("forward", self._compiled_model_function(self._forward))
+        self.evaluate = self._guarded("evaluate", self._compiled_model_function(self._evaluate))
         self.scaler = getattr(precision, "scaler", None)  # GradScaler, under dynamic loss scaling
         #: dynamic loss scaling as tensor operations (``graph/precision.py``), wherever the optimizer's update traces:
         #: the overflow check, the skipped update and the new scale are then compiled with the step (or with the
@@ -190,6 +203,19 @@ class CompiledStep:
         with self.precision.autocast():
             return step.model_outputs(self.module(batch))
 
+    def _compiled_model_function(self, method: Callable) -> Callable:
+        """``method`` (the forward or evaluation) compiled: whole, or run eagerly with its repeated blocks
+        compiled (``regions``)."""
+        found = self.regions
+        if found is None:
+            return torch.compile(fresh(method), **self.options)
+
+        def with_regions(batch):
+            with found.installed():
+                return method(batch)
+
+        return with_regions
+
     def _update(self, skip: torch.Tensor | None = None):
         if self.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
@@ -205,6 +231,8 @@ class CompiledStep:
         whole = self.whole
         if whole is None or self.failed is not None:
             return None
+        if self._eager_now:
+            return whole.eager(batch)
         self.scope.enter()
         outputs = whole(batch, global_step)
         if outputs is None:
@@ -233,6 +261,28 @@ class CompiledStep:
         """A later batch shape does not trace: that batch runs eagerly."""
         self.run.log.warning("step_not_traced", problem=problem, result="this batch runs eagerly")
 
+    def timed(self, global_step: int, train: Callable[[], dict]) -> dict:
+        """``train()``, the step at ``global_step``, timed for the payoff check (run eagerly where it asks), and its
+        ``compile_not_faster`` warning once it has the figures."""
+        payoff = self.payoff
+        if payoff is None or self.failed is not None:
+            return train()
+        self._eager_now = payoff.eager_step(global_step)
+        try:
+            outputs = payoff.step(global_step, train, lambda: self.seconds)
+        finally:
+            self._eager_now = False
+        found = payoff.verdict()
+        # (a graph break, or a function that runs eagerly, has had its own warning: the step is not all compiled)
+        if found is not None and not self.recorder.breaks and not self.eager:
+            compiled, eager = (round(1e3 * s, 3) for s in found)
+            self.run.log.warning("compile_not_faster", compiled_ms=compiled, eager_ms=eager,
+                                 problem=f"the compiled step took {compiled} ms, the same step run eagerly {eager} ms "
+                                         "(medians, after the first loop.log_every window): compiling does not pay "
+                                         "for this model on this machine",
+                                 result="the run goes on compiled; backend.compile=false saves the compile time")
+        return outputs
+
     def prepare_optimizer(self) -> None:
         """The optimizer's settings for the compiled update (again after a checkpoint is loaded)."""
         prepare_optimizer(self.run.optimizer, self.device, torch_step=self.loss_scaler is None)
@@ -258,7 +308,9 @@ class CompiledStep:
         def call(*args):
             if self._notes:
                 self._log_notes()
-            if self.failed is not None or name in self.eager:
+            # (the payoff check's eager steps keep the update compiled: torch's capturable update runs eagerly on
+            # a GPU only)
+            if self.failed is not None or name in self.eager or self._eager_now and name in MODEL_FUNCTIONS:
                 return eager(*args)
             self.scope.enter()
             graphs = self.recorder.graphs
@@ -379,6 +431,8 @@ class CompiledStep:
         out = {"mode": self.mode, "seconds": round(self.seconds, 3), "cache": self.cache_status(),
                "graph_breaks": len(self.recorder.breaks), "recompiles": len(self.recompiles),
                "graph": self.graph()}
+        if self.regions is not None:
+            out["regions"] = regions.describe(self.regions.blocks)
         if self.failed is not None:
             out["fallback"] = self.failed
         return out

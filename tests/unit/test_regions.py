@@ -1,0 +1,144 @@
+"""Regional compilation (``csframework.backends.compile.regions``): a model's repeated blocks found, each block's code
+compiled once for every layer, the user's model left as it was."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import csframework as csf
+from csframework.backends.compile import findings, payoff, regions
+from csframework.defaults.model import Block, TinyTransformer
+
+
+def test_a_transformers_layers_are_its_repeated_blocks():
+    model = TinyTransformer(n_layers=4)
+    assert regions.repeated_blocks(model) == list(model.blocks)  # not the Linear layers inside each block
+    assert regions.describe(regions.repeated_blocks(model)) == "4 x Block"
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)),  # one operation each
+    nn.ModuleList([Block(16, 2, 0.0), Block(32, 2, 0.0)]),  # one class, other shapes
+    TinyTransformer(n_layers=1),
+])
+def test_layers_that_are_one_operation_or_differ_in_shape_are_not_blocks(model):
+    assert regions.repeated_blocks(model) == []
+
+
+def test_the_compiled_forward_is_on_the_blocks_only_while_the_step_runs_them():
+    model = TinyTransformer(n_layers=2)
+    found = regions.find(model, compile=lambda function: function)  # (no compiler: the mechanism alone)
+    assert found is not None and len(found) == 2
+    batch = (torch.randint(0, 256, (2, 8)), torch.randint(0, 256, (2, 8)))
+    expected = model(batch)["loss"]
+    with found.installed():
+        assert all("forward" in vars(block) for block in model.blocks)
+        assert torch.equal(model(batch)["loss"], expected)
+    assert all("forward" not in vars(block) for block in model.blocks)  # the user's model as it was
+
+
+@pytest.mark.slow
+def test_a_4_layer_model_compiles_its_block_once(tmp_path, monkeypatch):
+    """Issue 38's acceptance: the 4-layer transformer's training forward, compiled per function (as on a GPU,
+    under DDP, or with ``backend.compile_whole_step=false`` on a CPU), is one graph of one block (its 12
+    parameters and its input), compiled once and run for every layer; evaluation compiles the block once more
+    (no backward: another graph), and the parameters agree with eager training."""
+    graphs: list[int] = []  # each compiled graph's inputs
+    recorder_call = findings.Recorder.__call__
+
+    def counting(self, gm, example_inputs):
+        graphs.append(len(example_inputs))
+        return recorder_call(self, gm, example_inputs)
+
+    monkeypatch.setattr(findings.Recorder, "__call__", counting)
+    common = ["model.n_layers=4", "loop.max_steps=4", "loop.log_every=2", "loop.eval_every=4", "loop.eval_steps=1",
+              "backend.threads=1", "optimizer=sgd", "optimizer.lr=0.1", "optimizer.schedule.warmup_steps=0"]
+    eager = csf.Run(csf.compose(common), output_dir=tmp_path / "eager")
+    eager.fit()
+    run = csf.Run(csf.compose([*common, "backend.compile=true", "backend.compile_whole_step=false"]),
+                  output_dir=tmp_path / "compiled")
+    summary = run.fit()
+    assert summary["compile"]["graph"] == "per function" and summary["compile"]["regions"] == "4 x Block"
+    assert summary["compile"]["recompiles"] == 0 and summary["compile"]["graph_breaks"] == 0
+    events = [json.loads(line) for line in (tmp_path / "compiled" / "events.jsonl").read_text().splitlines()]
+    assert [e["function"] for e in events if e["event"] == "step_compiled"] == ["forward", "update", "evaluate"]
+    assert run.backend.compiled.recorder.graphs == len(graphs)
+    # one graph of one block (its parameters and its input) for training, one for evaluation, none per layer; the
+    # others are the update's (every parameter and the learning rate)
+    one_layer, update = len(list(run.model.blocks[0].parameters())) + 1, len(list(run.model.parameters())) + 1
+    assert graphs[0] == one_layer and graphs.count(one_layer) == 2, graphs
+    assert all(n in (one_layer, update) for n in graphs), graphs
+    for name, value in run.model.state_dict().items():
+        assert torch.allclose(value, eager.model.state_dict()[name], atol=1e-5), name
+
+
+# -- compile_not_faster (csframework.backends.compile.payoff) --------------------------------------------------------------
+class Clock:
+    """A clock that advances by ``step`` seconds whenever it is read."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def _steps(check: payoff.Payoff, steps: int, compile_at=()) -> list:
+    """``steps`` steps through ``check``; those in ``compile_at`` compile (the compile time grows while they run)."""
+    spent = [0.0]
+
+    def train(compiles: bool) -> dict:
+        spent[0] += 1.0 if compiles else 0.0
+        return {}
+
+    verdicts = []
+    for global_step in range(steps):
+        check.step(global_step, lambda: train(global_step in compile_at), lambda: spent[0])
+        verdicts.append(check.verdict())
+    return verdicts
+
+
+def test_the_payoff_check_times_the_first_window_then_three_eager_steps(monkeypatch):
+    monkeypatch.setattr(payoff, "perf_counter", Clock(0.5))  # every step takes 0.5 s: not faster
+    check = payoff.Payoff(window=4)
+    assert [check.eager_step(g) for g in range(8)] == [False] * 4 + [True] * 3 + [False]
+    verdicts = _steps(check, 10, compile_at={0})
+    assert len(check.compiled) == 3 and len(check.eager) == 3  # the step that compiled is not timed
+    assert verdicts == [None] * 6 + [(0.5, 0.5)] + [None] * 3  # once, after the last eager step
+    assert not any(check.eager_step(g) for g in range(10))
+
+
+def test_a_faster_compiled_step_gives_no_verdict(monkeypatch):
+    check = payoff.Payoff(window=2)
+    monkeypatch.setattr(payoff, "perf_counter", Clock(0.1))
+    _steps(check, 2)
+    monkeypatch.setattr(payoff, "perf_counter", Clock(0.3))  # the eager steps are slower
+    assert _steps_from(check, 2, 6) == [None] * 4
+
+
+def _steps_from(check: payoff.Payoff, start: int, stop: int) -> list:
+    out = []
+    for global_step in range(start, stop):
+        check.step(global_step, lambda: {}, lambda: 0.0)
+        out.append(check.verdict())
+    return out
+
+
+@pytest.mark.slow
+def test_a_compiled_step_no_faster_than_eager_is_said_once_with_both_figures(tmp_path, monkeypatch):
+    from fixtures import compose
+
+    monkeypatch.setattr(payoff, "perf_counter", Clock(2.0 ** -9))  # every step: 1.953125 ms (exact), compiled or eager
+    run = csf.Run(compose("loop.max_steps=12", "loop.log_every=4", "backend.threads=1", "backend.compile=true"),
+                  output_dir=tmp_path)
+    summary = run.fit()
+    assert summary["status"] == "completed"
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    said = [e for e in events if e["event"] == "compile_not_faster"]
+    assert len(said) == 1 and said[0]["level"] == "warning", said
+    assert said[0]["compiled_ms"] == said[0]["eager_ms"] == 1.953
+    assert "backend.compile=false" in said[0]["result"]
