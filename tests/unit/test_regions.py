@@ -28,6 +28,7 @@ def test_layers_that_are_one_operation_or_differ_in_shape_are_not_blocks(model):
     assert regions.repeated_blocks(model) == []
 
 
+@pytest.mark.requires_torch((2, 5), "regional compilation")
 def test_the_compiled_forward_is_on_the_blocks_only_while_the_step_runs_them():
     model = TinyTransformer(n_layers=2)
     found = regions.find(model, compile=lambda function: function)  # (no compiler: the mechanism alone)
@@ -41,6 +42,7 @@ def test_the_compiled_forward_is_on_the_blocks_only_while_the_step_runs_them():
 
 
 @pytest.mark.slow
+@pytest.mark.requires_torch((2, 5), "regional compilation")
 def test_a_4_layer_model_compiles_its_block_once(tmp_path, monkeypatch):
     """Issue 38's acceptance: the 4-layer transformer's training forward, compiled per function (as on a GPU,
     under DDP, or with ``backend.compile_whole_step=false`` on a CPU), is one graph of one block (its 12
