@@ -136,7 +136,7 @@ def plugin_choices(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (), extra: Iterable[Any] = (),
                   disable: Iterable[str] = (), asking: Sequence[str] | None = None) -> pluggy.PluginManager:
-    """All plugins: entry points, ``enable`` (module paths), ``extra`` (objects), then ``builtins``
+    """All plugins: entry points, ``enable`` (module paths), ``extra`` (objects or module paths), then ``builtins``
     (``(name, plugin)`` pairs; a plugin given as ``"pkg.module:attribute"`` is imported only when it is
     registered), minus the names in ``disable`` (blocked: never imported or registered).
 
@@ -148,6 +148,8 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
     installed = installed_entry_points()  # read once: scanning the distributions' metadata is not free
     candidates = load_entry_points(disable, installed)
     candidates += [(plugin_name(obj), obj) for obj in (load_module_path(p) for p in enable if p not in disable)]
+    # a string among ``extra`` (``csf.compose(plugins=["pkg.module"])``) is a module path, as in ``enable``
+    extra = [load_module_path(p) if isinstance(p, str) else p for p in extra]
     candidates += [(plugin_name(p), p) for p in extra] + list(builtins)
     known = {n for n, _ in candidates} | {ep.name for ep in installed} | set(enable)
     unknown = disable - known
@@ -165,6 +167,8 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
             module_name, _, attr = plugin.partition(":")
             plugin = getattr(importlib.import_module(module_name), attr)
         if asking is not None and isinstance(plugin, type) and not any(hasattr(plugin, h) for h in asking):
+            continue
+        if pm.is_registered(plugin):  # one module both installed (entry point) and named again: once
             continue
         if pm.has_plugin(name):
             raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")

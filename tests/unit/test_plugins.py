@@ -559,3 +559,14 @@ def test_a_section_whose_defaults_its_types_cannot_hold_is_refused_naming_plugin
     message = one_line(caught.value)
     assert caught.value.exit_code == 2
     assert message.startswith(f"mine: plugin 'sections' declares config section 'mine' {detail}"), message
+
+
+def test_a_module_path_among_the_plugins_is_imported_and_registered_once():
+    """``csf.compose(plugins=["pkg.module"])`` names a plugin module as ``plugins.enable`` does (a string
+    was registered as a string before: silently no plugin); the same module given twice is registered once."""
+    import sweep_plugin
+
+    assert build_manager([], extra=["sweep_plugin"]).is_registered(sweep_plugin)
+    twice = build_manager([], extra=["sweep_plugin", sweep_plugin])
+    assert [p for p in twice.get_plugins() if p is sweep_plugin] == [sweep_plugin]
+    assert not [p for p in twice.get_plugins() if isinstance(p, str)]
