@@ -206,10 +206,14 @@ def framework(model: str, precision: str, steps: int, workdir: str,
     skip = COMPILE_SKIP if compile_mode and steps > 2 * COMPILE_SKIP else 0
     timer = WallTimer(skip)
     plugins = [timer] if marks is None else [timer, StepMarks(marks)]
-    run = csf.Run(cfg, plugins=plugins, output_dir=tempfile.mkdtemp(dir=workdir))
+    output_dir = tempfile.mkdtemp(dir=workdir)
+    run = csf.Run(cfg, plugins=plugins, output_dir=output_dir)
     summary = run.fit()
     assert summary["status"] == "completed" and summary["global_step"] == steps, summary
     framework.compile = summary.get("compile")
+    # what torch's compile loggers said (``torch_log`` events: a CUDA graph skipped, a recompilation's reason)
+    with open(os.path.join(output_dir, "events.jsonl")) as events:
+        framework.torch_logs = [json.loads(line).get("message", "") for line in events if '"torch_log"' in line]
     return timer.seconds * steps / (steps - skip), summary["metrics"]["train/loss"]
 
 
@@ -262,7 +266,7 @@ def figures(rounds: int, steps: int = 0, only: str | None = None) -> list[harnes
         if only not in (None, model):
             continue
         contestants = {}
-        compiled = model == "transformer"  # the compiled rows: the launch-bound model, where CUDA graphs pay
+        compiled = model != "mlp2"  # the compiled rows: the launch-bound model (CUDA graphs) and the busy one
         for p in precisions:
             args = ("--model", model, "--precision", p, *n)
             if model != "transformer-large":  # large: the bf16 speed-up only (its step is the GPU's work)
@@ -285,11 +289,14 @@ def figures(rounds: int, steps: int = 0, only: str | None = None) -> list[harnes
                     command=cmd))
             if f"compiled {p}" in res:
                 samples = [r["ms_per_step"] for r in res[f"compiled {p}"]]
+                hand = f"hand {p}" in res  # (the large model's baseline is the framework's eager step)
                 out.append(harness.Figure(
                     name=f"per-step wall time on {where}, backend.compile=true compile_mode={COMPILE_MODE}: {label}, "
-                         f"{p}", unit="ms/step", samples=samples, baseline="hand loop, pre-made batches (eager)",
-                    baseline_samples=[r["ms_per_step"] for r in res[f"hand {p}"]],
-                    target="<= 0.4x" if p == "float32" else "", limit=0.4 if p == "float32" else None, command=cmd))
+                         f"{p}", unit="ms/step", samples=samples,
+                    baseline="hand loop, pre-made batches (eager)" if hand else "csframework eager",
+                    baseline_samples=[r["ms_per_step"] for r in res[f"hand {p}" if hand else f"framework {p}"]],
+                    target="<= 0.4x" if p == "float32" and hand else "", limit=0.4 if p == "float32" and hand else None,
+                    command=cmd))
                 out.append(harness.Figure(
                     name=f"compile time on {where} (Inductor's on-disk cache from an earlier process): {label}, {p}",
                     unit="s", samples=[r["compile_first_s"] for r in res[f"compiled {p}"]], kind="value",
@@ -310,18 +317,24 @@ def figures(rounds: int, steps: int = 0, only: str | None = None) -> list[harnes
     return out
 
 
-def profile(model: str, precision: str, steps: int) -> str:
-    """Where a step's time goes, hand loop against framework in this one process: the host clock between
-    step ends (first steps, median, total) and, over the last steps, torch.profiler's busiest operations."""
+def profile(model: str, precision: str, steps: int, compile_mode: str | None = None) -> str:
+    """Where a step's time goes, hand loop against framework in this one process (``compile_mode``: the
+    framework compiled instead of the hand loop's side): the host clock between step ends (first steps, median,
+    total) and, over 30 more steps, the device's own busy time per step (the kernels' summed time: a step that
+    takes longer waits on the host) and torch.profiler's busiest operations."""
     import statistics
 
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
     steps = steps or MODELS[model][3]
-    report = []
+    report, profiled = [], 30
     with tempfile.TemporaryDirectory(prefix="csf-bench-") as workdir:
         sides = {"hand": lambda n, m: hand_written(model, precision, n, m),
                  "framework": lambda n, m: framework(model, precision, n, workdir, m)}
+        if compile_mode:
+            sides = {f"framework compiled ({compile_mode})":
+                     lambda n, m: framework(model, precision, n, workdir, m, compile_mode=compile_mode)}
         for name, side in sides.items():
             with contextlib.redirect_stderr(io.StringIO()):
                 side(MODELS[model][2], None)
@@ -329,11 +342,19 @@ def profile(model: str, precision: str, steps: int) -> str:
                 seconds, _ = side(steps, marks)
                 gaps = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
                 with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    side(30, None)
-            report.append(f"== {name}: {1e3 * seconds / steps:.3f} ms/step wall; host gaps between step ends: "
-                          f"median {statistics.median(gaps):.3f} ms, mean {statistics.mean(gaps):.3f}, first "
-                          f"{[round(g, 3) for g in gaps[:5]]}, slowest {sorted(round(g, 2) for g in gaps)[-8:]}")
-            report.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=40))
+                    side(profiled, None)
+            averages = prof.key_averages()
+            device = [e for e in averages if e.device_type == DeviceType.CUDA]
+            busy = sum(e.self_device_time_total for e in device) / 1e3 / profiled
+            kernels = sum(e.count for e in device) / profiled
+            report.append(f"== {name}, {precision}: {1e3 * seconds / steps:.3f} ms/step wall; host gaps between step "
+                          f"ends: median {statistics.median(gaps):.3f} ms, mean {statistics.mean(gaps):.3f}, first "
+                          f"{[round(g, 3) for g in gaps[:5]]}, slowest {sorted(round(g, 2) for g in gaps)[-8:]}; "
+                          f"device busy {busy:.3f} ms/step in {kernels:.0f} kernels/step (the profiled "
+                          f"{profiled}-step run, first steps included); compile: {getattr(framework, 'compile', None)}; "
+                          f"torch's compile log: {[m[:300] for m in getattr(framework, 'torch_logs', [])][:12]}")
+            report.append(averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=40))
+            report.append(averages.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
     return "\n".join(report)
 
 
@@ -345,14 +366,15 @@ def main(argv=None) -> None:
     parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--steps", type=int, default=0, help="timed steps (0: the model's default)")
     parser.add_argument("--only", choices=list(MODELS), help="one model's figures")
-    parser.add_argument("--profile", action="store_true", help="where a step's time goes (one process)")
+    parser.add_argument("--profile", action="store_true",
+                        help="where a step's time goes (one process; with --compile: the compiled framework's)")
     parser.add_argument("--compile", choices=["default", "reduce-overhead", "max-autotune"],
                         help="the framework contestant with backend.compile=true and this compile_mode")
     args = parser.parse_args(argv)
     if args.contestant:
         print(json.dumps(contestant(args)))
     elif args.profile:
-        print(profile(args.model, args.precision, args.steps))
+        print(profile(args.model, args.precision, args.steps, args.compile))
     else:
         print(harness.table(figures(args.rounds, args.steps, args.only)))
 
