@@ -9,10 +9,11 @@ with 1, 4 and 12 layers, each in fresh processes on one thread:
 * cached: a second identical run with the same cache;
 * the step: the cached run's seconds per step (compiling left out) over an eager run's.
 
-    python -m benchmarks.compile_time                   # every model (about 15 minutes on 2 idle cores)
+    python -m benchmarks.compile_time                   # every model, as backend.compile=true chooses: a model
+                                                        # of repeated blocks per function, each block once
     python -m benchmarks.compile_time --only gpt-1 gpt-12
-    python -m benchmarks.compile_time --per-function    # backend.compile_whole_step=false: repeated blocks
-                                                        # compiled once each (regional compilation)
+    python -m benchmarks.compile_time --whole-step      # backend.compile_whole_step=true: the whole step traced
+    python -m benchmarks.compile_time --per-function    # backend.compile_whole_step=false
 """
 from __future__ import annotations
 
@@ -33,14 +34,14 @@ STEPS, EVAL_STEPS = 30, 2
 DEPTH_LIMIT, DEFAULT_COLD_S, CACHED_S = 1.5, 30.0, 3.0
 
 
-def overrides(model: str, compiled: bool, per_function: bool = False) -> list[str]:
-    """The run's settings: ``model`` (a ``MODELS`` key), ``STEPS`` steps, one evaluation, one thread; compiled
-    per function (``backend.compile_whole_step=false``) when ``per_function``."""
+def overrides(model: str, compiled: bool, how: str = "") -> list[str]:
+    """The run's settings: ``model`` (a ``MODELS`` key), ``STEPS`` steps, one evaluation, one thread; ``how``:
+    ``whole-step`` or ``per-function`` (``backend.compile_whole_step`` true or false), else the default."""
     common = [f"loop.max_steps={STEPS}", f"loop.eval_every={STEPS}", f"loop.eval_steps={EVAL_STEPS}",
               f"loop.log_every={STEPS // 3}", "backend.threads=1", "checkpoint.every_steps=null",
               f"backend.compile={str(compiled).lower()}"]
-    if compiled and per_function:
-        common.append("backend.compile_whole_step=false")
+    if compiled and how:
+        common.append(f"backend.compile_whole_step={str(how == 'whole-step').lower()}")
     layers = MODELS[model]
     if not layers:
         return common
@@ -48,26 +49,26 @@ def overrides(model: str, compiled: bool, per_function: bool = False) -> list[st
             "+model.block_size=64", f"+model.layers={layers}", "+model.heads=4", "+model.width=128"]
 
 
-def contestant(model: str, compiled: bool, per_function: bool = False) -> dict:
+def contestant(model: str, compiled: bool, how: str = "") -> dict:
     """One run in this process: its compile seconds and seconds per step (compiling left out)."""
     import csframework as csf
 
     with tempfile.TemporaryDirectory(prefix="csf-bench-compile-") as out:
-        summary = csf.Run(csf.compose(overrides(model, compiled, per_function)), output_dir=out).fit()
+        summary = csf.Run(csf.compose(overrides(model, compiled, how)), output_dir=out).fit()
     assert summary["status"] == "completed", summary
     block = summary.get("compile") or {}
     return {"compile_s": block.get("seconds", 0.0), "s_per_step": 1.0 / summary["metrics"]["steps_per_sec"],
             "graph": block.get("graph", ""), "regions": block.get("regions", ""), "cache": block.get("cache", "")}
 
 
-def measure(model: str, per_function: bool = False) -> dict:
+def measure(model: str, how: str = "") -> dict:
     """Cold, cached and eager runs of ``model``, each a fresh process; the cold one with an empty private cache."""
     cache = tempfile.mkdtemp(prefix="csf-bench-inductor-")
     env = harness.contestant_env(threads=1)
     env["TORCHINDUCTOR_CACHE_DIR"] = cache
     env["PYTHONPATH"] = os.pathsep.join([str(harness.ROOT / "examples" / "char_gpt"), env["PYTHONPATH"]])
     command = harness.python("benchmarks.compile_time", "--contestant", model,
-                             *(["--per-function"] if per_function else []))
+                             *([f"--{how}"] if how else []))
     try:
         cold = harness.run_once(command + ["--compile"], env=env, timeout=1800)
         cached = harness.run_once(command + ["--compile"], env=env)
@@ -101,19 +102,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=list(MODELS), help="these models only")
     parser.add_argument("--json", help="save the rows to this file")
-    parser.add_argument("--per-function", action="store_true",
-                        help="compile per function (backend.compile_whole_step=false): repeated blocks once each")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--whole-step", action="store_true",
+                     help="trace the whole step into one graph (backend.compile_whole_step=true)")
+    how.add_argument("--per-function", action="store_true",
+                     help="compile per function (backend.compile_whole_step=false): repeated blocks once each")
     parser.add_argument("--contestant", choices=list(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    chosen = "whole-step" if args.whole_step else "per-function" if args.per_function else ""
     if args.contestant:
-        print(json.dumps(contestant(args.contestant, args.compile, args.per_function)))
+        print(json.dumps(contestant(args.contestant, args.compile, chosen)))
         return 0
     harness.cache_bytecode()
     rows = []
     for model in args.only or list(MODELS):
         print(f"measuring {model} ...", file=sys.stderr, flush=True)
-        rows.append(measure(model, args.per_function))
+        rows.append(measure(model, chosen))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(report(rows))
     if args.json:

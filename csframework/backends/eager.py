@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..precision import Float32, Precision, policy
 from .base import BackendBase, BackendSpec
-from .compile import whole_step
+from .compile import regions, whole_step
 from .compile.step import COMPILE_MODES, CompiledOps, CompiledStep
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
 from .compile.payoff import Payoff
@@ -70,11 +70,14 @@ class CpuConfig(ReadOnly):
     compile_fullgraph: bool = False
     """With ``compile``: a graph break (code Dynamo cannot capture, such as ``.item()`` or ``if tensor:`` in the
     model) is an error before the first step changes anything, instead of a warning and that part run eagerly."""
-    compile_whole_step: bool = True
-    """With ``compile``, in one CPU process: trace the whole step once into one graph (the fastest there). The
-    Python values the step reads (a counter or flag of the model's that changes between steps) are fixed at
-    that trace, as on CSX; ``false`` compiles the step's functions with ``torch.compile``, which checks them at
-    every step and recompiles when they change."""
+    compile_whole_step: Optional[bool] = None
+    """With ``compile``, in one CPU process: ``true`` traces the whole step once into one graph (the fastest step
+    for a small model; its first compile grows with the model's depth); ``false`` compiles the step's functions
+    with ``torch.compile``, each repeated block (a transformer's layer) once for every layer; ``null`` (the
+    default) is ``false`` for a model of repeated blocks (its first compile then stays short however deep the
+    model) and ``true`` otherwise. In the whole step the Python values the step reads (a counter or flag of the
+    model's that changes between steps) are fixed at the trace, as on CSX; compiled per function they are
+    checked at every step, and a change recompiles once."""
 
 
 @dataclass
@@ -247,13 +250,16 @@ class EagerBackend(BackendBase):
         self.steps = EagerSteps(self.precision, run.module)
         if not self.compile:
             return
+        # (null: a model of repeated blocks is compiled per function, each block once)
+        repeated = (regions.describe(regions.repeated_blocks(run.module))
+                    if self.whole_step is None and regions.unavailable() is None else "")
         refused = whole_step.refusal(device_type=self.device.type, distributed=self.distributed, accum=self.accum,
-                                     optimizer=type(run.optimizer), hooked=whole_step.in_step_hooks(run.hooks.pm.hook)
-                                     ) if self.whole_step else None
+                                     optimizer=type(run.optimizer), hooked=whole_step.in_step_hooks(run.hooks.pm.hook),
+                                     repeated=repeated) if self.whole_step is not False else None
         # whether compiling pays, measured where a step's time is the host's own: one CPU process, one micro-batch
         timed = self.device.type == "cpu" and not self.distributed and self.accum == 1
         self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
-                                     sharded=self.sharded, whole=self.whole_step and refused is None,
+                                     sharded=self.sharded, whole=self.whole_step is not False and refused is None,
                                      payoff=Payoff(run.stage_config.loop.log_every) if timed else None,
                                      **self.compile_settings)
         self.whole_graph = self.compiled if self.compiled.whole is not None else None
@@ -319,7 +325,7 @@ class EagerBackend(BackendBase):
         # the loaded optimizer has the saved settings: fit them again
         if self.trained:
             self.precision.prepare(*self.trained)
-        if self.compiled is not None and self.compiled.compiled_update:
+        if self.compiled is not None and (self.compiled.compiled_update or self.compiled.fused_update):
             self.compiled.prepare_optimizer()
 
     def summary(self) -> dict:
@@ -396,7 +402,7 @@ def _compile_rules(b: CpuConfig) -> list[str]:
         problems.append(f"backend.compile_mode: {b.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}; "
                         "use backend.compile_mode=default (or reduce-overhead, max-autotune)")
     if not b.compile:
-        for key, unset in (("compile_mode", "default"), ("compile_fullgraph", False), ("compile_whole_step", True)):
+        for key, unset in (("compile_mode", "default"), ("compile_fullgraph", False), ("compile_whole_step", None)):
             if getattr(b, key) != unset and getattr(b, key) in COMPILE_MODES + (True, False):
                 problems.append(f"backend.{key}: it applies with backend.compile=true (compile is false); "
                                 "set backend.compile=true or remove it")

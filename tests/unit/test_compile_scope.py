@@ -178,6 +178,9 @@ WHOLE = dict(device_type="cpu", distributed=False, accum=1, optimizer=torch.opti
     ({"accum": 4}, "loop.grad_accum_steps=4: each micro-batch is compiled"),
     ({"optimizer": Plain}, "Plain creates its state in its first step; give it a preinitialize() method"),
     ({"hooked": ["on_after_backward (plugin spy)"]}, "a plugin implements on_after_backward (plugin spy)"),
+    ({"repeated": "4 x Block"}, "the model repeats a block (4 x Block): each block is compiled once for every "
+                                "layer, so the first compile stays short however deep the model "
+                                "(backend.compile_whole_step=true traces the whole step"),
 ])
 def test_the_whole_step_is_refused_with_the_reason_and_the_fix(change, words):
     # a single CPU process stepping AdamW without in-step hooks: one graph (on a torch without standalone_compile,
@@ -198,3 +201,36 @@ def test_a_static_step_past_max_graphs_hands_back_none_for_a_new_shape_and_keeps
     assert steps.prepare((torch.ones(3),), {}, iteration=2) is None
     again = steps.prepare((torch.full((2,), 3.0),), {}, iteration=3)
     assert again is not None and steps.execute(again, 1).tolist() == [6.0, 6.0]
+
+
+def test_on_a_cpu_torchs_optimizers_with_a_fused_kernel_update_eagerly_and_others_compile():
+    """``fused_on_cpu``: torch's Adam, AdamW, SGD and Adagrad (and a subclass keeping torch's ``step``) run their
+    fused kernel eagerly on a CPU; not on a GPU, not an optimizer of another ``step``, not sparse gradients."""
+    from csframework.backends.compile.update import fused_on_cpu, prepare_optimizer
+
+    class GroupedAdamW(torch.optim.AdamW):  # keeps torch's step
+        pass
+
+    class OwnStep(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    model = torch.nn.Linear(3, 2)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad, GroupedAdamW):
+        assert fused_on_cpu(cls(model.parameters(), lr=0.1), cpu, model), cls
+        assert not fused_on_cpu(cls(model.parameters(), lr=0.1), cuda, model), cls
+    assert not fused_on_cpu(torch.optim.RMSprop(model.parameters(), lr=0.1), cpu, model)  # no fused kernel
+    assert not fused_on_cpu(OwnStep(model.parameters(), lr=0.1), cpu, model)
+    sparse = torch.nn.Embedding(4, 2, sparse=True)
+    assert not fused_on_cpu(torch.optim.SGD(sparse.parameters(), lr=0.1), cpu, sparse)
+    # prepared (again after a checkpoint brings back its saved settings): fused, a tensor rate, and it steps
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
+    prepare_optimizer(optimizer, cpu, fused=True)
+    group = optimizer.param_groups[0]
+    assert group["fused"] is True and group["foreach"] is False and group["capturable"] is False
+    assert isinstance(group["lr"], torch.Tensor)
+    model(torch.ones(1, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(before, model.weight)

@@ -105,14 +105,16 @@ def test_summary_has_the_compile_block(runs):
     assert summary["compile_seconds"] == pytest.approx(block["seconds"], abs=1e-3)
 
 
-def test_the_default_transformer_agrees_with_eager_after_20_sgd_steps(tmp_path):
+@pytest.mark.parametrize("how, graph", [((), "per function"), (("backend.compile_whole_step=true",), "whole step")])
+def test_the_default_transformer_agrees_with_eager_after_20_sgd_steps(tmp_path, how, graph):
+    """A model of repeated blocks is compiled per function by default (each block once), or as one graph."""
     common = ["loop.max_steps=20", "loop.log_every=5", "loop.eval_every=null", "backend.threads=1", "optimizer=sgd",
               "optimizer.lr=0.1", "optimizer.schedule.warmup_steps=0"]
     eager = csf.Run(csf.compose(common), output_dir=tmp_path / "eager")
     eager.fit()
-    compiled = csf.Run(csf.compose([*common, COMPILE]), output_dir=tmp_path / "compiled")
+    compiled = csf.Run(csf.compose([*common, COMPILE, *how]), output_dir=tmp_path / "compiled")
     summary = compiled.fit()
-    assert summary["compile"]["graph"] == "whole step" and summary["compile"]["graph_breaks"] == 0
+    assert summary["compile"]["graph"] == graph and summary["compile"]["graph_breaks"] == 0
     assert max_difference(params(eager), params(compiled)) < 1e-5
 
 

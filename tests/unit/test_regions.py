@@ -44,10 +44,10 @@ def test_the_compiled_forward_is_on_the_blocks_only_while_the_step_runs_them():
 @pytest.mark.slow
 @pytest.mark.requires_torch((2, 5), "regional compilation")
 def test_a_4_layer_model_compiles_its_block_once(tmp_path, monkeypatch):
-    """Issue 38's acceptance: the 4-layer transformer's training forward, compiled per function (as on a GPU,
-    under DDP, or with ``backend.compile_whole_step=false`` on a CPU), is one graph of one block (its 12
-    parameters and its input), compiled once and run for every layer; evaluation compiles the block once more
-    (no backward: another graph), and the parameters agree with eager training."""
+    """Issue 38's acceptance: the 4-layer transformer's training forward, compiled per function (a CPU's default
+    for a model of repeated blocks, as on a GPU or under DDP), is one graph of one block (its 12 parameters and its
+    input), compiled once and run for every layer; evaluation compiles the block once more (no backward: another
+    graph); the update is torch's fused kernel, nothing to compile; the parameters agree with eager training."""
     graphs: list[int] = []  # each compiled graph's inputs
     recorder_call = findings.Recorder.__call__
 
@@ -60,19 +60,18 @@ def test_a_4_layer_model_compiles_its_block_once(tmp_path, monkeypatch):
               "backend.threads=1", "optimizer=sgd", "optimizer.lr=0.1", "optimizer.schedule.warmup_steps=0"]
     eager = csf.Run(csf.compose(common), output_dir=tmp_path / "eager")
     eager.fit()
-    run = csf.Run(csf.compose([*common, "backend.compile=true", "backend.compile_whole_step=false"]),
-                  output_dir=tmp_path / "compiled")
+    run = csf.Run(csf.compose([*common, "backend.compile=true"]), output_dir=tmp_path / "compiled")
     summary = run.fit()
     assert summary["compile"]["graph"] == "per function" and summary["compile"]["regions"] == "4 x Block"
     assert summary["compile"]["recompiles"] == 0 and summary["compile"]["graph_breaks"] == 0
     events = [json.loads(line) for line in (tmp_path / "compiled" / "events.jsonl").read_text().splitlines()]
-    assert [e["function"] for e in events if e["event"] == "step_compiled"] == ["forward", "update", "evaluate"]
-    assert run.backend.compiled.recorder.graphs == len(graphs)
-    # one graph of one block (its parameters and its input) for training, one for evaluation, none per layer; the
-    # others are the update's (every parameter and the learning rate)
-    one_layer, update = len(list(run.model.blocks[0].parameters())) + 1, len(list(run.model.parameters())) + 1
-    assert graphs[0] == one_layer and graphs.count(one_layer) == 2, graphs
-    assert all(n in (one_layer, update) for n in graphs), graphs
+    why = [e["reason"] for e in events if e["event"] == "step_compiled_per_function"]
+    assert len(why) == 1 and "the model repeats a block (4 x Block)" in why[0]
+    assert [e["function"] for e in events if e["event"] == "step_compiled"] == ["forward", "evaluate"]
+    assert run.backend.compiled.fused_update and not run.backend.compiled.compiled_update
+    # one graph of one block (its parameters and its input) for training, one for evaluation, none per layer
+    one_layer = len(list(run.model.blocks[0].parameters())) + 1
+    assert graphs == [one_layer, one_layer] and run.backend.compiled.recorder.graphs == 2
     for name, value in run.model.state_dict().items():
         assert torch.allclose(value, eager.model.state_dict()[name], atol=1e-5), name
 

@@ -9,7 +9,9 @@ generates their code):
 * ``forward``: a micro-batch's forward and loss under the precision policy's autocast. AOTAutograd compiles its
   backward with it, so ``loss.backward()`` runs compiled code too (the loss scaling's multiplication, the
   ``1/grad_accum_steps`` division and the call itself stay eager: one operation each);
-* ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph. Every
+* ``update``: the gradient clipping and the optimizer's step (built-in or ``_target_``), one graph (on a CPU,
+  torch's optimizers that have a fused kernel, Adam, AdamW, SGD and Adagrad, run it eagerly instead: faster than
+  the compiled update there, and nothing to compile). Every
   optimizer's learning rates become tensors that the schedule fills in place, so a new rate is an input, not a
   recompilation (another optimizer's ``step`` reads it as a number); torch's optimizers, and subclasses keeping
   torch's ``step``, run their ``foreach`` path with ``capturable`` state (the fastest compiled update measured:
@@ -60,7 +62,7 @@ from .findings import (COMPILER_ERRORS, Recorder, compile_failure, compiler_fail
                        missing_compiler, one_line, signature)
 from .payoff import Payoff
 from .scope import CompileScope, cache_dir, fresh, trust_vector_isa
-from .update import prepare_optimizer, raw_step, torch_optimizer
+from .update import fused_on_cpu, prepare_optimizer, raw_step, torch_optimizer
 from .whole_step import WholeStep, batch_shapes
 
 #: ``backend.compile_mode``'s values (``torch.compile``'s modes).
@@ -126,6 +128,9 @@ class CompiledStep:
             self.loss_scaler.load_state_dict(self.scaler.state_dict())
         self._shapes: dict[str, tuple] = {}
         self.compiled_update = False
+        #: the update run eagerly by torch's fused kernel (``update.fused_on_cpu``): on a CPU it is faster than the
+        #: compiled one and compiles nothing (its compile was most of the per-function path's first compile)
+        self.fused_update = False
         self._eager_updates = 0  # updates still to run eagerly before the compiled one
         self.whole: WholeStep | None = None  # the whole step as one graph (CPU), else the functions compiled
         self.graph_loads = self.graph_compiles = 0  # the whole step's graphs loaded from the cache, compiled
@@ -141,11 +146,16 @@ class CompiledStep:
             self._compile_update(sharded)
 
     def _compile_update(self, sharded: bool) -> None:
-        """Compile the update (clipping and the optimizer's step) as one function."""
+        """The update (clipping and the optimizer's step): torch's fused kernel, eagerly, on a CPU where it has one;
+        else compiled as one function."""
+        optimizer = self.run.optimizer
+        self.fused_update = not sharded and self.scaler is None and fused_on_cpu(optimizer, self.device, self.module)
+        if self.fused_update:
+            self.prepare_optimizer()
+            return
         # FSDP2's parameters are DTensors whose update calls collectives: left to the eager optimizer
         self.compiled_update = not sharded and (self.scaler is None or self.loss_scaler is not None)
         if self.compiled_update:
-            optimizer = self.run.optimizer
             self.prepare_optimizer()
             # the state the first step would create, created now: it is then no cause of a recompilation
             preinitialize(optimizer)
@@ -285,7 +295,7 @@ class CompiledStep:
 
     def prepare_optimizer(self) -> None:
         """The optimizer's settings for the compiled update (again after a checkpoint is loaded)."""
-        prepare_optimizer(self.run.optimizer, self.device, torch_step=self.loss_scaler is None)
+        prepare_optimizer(self.run.optimizer, self.device, torch_step=self.loss_scaler is None, fused=self.fused_update)
 
     def _whole_compiled(self, compiled: Compiled, seconds: float) -> None:
         """A graph of the whole step was compiled or loaded (before it runs): count and report it."""

@@ -14,19 +14,30 @@ def torch_optimizer(optimizer: torch.optim.Optimizer) -> bool:
     return unwrapped(getattr(type(optimizer), "step", None)).__module__.startswith("torch.optim")
 
 
-def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, torch_step: bool = True) -> None:
+def fused_on_cpu(optimizer: torch.optim.Optimizer, device: torch.device, model: torch.nn.Module) -> bool:
+    """Whether the per-function path runs ``optimizer``'s update eagerly, fused: on a CPU, for torch's own update
+    where it has a fused kernel (Adam, AdamW, SGD, Adagrad; not for sparse gradients, which that kernel does not
+    take). That kernel took 0.47 ms a step where the ``foreach`` update took 1.7 ms (the default transformer, one
+    thread), and compiling the update was two thirds of the per-function path's first compile (18 of 28 s):
+    docs/performance.md."""
+    return (device.type == "cpu" and torch_optimizer(optimizer)
+            and all("fused" in group and not group.get("differentiable") for group in optimizer.param_groups)
+            and not any(getattr(m, "sparse", False) is True for m in model.modules()))
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device, torch_step: bool = True,
+                      fused: bool = False) -> None:
     """Make ``optimizer``'s settings those the update compiles best with (again after a checkpoint is loaded,
     which brings back the saved ones): every learning rate is a tensor (float64 on the host, float32 on a GPU)
     that the schedule fills in place, so a new rate is an input of the compiled update, not a recompilation
     (torch's optimizers take it as it is; in another optimizer's ``step``, ``p.add_(u, alpha=-group["lr"])`` and
     the other arithmetic read it as a number). Torch's own update, where it is the one run (``torch_step``), runs
-    ``foreach`` with ``capturable`` state."""
+    ``foreach`` with ``capturable`` state, or eagerly with its ``fused`` kernel (``fused``, ``fused_on_cpu``)."""
     own = torch_optimizer(optimizer)
+    settings = {"fused": True, "foreach": False, "capturable": False} if fused else {"foreach": True, "capturable": True}
     for group in optimizer.param_groups:
-        if own and torch_step and "foreach" in group:
-            group["foreach"] = True
-        if own and torch_step and "capturable" in group:
-            group["capturable"] = True
+        if own and torch_step:
+            group.update({key: value for key, value in settings.items() if key in group})
         lr = group.get("lr")
         if isinstance(lr, (int, float)) and not isinstance(lr, bool):  # (a group may have none: Adafactor's None)
             dtype = torch.float64 if device.type == "cpu" else torch.float32

@@ -40,11 +40,13 @@ def in_step_hooks(hook_relay: Any) -> list[str]:
             for impl in getattr(hook_relay, name).get_hookimpls()]
 
 
-def refusal(*, device_type: str, distributed: bool, accum: int, optimizer: type, hooked: Iterable[str]) -> str | None:
-    """Why a stage's step cannot be one graph, and what would make it one (one line; then each of the step's
+def refusal(*, device_type: str, distributed: bool, accum: int, optimizer: type, hooked: Iterable[str],
+            repeated: str = "") -> str | None:
+    """Why a stage's step is not one graph, and what would make it one (one line; then each of the step's
     functions is compiled), or ``None``: the stage's ``device_type`` (``cpu``/``cuda``), whether it is
-    ``distributed`` (ddp/fsdp), its ``loop.grad_accum_steps``, its optimizer's class and the in-step hooks
-    implemented (``in_step_hooks``)."""
+    ``distributed`` (ddp/fsdp), its ``loop.grad_accum_steps``, its optimizer's class, the in-step hooks
+    implemented (``in_step_hooks``) and, where ``backend.compile_whole_step`` is null, the model's repeated
+    blocks (``regions.describe``: ``4 x Block``; empty for none)."""
     if device_type != "cpu":
         return "on a GPU the step's compiled functions run as CUDA graphs (backend.compile_mode=reduce-overhead)"
     if distributed:
@@ -61,6 +63,10 @@ def refusal(*, device_type: str, distributed: bool, accum: int, optimizer: type,
     if hooked:
         return (f"a plugin implements {', '.join(hooked)}, which must run at every step (traced, it would run "
                 "once); move it to on_train_batch_end or on_train_step_end to make the step one graph")
+    if repeated:
+        return (f"the model repeats a block ({repeated}): each block is compiled once for every layer, so the first "
+                "compile stays short however deep the model (backend.compile_whole_step=true traces the whole step "
+                "into one graph instead: its first compile grows with the depth)")
     return needs_torch("one graph for the whole step", STANDALONE_TORCH)
 
 
