@@ -1,5 +1,9 @@
 """csframework-mlflow against a real MLflow SQLite store: params, metric history and status of a run,
 and of every job of a sweep."""
+import os
+import subprocess
+import sys
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -83,3 +87,14 @@ def test_a_compiled_run_logs_the_same_history(csf_runner):
     [run] = runs(client)
     assert run.info.status == "FINISHED"
     assert_matches(client, run, result)
+
+
+def test_the_cli_run_prints_no_mlflow_store_lines(tmp_path):
+    """Creating the SQLite store is MLflow's own INFO lines on stderr: they are held back, so the run's stderr is
+    csframework's lines only."""
+    done = subprocess.run([sys.executable, "-m", "csframework", "loop.max_steps=2", "loop.eval_every=null",
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CSFRAMEWORK_PLUGINS_AUTOLOAD": "mlflow"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "mlflow.db").exists()  # the plugin ran and created its store
+    assert "mlflow.store" not in done.stderr and "alembic" not in done.stderr, done.stderr

@@ -5,6 +5,8 @@ share one store. Only rank 0 writes. A resumed run continues the same MLflow run
 checkpoint)."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -14,6 +16,23 @@ from csframework.config import flat_config
 
 __all__ = ["MlflowLogger", "MlflowConfig"]
 _BATCH = 100  # MLflow's limit of params per log_batch call
+#: The loggers through which MLflow announces, at INFO on stderr, that it creates or migrates a SQLite store.
+_STORE_LOGGERS = ("mlflow.store.db.utils", "alembic")
+
+
+@contextlib.contextmanager
+def _quiet_store_setup():
+    """MLflow's store creation lines held back (WARNING and above still pass) while the store is opened: a run's
+    stderr has csframework's lines only."""
+    loggers = [logging.getLogger(name) for name in _STORE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 @dataclass
@@ -50,6 +69,10 @@ class MlflowLogger:
     def on_fit_start(self, run):
         if run.rank != 0:
             return
+        with _quiet_store_setup():
+            self._start(run)
+
+    def _start(self, run) -> None:
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
