@@ -3,11 +3,12 @@ and plugins from a ``RunConfig``, and exposes them and the run's position (``run
 owns) to plugins."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pluggy
 import torch
@@ -208,8 +209,9 @@ class Run:
     def fit(self) -> dict:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
         resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
-        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A first fit
-        (no ``validate`` before it) in a directory that holds a run is refused unless ``checkpoint.start_over``
+        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). The first
+        ``fit`` or ``validate`` of a ``Run`` in a directory that holds a run is refused unless it resumes that
+        run (``checkpoint.resume=auto`` or one of its checkpoints) or ``checkpoint.start_over`` moves it aside
         (``rundir.check_fresh_start``)."""
         owner = os.getpid()
 
@@ -225,10 +227,7 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with writer_lock(self.output_dir, self.rank), stop_on_signals(self.state):
-            if self.rank == 0 and not self._started:  # refused (or the old run moved aside) before any writes
-                check_fresh_start(self)
-            self._started = True
+        with self._writing(), stop_on_signals(self.state):
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -238,7 +237,9 @@ class Run:
         Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
         ``mode == "validate"`` and ``status == "validating"`` meanwhile: logging, metrics and ``summary.json``
         work as in a fit, and the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a
-        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights.
+        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights. The
+        fresh-run rule holds as for ``fit``: evaluating in a directory that holds a run needs that run's
+        checkpoint (``checkpoint.resume=auto``), else a directory of its own.
         """
         if self.val_loader is None:
             raise ConfigError("data.val: mode=validate needs a validation dataset")
@@ -251,9 +252,20 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with writer_lock(self.output_dir, self.rank):
-            self._started = True  # what it writes is this run's: a fit after it goes on in the directory
+        with self._writing():
             return self._guarded(body)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """What ``fit`` and ``validate`` hold while they run: the run directory's lock and, at the first of them,
+        the fresh-run rule (``rundir.check_fresh_start``: refused, or the old run moved aside, before anything
+        is written). Every way into a run (Python, the CLI, a sweep's job) passes here; after that the
+        directory holds this run's own records, which a later ``fit`` or ``validate`` of it goes on with."""
+        with writer_lock(self.output_dir, self.rank):
+            if self.rank == 0 and not self._started:
+                check_fresh_start(self)
+            self._started = True
+            yield
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
