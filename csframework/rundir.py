@@ -169,26 +169,28 @@ def run_records(files: SafeDir) -> list[str]:
 
 def other_lineage(target: Path, files: SafeDir) -> str | None:
     """Why the checkpoints ``checkpoint.resume=<target>`` may load are not of the run that the run directory
-    ``files`` holds (one phrase), or None when they are: ``target`` is that directory or its ``checkpoints/``,
-    or each checkpoint's run id (its meta.json) is one that directory's own records carry (the meta.json of
-    its checkpoints, its summary.json). Where a path lies decides nothing: a checkpoint under
-    ``previous-runs/`` there is an earlier run's."""
+    ``files`` holds (one phrase), or None when they are: each is one of that directory's own checkpoints (in
+    its ``checkpoints/``, as ``resume=auto`` would choose), or its run id (its meta.json) is one that
+    directory's own records carry (the meta.json of its checkpoints, its summary.json): a copy of one of
+    them elsewhere. Lying below the run directory decides nothing: a checkpoint under ``previous-runs/``
+    there is an earlier run's."""
     from .builtin.checkpoint.store import checkpoint_names, resume_source, scan_checkpoints
 
     source, choose = resume_source(target)
     own = files / "checkpoints"
-    if choose and os.path.realpath(source) == os.path.realpath(own):
-        return None
     candidates = [source / name for name in checkpoint_names(source)[0]] if choose else [source]
-    if not candidates:
-        return f"{source} holds no checkpoint"
+    if not candidates and os.path.realpath(source) != os.path.realpath(own):
+        return f"{source} holds no complete checkpoint"
+    elsewhere = [c for c in candidates if os.path.realpath(c.parent) != os.path.realpath(own)]
+    if not elsewhere:  # its own (a damaged one is named by the resume itself)
+        return None
     ours = {_run_id_of(own / name) for name in scan_checkpoints(own)} | {_summary_run_id(files)}
-    ours.discard(None)
-    for checkpoint in candidates:
+    for checkpoint in elsewhere:
         run_id = _run_id_of(checkpoint)
+        if run_id is None:
+            return f"checkpoint {checkpoint} records no run id (an older or damaged checkpoint)"
         if run_id not in ours:
-            return (f"checkpoint {checkpoint} is of run {run_id}" if run_id else
-                    f"checkpoint {checkpoint} records no run id")
+            return f"checkpoint {checkpoint} is of run {run_id}"
     return None
 
 

@@ -147,7 +147,7 @@ def test_a_fresh_fit_over_a_run_is_refused_and_start_over_moves_the_old_run_asid
     csf.Run(fixtures.compose(*cfg), output_dir=tmp_path).fit()
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != LOCK_NAME}
     with pytest.raises(RunDirHoldsRun, match=re.escape(f"run directory {tmp_path} holds a run (checkpoints, "
-                                                       "summary.json, metrics.csv)")) as refused:
+                                                       "summary.json, metrics.csv, events.jsonl)")) as refused:
         csf.Run(fixtures.compose(*cfg), output_dir=tmp_path).fit()
     assert refused.value.exit_code == 2
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != LOCK_NAME} == before
