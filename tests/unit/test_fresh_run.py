@@ -19,6 +19,7 @@ from csframework.rundir import LOCK_NAME, PREVIOUS_RUNS
 
 import fixtures
 
+ROOT = Path(__file__).resolve().parents[2]
 CFG = ["loop.max_steps=2", "loop.eval_every=null", "checkpoint.every_steps=1", "checkpoint.keep_last=5"]
 
 
@@ -90,6 +91,9 @@ def test_start_over_with_a_read_only_checkpoints_directory_moves_nothing(finishe
         assert snapshot(finished) == before and not (finished / PREVIOUS_RUNS).exists()
     finally:
         (finished / "checkpoints").chmod(0o755)
+    # docs/durability.md shows the line as the CLI prints it
+    shown = f"csframework: error: {str(refused.value).replace(str(finished), '/home/me/runs/a')}"
+    assert shown in (ROOT / "docs" / "durability.md").read_text().splitlines()
 
 
 def test_a_start_over_that_fails_midway_puts_back_what_it_moved(finished, monkeypatch):  # item 5
