@@ -3,12 +3,11 @@ and plugins from a ``RunConfig``, and exposes them and the run's position (``run
 owns) to plugins."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pluggy
 import torch
@@ -27,7 +26,8 @@ from .files import SafeDir
 from .jsonout import JsonDict
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs, validation_problems
 from .protocol import Backend
-from .rundir import check_fresh_start, default_output_dir, writer_lock
+from .fresh_run import writing
+from .rundir import default_output_dir
 from .rng import seed_everything
 from .signals import stop_on_signals
 from .stage import Stage, backend_spec, build_stage
@@ -209,10 +209,9 @@ class Run:
     def fit(self) -> dict:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
         resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
-        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). The first
-        ``fit`` or ``validate`` of a ``Run`` in a directory that holds a run is refused unless it resumes that
-        run (``checkpoint.resume=auto`` or one of its checkpoints) or ``checkpoint.start_over`` moves it aside
-        (``rundir.check_fresh_start``)."""
+        checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A first fit
+        or validate in a directory that holds another run is refused unless ``checkpoint.start_over``
+        (``fresh_run.check_fresh_start``)."""
         owner = os.getpid()
 
         def body():
@@ -227,7 +226,8 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with self._writing(), stop_on_signals(self.state):
+        with writing(self, first=not self._started), stop_on_signals(self.state):
+            self._started = True  # refused (or the old run moved aside) before this, and before any writes
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -237,9 +237,7 @@ class Run:
         Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
         ``mode == "validate"`` and ``status == "validating"`` meanwhile: logging, metrics and ``summary.json``
         work as in a fit, and the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a
-        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights. The
-        fresh-run rule holds as for ``fit``: evaluating in a directory that holds a run needs that run's
-        checkpoint (``checkpoint.resume=auto``), else a directory of its own.
+        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights.
         """
         if self.val_loader is None:
             raise ConfigError("data.val: mode=validate needs a validation dataset")
@@ -252,20 +250,9 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with self._writing():
+        with writing(self, first=not self._started):
+            self._started = True  # what it writes is this run's: a fit after it goes on in the directory
             return self._guarded(body)
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """What ``fit`` and ``validate`` hold while they run: the run directory's lock and, at the first of them,
-        the fresh-run rule (``rundir.check_fresh_start``: refused, or the old run moved aside, before anything
-        is written). Every way into a run (Python, the CLI, a sweep's job) passes here; after that the
-        directory holds this run's own records, which a later ``fit`` or ``validate`` of it goes on with."""
-        with writer_lock(self.output_dir, self.rank):
-            if self.rank == 0 and not self._started:
-                check_fresh_start(self)
-            self._started = True
-            yield
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""

@@ -15,7 +15,8 @@ import pytest
 import csframework as csf
 from csframework import previous_runs
 from csframework.errors import RunDirHoldsRun
-from csframework.rundir import LOCK_NAME, PREVIOUS_RUNS
+from csframework.previous_runs import PREVIOUS_RUNS
+from csframework.rundir import LOCK_NAME
 
 import fixtures
 
