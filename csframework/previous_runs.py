@@ -97,7 +97,10 @@ def _unmovable(files: SafeDir, src: int, entries: list[str]) -> tuple[str, str, 
     if not _may_write(here):
         return ".", "the run directory is read-only", f"chmod u+w {files.path}"
     for entry in entries:
-        info = os.stat(entry, dir_fd=src, follow_symlinks=False)
+        try:
+            info = os.stat(entry, dir_fd=src, follow_symlinks=False)
+        except FileNotFoundError:  # gone since the listing: nothing to move
+            continue
         path = files / entry
         if info.st_dev != here.st_dev:
             return entry, "it is on another file system (a mount)", f"unmount or move {path} yourself"
@@ -134,8 +137,9 @@ def _put_back(moved: list[str], src: int, dst: int) -> list[str]:
 def _refusal(files: SafeDir, entry: str, why: str, fix: str, stuck: Sequence[str] = (),
              holder: Path | None = None) -> RunDirHoldsRun:
     """The one line of a start over that moved nothing (or, ``stuck``, could not put everything back)."""
-    where = "the run directory" if entry == "." else entry
-    state = (f"{len(stuck)} of its entries could not be put back and are in {holder} ({', '.join(sorted(stuck))})"
+    where = "its files" if entry == "." else entry
+    names = ", ".join(sorted(stuck)[:5]) + (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
+    state = (f"{len(stuck)} of its entries could not be put back and are in {holder} ({names})"
              if stuck else "nothing was moved: the run there is as it was")
     return RunDirHoldsRun(printable(
         f"checkpoint.start_over=true: cannot move {where} of run directory {files.path} into {PREVIOUS_RUNS}/ "

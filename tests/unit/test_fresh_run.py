@@ -15,6 +15,7 @@ import pytest
 import csframework as csf
 from csframework import previous_runs
 from csframework.errors import RunDirHoldsRun
+from csframework.files import SafeDir
 from csframework.previous_runs import PREVIOUS_RUNS
 from csframework.rundir import LOCK_NAME
 
@@ -133,3 +134,27 @@ def test_a_directory_holding_only_an_earlier_runs_events_holds_a_run(finished): 
                                                        "continue it with: ")):
         csf.Run(fixtures.compose(*CFG), output_dir=finished).fit()
     assert snapshot(finished) == before
+
+
+def test_a_start_over_that_cannot_put_everything_back_says_where_it_is(tmp_path, monkeypatch):  # item 5
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text(name)
+    real_rename, run_dir = os.rename, tmp_path.stat().st_ino
+
+    def rename(src, dst, *, src_dir_fd, dst_dir_fd):  # c.txt cannot be moved, b.txt cannot be put back
+        back = os.fstat(dst_dir_fd).st_ino == run_dir
+        if src == ("b.txt" if back else "c.txt"):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(previous_runs.os, "rename", rename)
+    with pytest.raises(RunDirHoldsRun) as refused:
+        previous_runs.move_aside(SafeDir(tmp_path))
+    [holder] = (tmp_path / PREVIOUS_RUNS).iterdir()
+    assert str(refused.value) == (
+        f"checkpoint.start_over=true: cannot move c.txt of run directory {tmp_path} into {PREVIOUS_RUNS}/ "
+        f"(Operation not permitted); 1 of its entries could not be put back and are in {holder} (b.txt); make "
+        f"{tmp_path / 'c.txt'} movable (its permissions, or lsattr for an immutable flag), or start the new run "
+        "in another directory (hydra.run.dir=...)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "c.txt", PREVIOUS_RUNS]
+    assert [p.name for p in holder.iterdir()] == ["b.txt"]
