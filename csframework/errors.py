@@ -119,8 +119,9 @@ class RunDirInUse(ConfigError):
 
 
 class RunDirHoldsRun(ConfigError):
-    """A fresh run was asked for in a run directory that holds a run (``checkpoint.start_over`` not set):
-    the message names the directory and the ways on (continue it, another directory, start over)."""
+    """A fresh run, or a checkpoint of another run, was asked for in a run directory that holds a run
+    (``checkpoint.start_over`` not set), or ``start_over`` could not move that run aside (nothing moved): the
+    message names the directory (and the entry) and the ways on (continue it, another directory, start over)."""
 
 
 class DataTimeoutError(CsfError):

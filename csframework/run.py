@@ -26,7 +26,8 @@ from .files import SafeDir
 from .jsonout import JsonDict
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs, validation_problems
 from .protocol import Backend
-from .rundir import check_fresh_start, default_output_dir, writer_lock
+from .fresh_run import writing
+from .rundir import default_output_dir
 from .rng import seed_everything
 from .signals import stop_on_signals
 from .stage import Stage, backend_spec, build_stage
@@ -209,8 +210,8 @@ class Run:
         """Train every stage; returns the run's summary (see ``summary``), as ``validate`` does. A run
         resumed (``checkpoint.resume``) at its end, its final evaluation done, trains nothing and writes no
         checkpoint: ``already_complete`` is then ``True`` (``on_fit_start`` and ``on_fit_end`` run). A first fit
-        (no ``validate`` before it) in a directory that holds a run is refused unless ``checkpoint.start_over``
-        (``rundir.check_fresh_start``)."""
+        or validate in a directory that holds another run is refused unless ``checkpoint.start_over``
+        (``fresh_run.check_fresh_start``)."""
         owner = os.getpid()
 
         def body():
@@ -225,10 +226,8 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with writer_lock(self.output_dir, self.rank), stop_on_signals(self.state):
-            if self.rank == 0 and not self._started:  # refused (or the old run moved aside) before any writes
-                check_fresh_start(self)
-            self._started = True
+        with writing(self, first=not self._started), stop_on_signals(self.state):
+            self._started = True  # refused (or the old run moved aside) before this, and before any writes
             return self._guarded(body)
 
     def validate(self) -> dict:
@@ -251,7 +250,7 @@ class Run:
             self.hooks.on_fit_end(run=self)
             return self.summary()
 
-        with writer_lock(self.output_dir, self.rank):
+        with writing(self, first=not self._started):
             self._started = True  # what it writes is this run's: a fit after it goes on in the directory
             return self._guarded(body)
 

@@ -1,6 +1,5 @@
-"""One writer per run directory, and one run: a fresh run never starts over a run directory that holds
-a run (``check_fresh_start``), unless asked with ``checkpoint.start_over=true`` (the old run's files are moved
-aside first).
+"""One writer per run directory, and what says that it holds a run (``run_records``; the rule that a
+fresh run never starts over one is ``fresh_run.check_fresh_start``).
 
 A run that writes (``Run.fit``, ``Run.validate``; rank 0 only) holds an exclusive ``flock`` on
 ``<run dir>/.csframework.lock`` for as long as it runs. The lock belongs to the open file, so the operating
@@ -20,14 +19,12 @@ import socket
 import stat
 from pathlib import Path
 
-from .errors import RunDirHoldsRun, RunDirInUse, UnsafePathError, printable
+from .errors import RunDirInUse, UnsafePathError, printable
 from .files import SafeDir
 
 LOCK_NAME = ".csframework.lock"
-#: Where ``checkpoint.start_over=true`` moves an earlier run's files (one directory per earlier run)
-PREVIOUS_RUNS = "previous-runs"
 #: What says that a run directory holds a run: what the next run would append to, overwrite or prune
-RUN_RECORDS = ("checkpoints", "summary.json", "metrics.csv")
+RUN_RECORDS = ("checkpoints", "summary.json", "metrics.csv", "events.jsonl")
 _HOLDER_BYTES = 4096  # what the holder record may take; more is not ours and is not read
 
 
@@ -115,31 +112,6 @@ def check_run_dir(run_dir: Path | None) -> None:
                               "another directory (hydra.run.dir=...)")
 
 
-def check_fresh_start(run) -> None:
-    """Before a fit writes anything (rank 0, the run directory's lock held): a fresh run (``checkpoint.resume``
-    not ``auto``, nor a checkpoint of this very directory) in a directory that holds a run is refused
-    (``RunDirHoldsRun``, exit 2, naming the directory and the commands that continue it or start afresh), or
-    with ``checkpoint.start_over=true`` the old run's files are moved into ``previous-runs/<time>/`` first."""
-    from .command import continue_run
-
-    files, resume = run.files, str(run.config.checkpoint.resume)
-    if resume == "auto" or (resume != "never" and _inside(Path(resume), run.output_dir)):
-        return
-    found = run_records(files)
-    if not found:
-        return
-    if run.config.checkpoint.start_over:
-        moved = move_aside(files)
-        run.log.warning("previous_run_moved", path=str(moved),
-                        problem=f"{files.path} held a run; its files are now in {moved} (checkpoint.start_over=true)")
-        return
-    shown = printable(str(files.path))
-    raise RunDirHoldsRun(
-        f"run directory {shown} holds a run ({', '.join(found)}); continue it with: "
-        f"{printable(continue_run(files.path))}, or start a new run in another directory (hydra.run.dir=...), "
-        f"or here with checkpoint.start_over=true (the old run's files are moved into {PREVIOUS_RUNS}/ there)")
-
-
 def run_records(files: SafeDir) -> list[str]:
     """The entries of ``RUN_RECORDS`` that the run directory ``files`` holds as a run writes them: a regular
     file, a real ``checkpoints/`` directory with something in it. A link, a FIFO or a directory in a file's
@@ -153,37 +125,6 @@ def run_records(files: SafeDir) -> list[str]:
         elif kind == "file":
             found.append(name)
     return found
-
-
-def _inside(path: Path, directory: Path) -> bool:
-    try:
-        return os.path.realpath(path).startswith(os.path.realpath(directory) + os.sep)
-    except (OSError, ValueError):
-        return False
-
-
-def move_aside(files: SafeDir) -> Path:
-    """Move every entry of the run directory ``files`` (its lock and earlier moved runs aside) into a new
-    ``previous-runs/<date>_<time>/`` there (renames: the same file system, links moved, never followed);
-    returns that directory."""
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    previous = files.sub(PREVIOUS_RUNS)
-    name, n = stamp, 1
-    with previous.opened() as fd:
-        while True:
-            try:
-                os.mkdir(name, 0o755, dir_fd=fd)
-                break
-            except FileExistsError:
-                n += 1
-                name = f"{stamp}_{n}"
-    with files.opened(create=False) as src, SafeDir(previous.path, name).opened(create=False) as dst:
-        for entry in os.listdir(src):
-            if entry not in (LOCK_NAME, PREVIOUS_RUNS):
-                os.rename(entry, entry, src_dir_fd=src, dst_dir_fd=dst)
-        os.fsync(dst)
-        os.fsync(src)
-    return previous.path / name
 
 
 def default_output_dir() -> Path:

@@ -117,9 +117,10 @@ class CheckpointConfig(ReadOnly):
     """``auto`` (continue from the newest checkpoint in the run directory), ``never``, or a path: a
     checkpoint, or a run directory (its newest good checkpoint). ``mode=validate`` evaluates these weights."""
     start_over: bool = False
-    """A fresh run (``resume`` not ``auto``) in a run directory that holds a run (checkpoints,
-    ``summary.json`` or ``metrics.csv``) is refused (exit 2); ``true`` starts it all the same, after moving
-    the old run's files into ``previous-runs/<date>_<time>/`` there, so two runs' records never mix."""
+    """A fresh run (``resume`` not ``auto`` nor a checkpoint of the run there) in a run directory that holds a
+    run (checkpoints, ``summary.json``, ``metrics.csv`` or ``events.jsonl``) is refused (exit 2); ``true``
+    starts it all the same, after moving the old run's files into ``previous-runs/<date>_<time>/`` there, so
+    two runs' records never mix: all or nothing (an entry that cannot be moved is named, nothing is moved)."""
     save_at_end: bool = True
     """Save when a stage ends."""
     keep_best: KeepBestConfig = field(default_factory=KeepBestConfig)

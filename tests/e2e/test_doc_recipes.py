@@ -178,6 +178,8 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("docs/distributed.md", "csframework: rank 0: another rank died"): NotARecipe("the message a rank prints"),
     ("docs/durability.md", "csframework: error: run directory /home/me/runs/a holds a run"): Elsewhere(
         "tests/e2e/test_rerun_cli.py", "the CLI prints this line (the test checks it, its paths the test's)"),
+    ("docs/durability.md", "csframework: error: checkpoint.start_over=true: cannot move"): Elsewhere(
+        "tests/unit/test_fresh_run.py", "a start over prints this line (the test checks it, its paths the test's)"),
     ("docs/durability.md", "csframework: error: training step 1 failed in Net.forward"): Elsewhere(
         "tests/e2e/test_user_runtime_errors.py", "the CLI prints this line (checked against the page there)"),
     ("docs/distributed.md", "torchrun --nproc_per_node=2 --max-restarts=3 --rdzv-backend=c10d"): Run(),

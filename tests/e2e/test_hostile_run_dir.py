@@ -327,3 +327,24 @@ def test_resume_auto_over_checkpoints_it_cannot_read_stops_naming_them(resumed, 
     assert (summary["status"], summary["global_step"]) == ("completed", 3), \
         f"summary.json of the refused run replaced the completed run's: {summary}"
     resumed.h.assert_untouched()
+
+
+def test_start_over_when_checkpoints_cannot_be_moved_leaves_the_old_run_whole(resumed, cli_env):
+    """``checkpoint.start_over=true`` with a read-only ``checkpoints/`` (issue 47 item 5: it moved the other
+    entries into ``previous-runs/`` and failed with a ``PermissionError`` traceback): exit 2, one line naming
+    the entry and the fix, nothing moved; the modes decide, so this holds when the tests run as root too."""
+    (resumed.run / "checkpoints").chmod(0o555)
+    try:
+        lock = [resumed.run / ".csframework.lock"]  # its holder record is rewritten by every run
+        kept = hostile.snapshot(resumed.run, lock)
+        resumed.h.guard(resumed.run)
+        out = resumed.cli(cli_env, *FRESH_RUN, "checkpoint.start_over=true")
+        hostile.assert_bounded(out)
+        lines = hostile.error_lines(out.stderr)
+        assert out.returncode == 2 and len(lines) == 1, str(out)
+        assert (f"cannot move checkpoints of run directory {resumed.run} into previous-runs/" in lines[0]
+                and "nothing was moved" in lines[0] and f"chmod u+w {resumed.run / 'checkpoints'}" in lines[0]), str(out)
+        assert hostile.snapshot(resumed.run, lock) == kept
+        resumed.h.assert_untouched()
+    finally:
+        (resumed.run / "checkpoints").chmod(0o755)

@@ -84,8 +84,8 @@ def rows(run_dir) -> list[tuple[int, str]]:
 
 def refusal(run_dir, command: str) -> str:
     """The line that refuses a fresh run of ``command`` in ``run_dir``, which holds a run."""
-    return (f"csframework: error: run directory {run_dir} holds a run (checkpoints, summary.json, metrics.csv); "
-            f"continue it with: {command} checkpoint.resume=auto hydra.run.dir={run_dir}, or start a new run in "
+    return (f"csframework: error: run directory {run_dir} holds a run (checkpoints, summary.json, metrics.csv, "
+            f"events.jsonl); continue it with: {command} checkpoint.resume=auto hydra.run.dir={run_dir}, or start a new run in "
             "another directory (hydra.run.dir=...), or here with checkpoint.start_over=true (the old run's files "
             "are moved into previous-runs/ there)")
 

@@ -50,7 +50,7 @@ def test_a_sweep_reports_its_end_and_a_rerun_skips_or_refuses_its_jobs(tmp_path,
     assert again.returncode == 1, again.stderr[-3000:]
     for job in (0, 1):  # each refused naming its directory and the command that continues the sweep
         assert re.search(rf"job {job} \(.*\) failed: run directory {re.escape(str(d / str(job)))} holds a run "
-                         r"\(checkpoints, summary.json, metrics.csv\); continue it with: \S+ -m .* "
+                         r"\(checkpoints, summary.json, metrics.csv, events.jsonl\); continue it with: \S+ -m .* "
                          rf"checkpoint.resume=auto hydra.sweep.dir={re.escape(str(d))}, or start", again.stderr)
     # the runs in the job directories, and their rows, are left as they were
     assert re.match(r"csframework: sweep ended: 2 jobs \(0 completed, 0 failed, 0 skipped, 2 refused\); best job "

@@ -291,7 +291,7 @@ def test_a_directory_without_meta_json_as_resume_target_is_refused_naming_what_i
     # a state.pt without its meta.json: a checkpoint directory missing a file, refused naming it
     (folder / "model.pt").rename(folder / "state.pt")
     with pytest.raises(csf.CsfError, match=re.escape(f"checkpoint {folder}: meta.json is missing")):
-        fit(tmp_path / "run", f"checkpoint.resume={folder}")
+        fit(tmp_path / "again", f"checkpoint.resume={folder}")  # "run" holds the refused run's events.jsonl
 
 
 def test_resume_from_another_run_reads_its_index_but_never_rewrites_it(place, tmp_path):

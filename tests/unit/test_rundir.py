@@ -141,13 +141,13 @@ def test_the_cli_refuses_a_directory_in_use_and_the_lock_dies_with_its_holder(tm
 # -- one run per run directory (issue 39 item 2) ---------------------------------------------------------------
 def test_a_fresh_fit_over_a_run_is_refused_and_start_over_moves_the_old_run_aside(tmp_path):
     from csframework.errors import RunDirHoldsRun
-    from csframework.rundir import PREVIOUS_RUNS
+    from csframework.previous_runs import PREVIOUS_RUNS
 
     cfg = ["loop.max_steps=2", "loop.eval_every=null"]
     csf.Run(fixtures.compose(*cfg), output_dir=tmp_path).fit()
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != LOCK_NAME}
     with pytest.raises(RunDirHoldsRun, match=re.escape(f"run directory {tmp_path} holds a run (checkpoints, "
-                                                       "summary.json, metrics.csv)")) as refused:
+                                                       "summary.json, metrics.csv, events.jsonl)")) as refused:
         csf.Run(fixtures.compose(*cfg), output_dir=tmp_path).fit()
     assert refused.value.exit_code == 2
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p.name != LOCK_NAME} == before
