@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 import csframework as csf
@@ -211,6 +212,28 @@ def test_seed_range_keeps_the_derived_data_order_seeds_in_range():
     sampler.set_epoch(validation.MAX_COUNT)
     assert sorted(sampler) == list(range(8))
     seed_everything(validation.MAX_SEED)
+
+
+@pytest.mark.parametrize("seed", [20240101, validation.MAX_SEED])
+def test_every_allowed_seed_draws_a_sampled_evaluation(seed):
+    """Issue 47 item 8: the draw of a sampled evaluation (``loop.eval_steps``) is seeded from ``seed`` and the
+    draw; a seed above about 1.8e7 once took that seed past 2**64 (``manual_seed`` overflowed)."""
+    from csframework.data import ResumableSampler
+
+    for draw in (0, validation.MAX_COUNT):
+        sampler = ResumableSampler(1000, shuffle=False, seed=seed, pad=True, sample=40)
+        sampler.set_epoch(draw)
+        drawn = sampler.order().tolist()
+        assert len(set(drawn)) == 40 and drawn == sorted(drawn)
+
+
+def test_a_small_seed_draws_the_samples_it_always_drew():
+    from csframework.data import ResumableSampler
+
+    sampler = ResumableSampler(1000, shuffle=False, seed=3, pad=True, sample=40)
+    sampler.set_epoch(5)
+    before = torch.randperm(1000, generator=torch.Generator().manual_seed((3 * 1_000_003 + 5) * 1_000_003 + 11))
+    assert sampler.order().tolist() == before[:40].sort().values.tolist()
 
 
 def test_torch_optimizer_errors_are_config_errors_when_validation_is_disabled(tmp_path):
