@@ -39,7 +39,8 @@ def register_schemas(sections: Mapping[str, type] | None = None) -> None:
     ``conf/config.yaml`` builds on it."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=cached_schema(sections))  # the store keeps a copy
+    # the store keeps a copy; its booleans untyped, so a number given for one reaches to_run_config to be refused
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=cached_schema(sections, composing=True))
 
 
 def register_config_files(directories: Iterable[str]) -> None:
