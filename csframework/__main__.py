@@ -253,8 +253,8 @@ class SingleRun(NamedTuple):
 
 def compose_run(args: Any) -> SingleRun | None:
     """The single run of the command line, composed once (``hydra_session.compose_run``) with the plugins
-    its overrides and config files choose (``api.settled``), whose manager the run is handed; its run directory checked. ``None`` when the
-    config itself asks for a sweep (``hydra.mode: MULTIRUN``)."""
+    its overrides and config files choose (``api.settled``), whose manager the run is handed; its run
+    directory checked. ``None`` when the config itself asks for a sweep (``hydra.mode: MULTIRUN``)."""
     name = args.config_name or "config"
 
     def composed_with(found: api.Composition) -> hydra_session.ComposedRun | None:

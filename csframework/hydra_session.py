@@ -208,8 +208,8 @@ def plugin_choices(cfg: Any) -> tuple[list[str], list[str]]:
     """``plugins.enable`` and ``plugins.disable`` of a composed config (an element that is no string is left for
     typing to refuse, naming it)."""
     chosen = cfg.get("plugins") or {}
-    return tuple([p for p in chosen.get(key) or () if isinstance(p, str)]  # type: ignore[return-value]
-                 for key in ("enable", "disable"))
+    enable, disable = ([p for p in chosen.get(key) or () if isinstance(p, str)] for key in ("enable", "disable"))
+    return enable, disable
 
 
 def plugins_of_config_files(overrides: Sequence[str], config_dir: str | None, config_name: str,
@@ -226,7 +226,8 @@ def plugins_of_config_files(overrides: Sequence[str], config_dir: str | None, co
     open_schema = OmegaConf.create(OmegaConf.to_container(cached_schema(sections, composing=True), enum_to_str=True))
     OmegaConf.set_struct(open_schema, False)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=open_schema)
-    choosing = [o for o in overrides if "." not in o.split("=", 1)[0] or o.lstrip("+~").startswith(("plugins.", "hydra."))]
+    choosing = [o for o in overrides
+                if "." not in o.split("=", 1)[0] or o.lstrip("+~").startswith(("plugins.", "hydra."))]
     try:
         _, cfg = _compose(choosing, config_dir, config_name, from_shell=False)
         return plugin_choices(cfg)

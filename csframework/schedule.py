@@ -44,8 +44,8 @@ class Schedule:
     """Sets each param group's rate to ``base_lr * lr_factor(step)`` before every optimizer step (written
     when the factor changes: a constant rate is written once).
 
-    Its state holds its plan (kind, warm-up, ``lr``, ``min_lr`` or ``min_lr_ratio`` and the steps it spans), so a resumed run
-    goes on with the schedule it was saved with, as torch's schedulers keep their settings (``T_max``):
+    Its state holds its plan (kind, warm-up, ``lr``, ``min_lr`` or ``min_lr_ratio`` and the steps it spans), so
+    a resumed run goes on with the schedule it was saved with, as torch's schedulers keep their settings (``T_max``):
     settings changed since (``loop.max_steps`` raised, say) do not bend the rate of the steps already
     planned; past the planned steps the rate stays at its final value.
 

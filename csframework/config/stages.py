@@ -26,8 +26,9 @@ def stage_config(base: RunConfig, name: str, partial: Any) -> RunConfig:
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
         partial.device = {"type": partial.device}
     values = OmegaConf.to_container(partial, resolve=False)
+    backend = cast("dict[str, Any]", values).get("backend")
     loose = (loose_values(values, type(base), f"stages.{name}.")
-             + loose_values(cast("dict[str, Any]", values).get("backend"), type(base.backend), f"stages.{name}.backend."))
+             + loose_values(backend, type(base.backend), f"stages.{name}.backend."))
     if loose:  # one line: the validation plugin reports a stage that does not merge as one problem
         raise ConfigError("; ".join(loose))
     try:

@@ -235,8 +235,9 @@ FLOAT32_MAX = 3.4028234663852886e38
     ((), {"optimizer.lr": 1e20, "+optimizer.groups.h": {"params": ["*"], "lr_scale": 1e20}},
      "optimizer.groups.h.lr_scale: optimizer.lr (1e+20) times lr_scale (1e+20) is 1e+40, more than float32's "
      "largest number (3.40282e+38), in which the optimizer computes the group's rate; lower one of them"),
-    (("optimizer=adamw",), {"optimizer.lr": 1e38}, "optimizer.lr: the rate 1e+38 over 1 - betas[0] (0.1), adamw's first step size, "
-                                 "is 1e+39, more than float32's largest number (3.40282e+38); lower it"),
+    (("optimizer=adamw",), {"optimizer.lr": 1e38},
+     "optimizer.lr: the rate 1e+38 over 1 - betas[0] (0.1), adamw's first step size, is 1e+39, more than "
+     "float32's largest number (3.40282e+38); lower it"),
 ], ids=["lr", "weight-decay", "eps", "lr-scale", "group-weight-decay", "lr-times-scale", "adam-step"])
 def test_a_setting_or_rate_beyond_float32_is_refused_naming_the_key(groups, values, expected):
     """Issue 47 item 10: torch computes the update in float32, so a rate it cannot hold passed mode=check

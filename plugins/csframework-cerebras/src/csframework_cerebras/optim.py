@@ -64,7 +64,8 @@ def build_schedule(cstorch, optimizer, cfg, total_steps: int) -> InStepSchedule:
     """csframework's built-in schedule as ``cstorch.optim.lr_scheduler`` objects, stepped in every step.
 
     csframework's rate at step ``s`` (0-based) is ``lr * (s + 1) / warmup`` during the warm-up, then constant,
-    or a linear or cosine decay reaching ``min_lr`` (``final_lr``) at the last step (``csframework.schedule.lr_factor``):
+    or a linear or cosine decay reaching the final rate (``final_lr``) at the last step
+    (``csframework.schedule.lr_factor``):
     a ``LinearLR`` from ``lr / warmup`` to ``lr`` over ``warmup - 1`` steps, then ``ConstantLR``,
     ``LinearLR`` or ``CosineDecayLR`` over the rest, joined by ``SequentialLR``."""
     from csframework.config.optimizer import final_lr
