@@ -116,6 +116,10 @@ def precision_rules(cfg: RunConfig) -> list[str]:
             + check_range("precision.growth_interval", p.growth_interval, 1, MAX_GROWTH_INTERVAL))
 
 
+#: Why the optimizer's settings are bounded by float32's largest number.
+IN_FLOAT32 = " (float32's largest number: the optimizer's update computes in float32)"
+
+
 def optimizer_rules(cfg: RunConfig) -> list[str]:
     o = cfg.optimizer
     name = getattr(o.name, "value", o.name)
@@ -148,10 +152,6 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
                      + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0,
                                    MAX_FLOAT32, hint=IN_FLOAT32))
     return problems + rate_rules(cfg, groups) + schedule_rules(cfg)
-
-
-#: Why the optimizer's settings are bounded by float32's largest number.
-IN_FLOAT32 = " (float32's largest number: the optimizer's update computes in float32)"
 
 
 def rate_rules(cfg: RunConfig, groups: dict) -> list[str]:
