@@ -222,14 +222,22 @@ def mode_of(args: Any) -> str:
 def check_sweep(args: Any, found: api.Composition) -> None:
     """Compose every value of every swept key as the jobs will (``sweep_samples``; a sweeper of the user's
     choice, Optuna's say, picks its own values and is left to itself), raising ``ConfigError`` naming the
-    job, then the key or file."""
+    job, then the key or file. The first job's config files may enable plugins (``api.settled``): their
+    sections count for every job, and for the jobs Hydra then composes."""
     check_config_files(user_config_dirs(args.overrides, args.config_dir))
     if any(o.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for o in args.overrides):
         return
-    for job, swept in sweep_samples(args.overrides):
+    for index, (job, swept) in enumerate(sweep_samples(args.overrides)):
+        def composed(found: api.Composition, job: list[str] = job) -> DictConfig:
+            return hydra_session.compose_dict(job, args.config_dir, args.config_name or "config",
+                                              sections=found.sections, disabled=found.disabled)
+
         try:
-            cfg = hydra_session.compose_dict(job, args.config_dir, args.config_name or "config",
-                                             sections=found.sections, disabled=found.disabled)
+            if index == 0:
+                found, cfg = api.settled(job, args.config_dir, args.config_name or "config", composed,
+                                         hydra_session.plugin_choices, found=found)
+            else:
+                cfg = composed(found)
             api.typed(found, cfg, explicit_groups(job))
         except ConfigError as e:
             raise ConfigError(f"the sweep's job with {' '.join(swept)}: {e}") from e
@@ -245,12 +253,17 @@ class SingleRun(NamedTuple):
 
 def compose_run(args: Any) -> SingleRun | None:
     """The single run of the command line, composed once (``hydra_session.compose_run``) with the plugins
-    its overrides choose, whose manager the run is handed; its run directory checked. ``None`` when the
-    config itself asks for a sweep (``hydra.mode: MULTIRUN``)."""
-    found = api.command_line_composition(args.overrides, for_run=True)
-    composed = hydra_session.compose_run(args.overrides, args.config_dir, args.config_name or "config",
-                                         backends=found.schemas, sections=found.sections, named=found.named,
-                                         disabled=found.disabled)
+    its overrides and config files choose (``api.settled``), whose manager the run is handed; its run
+    directory checked. ``None`` when the config itself asks for a sweep (``hydra.mode: MULTIRUN``)."""
+    name = args.config_name or "config"
+
+    def composed_with(found: api.Composition) -> hydra_session.ComposedRun | None:
+        return hydra_session.compose_run(args.overrides, args.config_dir, name, backends=found.schemas,
+                                         sections=found.sections, named=found.named, disabled=found.disabled)
+
+    found, composed = api.settled(args.overrides, args.config_dir, name, composed_with,
+                                  lambda run: hydra_session.plugin_choices(run.cfg) if run is not None else None,
+                                  for_run=True)
     if composed is None:
         return None
     check_run_dir(Path(composed.run_dir))

@@ -6,13 +6,14 @@ no plugin."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import pluggy
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from . import config, hydra_session
+from .errors import ConfigError
 from .protocol import BackendSpec
 from .builtin import builtin_plugins
 from .plugins import (COMPOSITION_HOOKS, Hooks, backend_specs, build_manager, config_sections, named_backend_specs,
@@ -87,24 +88,57 @@ def command_line_composition(overrides: Sequence[str], plugins: Iterable[Any] = 
     return composition(plugins, enable, disable, for_run)
 
 
+T = TypeVar("T")
+
+
+def settled(overrides: Sequence[str], config_dir: str | None, config_name: str,
+            compose: Callable[[Composition], T], chosen: Callable[[T], tuple[list[str], list[str]] | None],
+            plugins: Iterable[Any] = (), for_run: bool = False,
+            found: Composition | None = None) -> tuple[Composition, T]:
+    """``compose(found)`` with the plugins the overrides choose (``command_line_composition``), and once more
+    with those the composed config chooses (``chosen`` of the result; ``None``: nothing to compare) where its
+    config files enable or disable others (an experiment file's ``plugins: {enable: [...]}``): their sections,
+    configs and backends then count as they do when the command line names them. When the first composition
+    fails (the file sets the section of a plugin only it enables), the files' choices are read from a
+    composition that lets unknown sections through (``hydra_session.plugins_of_config_files``). ``found``:
+    the overrides' composition, when the caller has it already."""
+    found = found or command_line_composition(overrides, plugins, for_run)
+    asked = (found.enabled, found.disabled)
+    try:
+        result = compose(found)
+        choices = chosen(result)
+    except ConfigError:
+        choices = hydra_session.plugins_of_config_files(overrides, config_dir, config_name, found.sections)
+        if choices is None or choices == asked:
+            raise
+    else:
+        if choices is None or choices == asked:
+            return found, result
+    found = composition(plugins, *choices, for_run=for_run)
+    return found, compose(found)
+
+
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config",
             plugins: Iterable[Any] = ()) -> config.RunConfig:
     """Compose the run config as the CLI does, from Hydra overrides, and return the typed ``RunConfig``.
 
     ``config_dir`` adds a user config directory to the search path (like ``--config-dir``); ``plugins``
-    are asked for backends and configs besides the installed (entry-point) and built-in ones.
-    Raises ``ConfigError`` naming the offending key.
+    are asked for backends and configs besides the installed (entry-point) and built-in ones, as are the
+    plugins the config files enable (``settled``). Raises ``ConfigError`` naming the offending key.
     """
-    found = command_line_composition(overrides, plugins)
-    return hydra_session.compose(overrides, config_dir=config_dir, config_name=config_name, backends=found.schemas,
-                                 sections=found.sections, disabled=found.disabled, named=found.named)
+    def composed(found: Composition) -> config.RunConfig:
+        return hydra_session.compose(overrides, config_dir=config_dir, config_name=config_name,
+                                     backends=found.schemas, sections=found.sections, disabled=found.disabled,
+                                     named=found.named)
+
+    return settled(overrides, config_dir, config_name, composed,
+                   lambda run: (list(run.plugins.enable), list(run.plugins.disable)), plugins)[1]
 
 
 def config_composition(cfg: DictConfig, plugins: Iterable[Any] = (), for_run: bool = False) -> Composition:
     """``composition`` for a config Hydra composed, whose own ``plugins.enable`` / ``plugins.disable`` say
     which plugins count."""
-    chosen = cfg.get("plugins") or {}
-    return composition(plugins, list(chosen.get("enable") or ()), list(chosen.get("disable") or ()), for_run)
+    return composition(plugins, *hydra_session.plugin_choices(cfg), for_run=for_run)
 
 
 def typed(found: Composition, cfg: DictConfig, selected: Sequence[str] = ()) -> config.RunConfig:

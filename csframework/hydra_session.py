@@ -39,7 +39,8 @@ def register_schemas(sections: Mapping[str, type] | None = None) -> None:
     ``conf/config.yaml`` builds on it."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=cached_schema(sections))  # the store keeps a copy
+    # the store keeps a copy; its booleans untyped, so a number given for one reaches to_run_config to be refused
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=cached_schema(sections, composing=True))
 
 
 def register_config_files(directories: Iterable[str]) -> None:
@@ -201,6 +202,40 @@ def resolve_run_dir(cfg: DictConfig) -> str:
         return str(OmegaConf.select(cfg, "hydra.run.dir"))
     finally:
         HydraConfig.instance().cfg = saved
+
+
+def plugin_choices(cfg: Any) -> tuple[list[str], list[str]]:
+    """``plugins.enable`` and ``plugins.disable`` of a composed config (an element that is no string is left for
+    typing to refuse, naming it)."""
+    chosen = cfg.get("plugins") or {}
+    enable, disable = ([p for p in chosen.get(key) or () if isinstance(p, str)] for key in ("enable", "disable"))
+    return enable, disable
+
+
+def plugins_of_config_files(overrides: Sequence[str], config_dir: str | None, config_name: str,
+                            sections: Mapping[str, type] | None = None) -> tuple[list[str], list[str]] | None:
+    """``plugin_choices`` of the config ``overrides`` compose, read where the strict composition failed: a
+    config file (an experiment's, the primary config) may enable a plugin and set its section, which the
+    schema of the plugins known so far (``sections``) refuses. Composed onto an open copy of the schema, with
+    the overrides that choose config files or plugins (a setting of a section not yet known would be refused
+    as an override); ``None`` when even that does not compose. The schema of ``sections`` is registered
+    again afterwards."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    open_schema = OmegaConf.create(OmegaConf.to_container(cached_schema(sections, composing=True), enum_to_str=True))
+    OmegaConf.set_struct(open_schema, False)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=open_schema)
+    choosing = [o for o in overrides
+                if "." not in o.split("=", 1)[0] or o.lstrip("+~").startswith(("plugins.", "hydra."))]
+    try:
+        _, cfg = _compose(choosing, config_dir, config_name, from_shell=False)
+        return plugin_choices(cfg)
+    except ConfigError:
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+        register_schemas(sections)
 
 
 def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,

@@ -43,6 +43,13 @@ def dataset_size(dataset: Dataset, role: str) -> int:
     return size
 
 
+def derived_seed(value: int) -> int:
+    """A seed derived from the run's ``seed`` (and the epoch or draw) within ``torch.Generator``'s 64 bits:
+    ``value`` itself below 2**64 (every seed up to about 1.8e7 at any epoch: the orders of earlier runs), else
+    wrapped (a larger seed, whose draws' formula passes 2**64, once overflowed ``manual_seed``)."""
+    return value % 2**64
+
+
 class ResumableSampler(Sampler[int]):
     """Indices of one epoch for one rank: permuted by ``seed + epoch`` when shuffling, sharded by rank,
     starting at ``start`` (samples already consumed in this epoch). With ``tag_epoch`` each index is sent as
@@ -73,10 +80,10 @@ class ResumableSampler(Sampler[int]):
     def order(self) -> torch.Tensor:
         """The indices this pass yields, as one tensor."""
         if self.sample is not None:  # a stream of its own: not the training order of the same seed and epoch
-            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + 11)
+            g = torch.Generator().manual_seed(derived_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + 11))
             order = torch.randperm(self.size, generator=g)[:self.sample].sort().values
         elif self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            g = torch.Generator().manual_seed(derived_seed(self.seed * 1_000_003 + self.epoch))
             order = torch.randperm(self.size, generator=g)
         else:
             order = torch.arange(self.size)

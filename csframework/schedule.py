@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from .config import OptimizerConfig, plain
-from .config.optimizer import ScheduleName
+from .config.optimizer import ScheduleName, final_lr, min_lr_factor
 from .errors import ConfigError
 from .param_groups import ParamGroup, optimizer_params, parameter_groups
 from .targets import call, find_target
@@ -24,7 +24,7 @@ def lr_factor(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
     """The multiplier of ``cfg.lr`` used by optimizer step ``step`` (0-based).
 
     Linear warm-up over ``warmup_steps`` (the first step already uses ``1/warmup_steps``), then constant,
-    or a linear or cosine decay reaching ``min_lr`` at the last step.
+    or a linear or cosine decay reaching ``min_lr_ratio`` of the rate (or ``min_lr``) at the last step.
     """
     sched = cfg.schedule
     warmup = sched.warmup_steps
@@ -33,7 +33,7 @@ def lr_factor(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
     name = getattr(sched.name, "value", sched.name)
     if name == "constant" or cfg.lr == 0:
         return 1.0
-    floor = sched.min_lr / cfg.lr
+    floor = min_lr_factor(cfg)
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup - 1))
     if name == "linear":
         return 1.0 - (1.0 - floor) * progress
@@ -44,8 +44,8 @@ class Schedule:
     """Sets each param group's rate to ``base_lr * lr_factor(step)`` before every optimizer step (written
     when the factor changes: a constant rate is written once).
 
-    Its state holds its plan (kind, warm-up, ``lr``, ``min_lr`` and the steps it spans), so a resumed run
-    goes on with the schedule it was saved with, as torch's schedulers keep their settings (``T_max``):
+    Its state holds its plan (kind, warm-up, ``lr``, ``min_lr`` or ``min_lr_ratio`` and the steps it spans), so
+    a resumed run goes on with the schedule it was saved with, as torch's schedulers keep their settings (``T_max``):
     settings changed since (``loop.max_steps`` raised, say) do not bend the rate of the steps already
     planned; past the planned steps the rate stays at its final value.
 
@@ -95,8 +95,12 @@ class Schedule:
 
     def state_dict(self) -> dict:
         sched = self.cfg.schedule
+        # min_lr: the final rate (what older checkpoints hold); min_lr_ratio: the fraction, where the floor is
+        # one (lr * ratio / lr need not give the ratio back bit for bit)
+        ratio = sched.min_lr_ratio if sched.min_lr is None else None
         plan = {"name": getattr(sched.name, "value", sched.name), "warmup_steps": sched.warmup_steps,
-                "lr": self.cfg.lr, "min_lr": sched.min_lr, "total_steps": self.total_steps}
+                "lr": self.cfg.lr, "min_lr": final_lr(self.cfg), "min_lr_ratio": ratio,
+                "total_steps": self.total_steps}
         return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "plan": plan}
 
     def load_state_dict(self, state: dict) -> None:
@@ -106,8 +110,11 @@ class Schedule:
         plan = state.get("plan")
         if plan is not None:
             try:  # read from a checkpoint: anything else than what state_dict writes is refused
+                ratio = plan.get("min_lr_ratio")  # absent from older checkpoints: their min_lr is absolute
+                floor = dict(min_lr=None, min_lr_ratio=float(ratio)) if ratio is not None else dict(
+                    min_lr=float(plan["min_lr"]), min_lr_ratio=0.0)
                 schedule = dataclasses.replace(self.cfg.schedule, name=ScheduleName(plan["name"]),
-                                               warmup_steps=int(plan["warmup_steps"]), min_lr=float(plan["min_lr"]))
+                                               warmup_steps=int(plan["warmup_steps"]), **floor)
                 cfg = dataclasses.replace(self.cfg, lr=float(plan["lr"]), schedule=schedule)
                 total_steps = int(plan["total_steps"])
             except (TypeError, ValueError, KeyError) as e:
@@ -236,6 +243,13 @@ def _is_default(value, key: str, group: dict, schema) -> bool:
     return value == getattr(schema, key) or value == group.get(key)
 
 
+def is_default_ratio(cfg: OptimizerConfig) -> bool:
+    """Whether ``optimizer.schedule.min_lr_ratio`` is the schema's (0) or the built-in group file's (adamw's
+    0.1), not the user's: an absolute ``min_lr`` replaces it (both set by the user is refused)."""
+    group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
+    return _is_default(cfg.schedule.min_lr_ratio, "min_lr_ratio", group, type(cfg.schedule)())
+
+
 def _check_args(path: str, key: str, args: dict, takes, required, given) -> None:
     for name in args:
         if takes is not None and name not in takes:
@@ -279,13 +293,14 @@ def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
 
 def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer.schedule._target_`` and its keyword arguments (``optimizer.schedule.args``).
-    The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``) are errors when set."""
+    The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``, ``min_lr_ratio``) are errors
+    when set."""
     sched = cfg.schedule
     path = _target_of(sched._target_, "optimizer.schedule._target_")
     cls = locate_class(path, "optimizer.schedule._target_")
     group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
     schema = type(sched)()
-    for key in ("name", "warmup_steps", "min_lr"):
+    for key in ("name", "warmup_steps", "min_lr", "min_lr_ratio"):
         value = getattr(getattr(sched, key), "value", getattr(sched, key))
         if not _is_default(value, key, group, schema):
             raise ConfigError(f"optimizer.schedule.{key}: only the built-in schedules use it, and "

@@ -11,14 +11,14 @@ import math
 import os
 
 from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage, stage_config, stage_configs
-from ..config.ranges import (MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE, MAX_SEED,  # noqa: F401
-                             MAX_MEMORY_MB, MAX_TIMEOUT_S, check_range)
+from ..config.ranges import (MAX_COUNT, MAX_FLOAT32, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE,  # noqa: F401
+                             MAX_SEED, MAX_MEMORY_MB, MAX_TIMEOUT_S, check_range)
 from ..config.optimizer import param_group_configs
 from ..config.sections import eval_sets
 from ..console_once import first_time
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..schedule import optimizer_spec, schedule_spec
+from ..schedule import is_default_ratio, optimizer_spec, schedule_spec
 
 
 @hookimpl
@@ -116,15 +116,19 @@ def precision_rules(cfg: RunConfig) -> list[str]:
             + check_range("precision.growth_interval", p.growth_interval, 1, MAX_GROWTH_INTERVAL))
 
 
+#: Why the optimizer's settings are bounded by float32's largest number.
+IN_FLOAT32 = " (float32's largest number: the optimizer's update computes in float32)"
+
+
 def optimizer_rules(cfg: RunConfig) -> list[str]:
     o = cfg.optimizer
     name = getattr(o.name, "value", o.name)
-    problems = (target_rules(cfg) + check_range("optimizer.lr", o.lr, 0.0)
-                + check_range("optimizer.weight_decay", o.weight_decay, 0.0)
-                + check_range("optimizer.max_grad_norm", o.max_grad_norm, 0.0, open_low=True,
+    problems = (target_rules(cfg) + check_range("optimizer.lr", o.lr, 0.0, MAX_FLOAT32, hint=IN_FLOAT32)
+                + check_range("optimizer.weight_decay", o.weight_decay, 0.0, MAX_FLOAT32, hint=IN_FLOAT32)
+                + check_range("optimizer.max_grad_norm", o.max_grad_norm, 0.0, MAX_FLOAT32, open_low=True,
                               hint=", or null to disable clipping")
-                + check_range("optimizer.momentum", o.momentum, 0.0)
-                + check_range("optimizer.eps", o.eps, 0.0, open_low=True))
+                + check_range("optimizer.momentum", o.momentum, 0.0, MAX_FLOAT32, hint=IN_FLOAT32)
+                + check_range("optimizer.eps", o.eps, 0.0, MAX_FLOAT32, open_low=True, hint=IN_FLOAT32))
     if name == "sgd" and not o._target_ and o.nesterov and not (o.momentum or 0) > 0:
         problems.append("optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0; set it "
                         "(e.g. optimizer.momentum=0.9) or set nesterov to false")
@@ -143,14 +147,55 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
         problems.append(str(e))
         groups = {}
     for group_name, group in groups.items():
-        problems += (check_range(f"optimizer.groups.{group_name}.lr_scale", group.lr_scale, 0.0)
-                     + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0))
-    s = o.schedule
-    return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
-            + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
-                          hint=" (optimizer.lr)" + (f": the schedule decays the rate to it; set "
-                                                    f"optimizer.schedule.min_lr={o.lr / 10:g} (a tenth of the rate) "
-                                                    "or lower" if o.lr > 0 else "") if math.isfinite(o.lr) else ""))
+        problems += (check_range(f"optimizer.groups.{group_name}.lr_scale", group.lr_scale, 0.0, MAX_FLOAT32,
+                                 hint=IN_FLOAT32)
+                     + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0,
+                                   MAX_FLOAT32, hint=IN_FLOAT32))
+    return problems + rate_rules(cfg, groups) + schedule_rules(cfg)
+
+
+def rate_rules(cfg: RunConfig, groups: dict) -> list[str]:
+    """Each parameter group's rate (``lr * lr_scale``), and with adam/adamw the first step's step size (the
+    rate over ``1 - betas[0]``), must be finite in float32: the settings alone can be, and their product
+    not (``optimizer.groups.head.lr_scale=1e300``), which torch would refuse at the first step."""
+    o = cfg.optimizer
+    name = getattr(o.name, "value", o.name)
+    beta1 = (o.betas or (0.9, 0.999))[0]
+    adam = name in ("adam", "adamw") and not o._target_ and 0.0 <= beta1 < 1.0
+    divisor = 1.0 - beta1 if adam else 1.0
+    problems: list[str] = []
+    if not 0.0 <= o.lr <= MAX_FLOAT32:  # out of range (NaN too): the range rule named it
+        return problems
+    for key, scale in [("optimizer.lr", 1.0)] + [(f"optimizer.groups.{n}.lr_scale", g.lr_scale)
+                                                  for n, g in groups.items() if 0.0 <= g.lr_scale <= MAX_FLOAT32]:
+        rate = o.lr * scale
+        if rate > MAX_FLOAT32:
+            problems.append(f"{key}: optimizer.lr ({o.lr:g}) times lr_scale ({scale:g}) is {rate:g}, more than "
+                            f"float32's largest number ({MAX_FLOAT32:g}), in which the optimizer computes the "
+                            "group's rate; lower one of them")
+        elif rate / divisor > MAX_FLOAT32:
+            problems.append(f"{key}: the rate {rate:g} over 1 - betas[0] ({divisor:g}), {name}'s first step size, "
+                            f"is {rate / divisor:g}, more than float32's largest number ({MAX_FLOAT32:g}); lower it")
+    return problems
+
+
+def schedule_rules(cfg: RunConfig) -> list[str]:
+    """``warmup_steps``, and the final rate: ``min_lr_ratio`` in [0, 1], or an absolute ``min_lr`` up to the
+    rate; both set at once (other than the optimizer group file's ratio, which ``min_lr`` replaces) is
+    refused."""
+    o, s = cfg.optimizer, cfg.optimizer.schedule
+    problems = (check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
+                + check_range("optimizer.schedule.min_lr_ratio", s.min_lr_ratio, 0.0, 1.0,
+                              hint=" (a fraction of optimizer.lr)"))
+    if s.min_lr is not None and not is_default_ratio(o):
+        problems.append(f"optimizer.schedule.min_lr, optimizer.schedule.min_lr_ratio: both set ({s.min_lr:g} and "
+                        f"{s.min_lr_ratio:g}), and each alone says where the rate ends; keep one "
+                        "(optimizer.schedule.min_lr=null, or optimizer.schedule.min_lr_ratio=0)")
+    finite = math.isfinite(o.lr)
+    hint = (" (optimizer.lr)" + (f": the schedule decays the rate to it; set optimizer.schedule.min_lr_ratio=0.1 "
+                                 "(a tenth of the rate, whatever it is) and min_lr=null" if o.lr > 0 else "")
+            if finite else "")
+    return problems + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if finite else None, hint=hint)
 
 
 def target_rules(cfg: RunConfig) -> list[str]:

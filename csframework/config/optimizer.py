@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional, cast
 
+from .loose_values import loose_values
 from .readonly import ReadOnly
 
 
@@ -29,17 +30,39 @@ class Interval(str, Enum):
 class ScheduleConfig(ReadOnly):
     _target_: Optional[str] = None
     """A learning-rate scheduler class (``torch.optim.lr_scheduler.StepLR``, or your own) built with the
-    optimizer and ``args``; replaces ``name``, ``warmup_steps`` and ``min_lr``."""
+    optimizer and ``args``; replaces ``name``, ``warmup_steps``, ``min_lr`` and ``min_lr_ratio``."""
     args: Dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the ``_target_`` scheduler (``optimizer.schedule.args.step_size=10``)."""
     interval: Interval = Interval.step
     """When a ``_target_`` scheduler steps: after every optimizer ``step``, or at the end of every ``epoch``."""
     name: ScheduleName = ScheduleName.constant
-    """``constant``, ``linear`` (decay to ``min_lr``) or ``cosine`` (to ``min_lr``), after the warm-up."""
+    """``constant``, ``linear`` or ``cosine`` (decaying to ``min_lr_ratio`` of the rate, or to ``min_lr``),
+    after the warm-up."""
     warmup_steps: int = 0
     """Steps of linear warm-up from 0 to ``optimizer.lr``."""
-    min_lr: float = 0.0
-    """The learning rate at the last step for ``linear`` and ``cosine``."""
+    min_lr_ratio: float = 0.0
+    """The learning rate at the last step for ``linear`` and ``cosine``, as a fraction of ``optimizer.lr``, in
+    ``[0, 1]`` (``optimizer=adamw`` sets 0.1, nanoGPT's lr/10): the floor follows the rate, so any
+    ``optimizer.lr`` is accepted. ``min_lr`` replaces it."""
+    min_lr: Optional[float] = None
+    """The learning rate at the last step for ``linear`` and ``cosine`` as an absolute rate (``0 <= min_lr <=
+    optimizer.lr``) instead of ``min_lr_ratio``; ``null``: ``min_lr_ratio`` of the rate. Setting both is
+    refused, except that ``min_lr`` replaces the ratio the optimizer's group file sets (adamw's 0.1)."""
+
+
+def min_lr_factor(cfg: "OptimizerConfig") -> float:
+    """The fraction of ``cfg.lr`` the ``linear`` and ``cosine`` schedules decay to: ``schedule.min_lr / lr``
+    where an absolute ``min_lr`` is set, else ``schedule.min_lr_ratio``."""
+    sched = cfg.schedule
+    if sched.min_lr is not None:
+        return sched.min_lr / cfg.lr if cfg.lr else 0.0
+    return sched.min_lr_ratio
+
+
+def final_lr(cfg: "OptimizerConfig") -> float:
+    """The learning rate ``linear`` and ``cosine`` reach at the last step (``min_lr``, or ``lr * min_lr_ratio``)."""
+    sched = cfg.schedule
+    return sched.min_lr if sched.min_lr is not None else cfg.lr * sched.min_lr_ratio
 
 
 #: The entry of ``optimizer.weight_decay_exclude`` that stands for every parameter with fewer than two
@@ -112,6 +135,10 @@ def param_group_configs(groups: Dict[str, Any]) -> Dict[str, ParamGroupConfig]:
         if not isinstance(value, dict) and not OmegaConf.is_dict(value):
             raise ValueError(f"{key}: needs params (name patterns) and lr_scale or weight_decay, "
                              f"e.g. +{key}.params=[encoder.*] +{key}.lr_scale=0.1")
+        loose = loose_values(OmegaConf.to_container(value) if OmegaConf.is_dict(value) else value,
+                             ParamGroupConfig, key + ".")
+        if loose:
+            raise ValueError("; ".join(loose))
         try:
             merged = OmegaConf.merge(OmegaConf.structured(ParamGroupConfig), value)
             typed[name] = cast(ParamGroupConfig, OmegaConf.to_object(merged))

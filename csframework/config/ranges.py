@@ -15,8 +15,11 @@ MAX_MEMORY_MB = 2**20
 #: Seeds: the range of NumPy's seed; ``seed * 1_000_003 + epoch`` (data order) then stays below 2**64,
 #: the limit of ``torch.Generator.manual_seed``.
 MAX_SEED = 2**32 - 1
+#: The largest float32: learning rates, their scales and the optimizer's other settings become float32
+#: scalars in its update (torch refuses a larger one there, "cannot be converted ... without overflow").
+MAX_FLOAT32 = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 #: Loss scales live in float32 tensors.
-MAX_SCALE = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+MAX_SCALE = MAX_FLOAT32
 #: The dynamic loss scaler counts towards ``growth_interval`` in an int32 tensor.
 MAX_GROWTH_INTERVAL = 2**31 - 1
 

@@ -50,7 +50,9 @@ class RunConfig(ReadOnly):
     """Optional multi-phase run: stage name -> partial run config (any of ``STAGE_KEYS``), run in order,
     each continuing from the previous stage's weights."""
     seed: int = 0
-    """Seed of every random generator (model init, data order, dropout)."""
+    """Seed of every random generator (model init, data order, dropout): ``0 ... 2**32 - 1`` (4294967295, the
+    range of NumPy's seed); another value is refused at ``mode=check``. The seeds derived from it (each
+    epoch's data order, each evaluation's draw) stay within ``torch.Generator``'s 64 bits for every seed."""
     mode: Mode = Mode.fit
     """``fit`` (train), ``validate`` (evaluate ``data.val`` once, the weights of ``checkpoint.resume`` when set) or
     ``check`` (compose, validate, build; train nothing)."""

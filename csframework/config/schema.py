@@ -8,7 +8,8 @@ import enum
 from dataclasses import fields
 from typing import Any, Iterable, Mapping
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import AnyNode, DictConfig, OmegaConf, open_dict
+from omegaconf.nodes import BooleanNode
 
 from .readonly import ReadOnly
 from .run import RunConfig
@@ -54,10 +55,13 @@ def disabled_section(key: str, disabled: Iterable[str], sections: Mapping[str, t
     return None
 
 
-def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
+def _schema(sections: Mapping[str, type] | None = None, composing: bool = False) -> DictConfig:
     """``RunConfig`` (with the plugins' ``sections``) as Hydra composes it: typed, except the ``backend``
-    node, which takes any key until ``to_run_config`` types it with the schema of its device type."""
+    node, which takes any key until ``to_run_config`` types it with the schema of its device type, and with
+    ``composing`` the booleans (``untyped_booleans``)."""
     schema: DictConfig = OmegaConf.structured(run_config_type(sections))
+    if composing:
+        untyped_booleans(schema)
     with open_dict(schema):
         schema.backend = {"type": "CPU"}
     OmegaConf.set_struct(schema.backend, False)
@@ -68,15 +72,29 @@ def _schema(sections: Mapping[str, type] | None = None) -> DictConfig:
     return schema
 
 
-_schemas: dict[type, DictConfig] = {}
+def untyped_booleans(node: DictConfig) -> None:
+    """Every boolean of ``node`` (nested sections too) as an untyped value with the same default: OmegaConf
+    would turn a number given for it (``checkpoint.start_over=2``, ``-1``) into true while Hydra composes, so
+    ``to_run_config`` could not refuse it (``loose_values``), as it refuses any other wrong type. (Replacing
+    a typed node is not in OmegaConf's public API; omegaconf is pinned to 2.3.)"""
+    for key in list(node.keys()):
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            untyped_booleans(child)
+        elif isinstance(child, BooleanNode):
+            node.__dict__["_content"][key] = AnyNode(child._value(), key=key, parent=node)
 
 
-def cached_schema(sections: Mapping[str, type] | None = None) -> DictConfig:
-    """``_schema(sections)``, built once per set of sections (building it costs more than copying it): only
-    for callers that copy it and leave it as it was (``OmegaConf.merge``, ``ConfigStore.store``)."""
-    kind = run_config_type(sections)
+_schemas: dict[tuple[type, bool], DictConfig] = {}
+
+
+def cached_schema(sections: Mapping[str, type] | None = None, composing: bool = False) -> DictConfig:
+    """``_schema(sections, composing)``, built once per set of sections (building it costs more than copying
+    it): only for callers that copy it and leave it as it was (``OmegaConf.merge``, ``ConfigStore.store``).
+    ``composing``: the schema Hydra composes onto (its booleans untyped); else the one that types the run."""
+    kind = (run_config_type(sections), composing)
     if kind not in _schemas:
-        _schemas[kind] = _schema(sections)
+        _schemas[kind] = _schema(sections, composing)
     return _schemas[kind]
 
 

@@ -8,6 +8,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError
 from .describe import describe_error
+from .loose_values import loose_values
 from .run import STAGE_KEYS, RunConfig
 from .schema import plugin_sections
 from .typed import device_types_upper
@@ -24,6 +25,12 @@ def stage_config(base: RunConfig, name: str, partial: Any) -> RunConfig:
             raise ConfigError(f"stages.{name}.{key!s}: a stage may only set {', '.join(allowed)}")
     if isinstance(partial.get("device"), str):  # `device: csx` as shorthand for `device: {type: CSX}`
         partial.device = {"type": partial.device}
+    values = OmegaConf.to_container(partial, resolve=False)
+    backend = cast("dict[str, Any]", values).get("backend")
+    loose = (loose_values(values, type(base), f"stages.{name}.")
+             + loose_values(backend, type(base.backend), f"stages.{name}.backend."))
+    if loose:  # one line: the validation plugin reports a stage that does not merge as one problem
+        raise ConfigError("; ".join(loose))
     try:
         merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(base), partial))
         merged.stages = {}

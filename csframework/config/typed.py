@@ -12,7 +12,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import ConfigError, ValidationError
 from .describe import describe_error, describe_missing_interpolation
 from .run import RunConfig
-from .schema import cached_schema, disabled_section
+from .loose_values import loose_values
+from .schema import cached_schema, disabled_section, run_config_type
 
 
 def explicit_groups(overrides: Iterable[str]) -> list[str]:
@@ -47,8 +48,12 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
         if "backend" in selected and "device" not in selected:
             chosen = named.get(cfg.backend.get("name"))
             cfg.device.type = chosen[0] if chosen is not None else cfg.backend.type
+        values = OmegaConf.to_container(cfg, resolve=False)
+        loose = loose_values(values, run_config_type(sections))  # what OmegaConf's typing would let through
+        if loose:
+            raise ValidationError(loose)
         # merged as a plain container, so a key the schema lacks (``+foo=1``) is refused naming it
-        typed = cast(DictConfig, OmegaConf.merge(cached_schema(sections), OmegaConf.to_container(cfg, resolve=False)))
+        typed = cast(DictConfig, OmegaConf.merge(cached_schema(sections), values))
         device_types_upper(typed)
         run = cast(RunConfig, OmegaConf.to_object(typed))  # resolves, naming the key of a failing interpolation
     except OmegaConfBaseException as e:
@@ -128,21 +133,13 @@ def _typed_backend(values: Any, device_type: str, backends: Mapping[str, type],
         else:
             problems.append(f"backend.{key}: the {kind} backend has no such setting (its settings: "
                             f"{', '.join(sorted(own - {'type'}))})")
-    problems += _numbers_for_booleans(values, schema)
+    problems += loose_values(values, schema, "backend.")
     if problems:
         raise ValidationError(problems)
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), _literal(values)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"backend.{describe_error(e)}") from e
-
-
-def _numbers_for_booleans(values: Any, schema: type) -> list[str]:
-    """A number given for a boolean setting of ``schema`` (OmegaConf would take ``backend.compile=2`` or
-    ``-1`` as true): refused naming the key, as any other wrong type is."""
-    booleans = [f.name for f in fields(schema) if f.type in (bool, "bool")]
-    return [f"backend.{key}: {values[key]!r} is a number, and it takes true or false"
-            for key in booleans if type(values.get(key)) in (int, float)]
 
 
 _INTERPOLATION = re.compile(r"(\\*)\$\{")

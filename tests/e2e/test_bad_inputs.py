@@ -60,6 +60,14 @@ CASES = [
     ("compile-a-number", ["backend.compile=2"], "backend.compile: 2 is a number"),
     ("compile-whole-step-a-negative-number", ["backend.compile_whole_step=-1"], "backend.compile_whole_step"),
     ("sgd-with-betas", ["optimizer=sgd", "optimizer.betas=[0.9,0.99]"], "optimizer.betas"),
+    # issue 47 round five: numbers for booleans outside backend.*, containers in lists, float32 overflows
+    ("start-over-a-number", ["checkpoint.start_over=2"], "checkpoint.start_over: 2 is a number"),
+    ("start-over-a-negative-number", ["checkpoint.start_over=-1"], "checkpoint.start_over: -1 is a number"),
+    ("exclude-a-mapping", ["optimizer.weight_decay_exclude=[{a:1}]"], "optimizer.weight_decay_exclude[0]"),
+    ("group-params-a-mapping", ["+optimizer.groups.h.params=[{a:1}]"], "optimizer.groups.h.params[0]"),
+    ("lr-beyond-float32", ["optimizer.lr=1e300"], "optimizer.lr: 1e+300"),
+    ("lr-scale-beyond-float32", ["+optimizer.groups.h.params=[net.*]", "+optimizer.groups.h.lr_scale=1e300"],
+     "optimizer.groups.h.lr_scale"),
     # out-of-range numbers
     ("negative-steps", ["loop.max_steps=-1"], "loop.max_steps"),
     ("negative-lr", ["optimizer.lr=-0.1"], "optimizer.lr"),

@@ -66,6 +66,8 @@ ATTACKS = {
     "plan-lr-negative": (_set("scheduler.plan.lr", -0.5), "scheduler.plan.lr: -0.5"),
     "plan-lr-inf": (_set("scheduler.plan.lr", math.inf), "scheduler.plan.lr: inf"),
     "plan-total-negative": (_set("scheduler.plan.total_steps", -7), "scheduler.plan.total_steps: -7"),
+    "plan-lr-beyond-float32": (_set("scheduler.plan.lr", 1e300), "scheduler.plan.lr: 1e+300"),
+    "plan-ratio-above-one": (_set("scheduler.plan.min_lr_ratio", 5.0), "scheduler.plan.min_lr_ratio: 5.0"),
     "base-lrs-strings": (_base_lrs(lambda lrs: ["x"] * len(lrs)), "scheduler.base_lrs[0]: str"),
     "base-lrs-too-many": (_base_lrs(lambda lrs: [*lrs, 0.01]), "scheduler.base_lrs: it must be a list of 2"),
     "group-lr-nan": (_set("optimizer.param_groups[0].lr", math.nan), "optimizer.param_groups[0].lr: nan"),

@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 import csframework as csf
@@ -195,11 +196,59 @@ def test_the_edges_of_each_range_are_accepted(groups, values):
     assert problems(groups, values) == []
 
 
-def test_a_rate_below_the_presets_floor_says_which_floor_to_set():
-    # adamw's preset decays to min_lr 3e-4: a user lowering only the rate is told the setting to add
-    assert problems(("optimizer=adamw",), {"optimizer.lr": 1e-4}) == [
+@pytest.mark.parametrize("lr", [1e-4, 1e-7, 0.0])
+def test_any_rate_is_accepted_by_the_presets_relative_floor(lr):
+    """Issue 49 item 10: adamw's preset decays to a tenth of the rate (``min_lr_ratio: 0.1``), not to an
+    absolute 3e-4 that refused every ``optimizer.lr`` below it."""
+    from csframework.config.optimizer import final_lr
+
+    cfg = config(("optimizer=adamw",), {"optimizer.lr": lr})
+    assert problems(("optimizer=adamw",), {"optimizer.lr": lr}) == []
+    assert final_lr(cfg.optimizer) == pytest.approx(lr / 10)
+
+
+def test_an_absolute_floor_replaces_the_presets_ratio_and_both_set_are_refused():
+    from csframework.config.optimizer import final_lr
+
+    assert final_lr(config(("optimizer=adamw",), {"optimizer.schedule.min_lr": 1e-5}).optimizer) == 1e-5
+    assert problems(("optimizer=adamw",), {"optimizer.schedule.min_lr": 1e-5,
+                                           "optimizer.schedule.min_lr_ratio": 0.2}) == [
+        "optimizer.schedule.min_lr, optimizer.schedule.min_lr_ratio: both set (1e-05 and 0.2), and each alone says "
+        "where the rate ends; keep one (optimizer.schedule.min_lr=null, or optimizer.schedule.min_lr_ratio=0)"]
+    # an absolute floor above the rate still names the ratio that follows the rate
+    assert problems(("optimizer=adamw",), {"optimizer.lr": 1e-4, "optimizer.schedule.min_lr": 3e-4}) == [
         "optimizer.schedule.min_lr: 0.0003 must be between 0 and 0.0001 (optimizer.lr): the schedule decays the "
-        "rate to it; set optimizer.schedule.min_lr=1e-05 (a tenth of the rate) or lower"]
+        "rate to it; set optimizer.schedule.min_lr_ratio=0.1 (a tenth of the rate, whatever it is) and min_lr=null"]
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+@pytest.mark.parametrize("groups, values, expected", [
+    ((), {"optimizer.lr": 1e300}, "optimizer.lr: 1e+300 must be between 0 and 3.40282e+38 (float32's largest"),
+    ((), {"optimizer.weight_decay": 1e39}, "optimizer.weight_decay: 1e+39 must be between 0 and 3.40282e+38"),
+    (ADAM, {"optimizer.eps": 1e300}, "optimizer.eps: 1e+300 must be in (0, 3.40282e+38]"),
+    ((), {"+optimizer.groups.h": {"params": ["*"], "lr_scale": 1e300}},
+     "optimizer.groups.h.lr_scale: 1e+300 must be between 0 and 3.40282e+38"),
+    ((), {"+optimizer.groups.h": {"params": ["*"], "weight_decay": 1e300}},
+     "optimizer.groups.h.weight_decay: 1e+300 must be between 0 and 3.40282e+38"),
+    ((), {"optimizer.lr": 1e20, "+optimizer.groups.h": {"params": ["*"], "lr_scale": 1e20}},
+     "optimizer.groups.h.lr_scale: optimizer.lr (1e+20) times lr_scale (1e+20) is 1e+40, more than float32's "
+     "largest number (3.40282e+38), in which the optimizer computes the group's rate; lower one of them"),
+    (("optimizer=adamw",), {"optimizer.lr": 1e38},
+     "optimizer.lr: the rate 1e+38 over 1 - betas[0] (0.1), adamw's first step size, is 1e+39, more than "
+     "float32's largest number (3.40282e+38); lower it"),
+], ids=["lr", "weight-decay", "eps", "lr-scale", "group-weight-decay", "lr-times-scale", "adam-step"])
+def test_a_setting_or_rate_beyond_float32_is_refused_naming_the_key(groups, values, expected):
+    """Issue 47 item 10: torch computes the update in float32, so a rate it cannot hold passed mode=check
+    and failed the first step ("value cannot be converted to type float without overflow")."""
+    values = {key.lstrip("+"): value for key, value in values.items()}
+    found = problems(groups, values)
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_the_largest_float32_rate_is_accepted():
+    assert problems(("optimizer=sgd",), {"optimizer.lr": FLOAT32_MAX}) == []
 
 
 def test_seed_range_keeps_the_derived_data_order_seeds_in_range():
@@ -211,6 +260,28 @@ def test_seed_range_keeps_the_derived_data_order_seeds_in_range():
     sampler.set_epoch(validation.MAX_COUNT)
     assert sorted(sampler) == list(range(8))
     seed_everything(validation.MAX_SEED)
+
+
+@pytest.mark.parametrize("seed", [20240101, validation.MAX_SEED])
+def test_every_allowed_seed_draws_a_sampled_evaluation(seed):
+    """Issue 47 item 8: the draw of a sampled evaluation (``loop.eval_steps``) is seeded from ``seed`` and the
+    draw; a seed above about 1.8e7 once took that seed past 2**64 (``manual_seed`` overflowed)."""
+    from csframework.data import ResumableSampler
+
+    for draw in (0, validation.MAX_COUNT):
+        sampler = ResumableSampler(1000, shuffle=False, seed=seed, pad=True, sample=40)
+        sampler.set_epoch(draw)
+        drawn = sampler.order().tolist()
+        assert len(set(drawn)) == 40 and drawn == sorted(drawn)
+
+
+def test_a_small_seed_draws_the_samples_it_always_drew():
+    from csframework.data import ResumableSampler
+
+    sampler = ResumableSampler(1000, shuffle=False, seed=3, pad=True, sample=40)
+    sampler.set_epoch(5)
+    before = torch.randperm(1000, generator=torch.Generator().manual_seed((3 * 1_000_003 + 5) * 1_000_003 + 11))
+    assert sampler.order().tolist() == before[:40].sort().values.tolist()
 
 
 def test_torch_optimizer_errors_are_config_errors_when_validation_is_disabled(tmp_path):

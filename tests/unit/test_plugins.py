@@ -570,3 +570,67 @@ def test_a_module_path_among_the_plugins_is_imported_and_registered_once():
     twice = build_manager([], extra=["sweep_plugin", sweep_plugin])
     assert [p for p in twice.get_plugins() if p is sweep_plugin] == [sweep_plugin]
     assert not [p for p in twice.get_plugins() if isinstance(p, str)]
+
+
+# -- a plugin with a section enabled from a config file (issue 49 item 10) ----------------------------------
+FILE_PLUGIN = '''
+from dataclasses import dataclass
+
+import csframework as csf
+
+
+@dataclass
+class Shown:
+    value: int = 0
+
+
+@csf.hookimpl
+def csframework_config_sections():
+    return {"file_section": Shown}
+
+
+@csf.hookimpl
+def on_fit_start(run):
+    run.log.info("file_section_value", value=run.config.file_section.value)
+'''
+
+
+@pytest.fixture
+def file_configs(tmp_path, monkeypatch):
+    """A module plugin with a config section, an experiment file and a primary config that enable it and set
+    the section, in a config directory that searches the test configs too."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "file_section_plugin.py").write_text(FILE_PLUGIN)
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "with_section.yaml").write_text(
+        "# @package _global_\nplugins:\n  enable: [file_section_plugin]\nfile_section:\n  value: 5\n")
+    (conf / "primary.yaml").write_text("defaults:\n  - config\n  - _self_\n"
+                                       "plugins:\n  enable: [file_section_plugin]\nfile_section:\n  value: 6\n")
+    return conf
+
+
+def test_a_plugin_with_a_section_can_be_enabled_and_set_from_config_files(file_configs):
+    search = f"hydra.searchpath=[file://{fixtures.CONF}]"
+    config = csf.compose([*fixtures.TINY, search, "+experiment=with_section"], config_dir=str(file_configs))
+    assert config.file_section.value == 5 and list(config.plugins.enable) == ["file_section_plugin"]
+    config = csf.compose([*fixtures.TINY, search, "file_section.value=7"], config_dir=str(file_configs),
+                         config_name="primary")
+    assert config.file_section.value == 7
+    with pytest.raises(ConfigError, match=r"^file_section\.valu: .*did you mean `file_section\.value`"):
+        csf.compose([*fixtures.TINY, search, "+experiment=with_section", "file_section.valu=1"],
+                     config_dir=str(file_configs))
+    with pytest.raises(ConfigError, match=r"^file_section: Key 'file_section' not in 'RunConfig'"):
+        csf.compose([*fixtures.TINY, search, "file_section.value=1"], config_dir=str(file_configs))  # not enabled
+
+
+@pytest.mark.slow
+def test_the_command_line_runs_a_plugin_a_config_file_enables_with_its_section(file_configs, tmp_path, cli_env):
+    env = dict(cli_env, PYTHONPATH=os.pathsep.join([str(tmp_path), cli_env["PYTHONPATH"]]))
+    run_dir = tmp_path / "run"
+    [[result]] = run_chains([[{"argv": ["--config-dir", str(file_configs), *fixtures.TINY, "loop.max_steps=1",
+                                        f"hydra.searchpath=[file://{fixtures.CONF}]", "+experiment=with_section",
+                                        f"hydra.run.dir={run_dir}"]}]], env)
+    assert result["returncode"] == 0, result["stderr"][-2000:]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e.get("value") for e in events if e.get("event") == "file_section_value"] == [5]

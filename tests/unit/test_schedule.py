@@ -228,3 +228,38 @@ def test_an_unreadable_plan_in_a_checkpoint_is_refused():
     for plan in ({**state["plan"], "name": "zigzag"}, {**state["plan"], "total_steps": None}, {"lr": 0.1}):
         with pytest.raises(ValueError, match="schedule's plan is unreadable"):
             schedule.load_state_dict({**state, "plan": plan})
+
+
+def test_a_relative_floor_follows_the_rate_and_resumes_bit_for_bit():
+    """Issue 49 item 10: ``min_lr_ratio`` decays to that fraction of the rate; a checkpoint's plan keeps the
+    ratio itself (``lr * ratio / lr`` need not be the ratio), and an older plan's absolute ``min_lr`` stays
+    absolute."""
+    from csframework.config import OptimizerConfig, ScheduleConfig
+    from csframework.schedule import build_scheduler
+
+    def rates(schedule, opt, steps):
+        seen = []
+        for _ in range(steps):
+            seen.append(opt.param_groups[0]["lr"])
+            schedule.step()
+        return seen
+
+    def sgd(lr):
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+    cfg = OptimizerConfig(lr=3e-3, schedule=ScheduleConfig(name="cosine", warmup_steps=3, min_lr_ratio=0.1))
+    straight = build_scheduler(opt := sgd(cfg.lr), cfg, total_steps=20)
+    planned = rates(straight, opt, 20)
+    assert planned[-1] == 3e-3 * 0.1  # the floor is the ratio of the rate, computed as the factor 0.1
+    replay = build_scheduler(opt := sgd(cfg.lr), cfg, 20)
+    rates(replay, opt, 8)
+    state = replay.state_dict()
+    assert state["plan"]["min_lr_ratio"] == 0.1 and state["plan"]["min_lr"] == pytest.approx(3e-4)
+    other = OptimizerConfig(lr=1e-2, schedule=ScheduleConfig(name="linear", min_lr=0.0))
+    resumed = build_scheduler(opt := sgd(other.lr), other, 20)
+    resumed.load_state_dict(state)
+    assert rates(resumed, opt, 12) == planned[8:]  # bit for bit
+    older = {**state, "plan": {k: v for k, v in state["plan"].items() if k != "min_lr_ratio"}}
+    resumed = build_scheduler(opt := sgd(other.lr), other, 20)
+    resumed.load_state_dict(older)
+    assert rates(resumed, opt, 12)[-1] == pytest.approx(3e-4)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...config.optimizer import ScheduleName
-from ...config.ranges import MAX_COUNT, MAX_GROWTH_INTERVAL, MAX_SCALE, check_range
+from ...config.ranges import MAX_COUNT, MAX_FLOAT32, MAX_GROWTH_INTERVAL, MAX_SCALE, check_range
 
 
 def _number(value) -> bool:
@@ -24,10 +24,10 @@ def _count(key: str, value, low: int, high: int) -> list[str]:
 
 
 def _rate(key: str, value) -> list[str]:
-    """A learning rate: a finite number >= 0, as ``optimizer.lr`` must be."""
+    """A learning rate: a number from 0 to float32's largest, as ``optimizer.lr`` must be."""
     if not _number(value):
         return [f"{key}: {type(value).__name__} is not a number"]
-    return check_range(key, value, 0.0, None)
+    return check_range(key, value, 0.0, MAX_FLOAT32)
 
 
 def stage_limits(run) -> list[int | None]:
@@ -115,6 +115,10 @@ def schedule_problems(scheduler, groups: int) -> list[str]:
     if plan.get("name") not in [s.value for s in ScheduleName]:
         found.append(f"scheduler.plan.name: {plan.get('name')!r:.40} is no schedule")
     found += _rate("scheduler.plan.lr", plan.get("lr")) + _rate("scheduler.plan.min_lr", plan.get("min_lr"))
+    ratio = plan.get("min_lr_ratio")  # None: min_lr is the floor (and older checkpoints have no ratio)
+    if ratio is not None:
+        found += (check_range("scheduler.plan.min_lr_ratio", ratio, 0.0, 1.0) if _number(ratio)
+                  else [f"scheduler.plan.min_lr_ratio: {type(ratio).__name__} is not a number"])
     found += _count("scheduler.plan.total_steps", plan.get("total_steps"), 0, MAX_COUNT)
     found += _count("scheduler.plan.warmup_steps", plan.get("warmup_steps"), 0, MAX_COUNT)
     return found

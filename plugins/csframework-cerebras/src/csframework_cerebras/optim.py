@@ -64,9 +64,12 @@ def build_schedule(cstorch, optimizer, cfg, total_steps: int) -> InStepSchedule:
     """csframework's built-in schedule as ``cstorch.optim.lr_scheduler`` objects, stepped in every step.
 
     csframework's rate at step ``s`` (0-based) is ``lr * (s + 1) / warmup`` during the warm-up, then constant,
-    or a linear or cosine decay reaching ``min_lr`` at the last step (``csframework.schedule.lr_factor``):
+    or a linear or cosine decay reaching the final rate (``final_lr``) at the last step
+    (``csframework.schedule.lr_factor``):
     a ``LinearLR`` from ``lr / warmup`` to ``lr`` over ``warmup - 1`` steps, then ``ConstantLR``,
     ``LinearLR`` or ``CosineDecayLR`` over the rest, joined by ``SequentialLR``."""
+    from csframework.config.optimizer import final_lr
+
     sched = cfg.schedule
     lr, warmup = cfg.lr, sched.warmup_steps
     kind = getattr(sched.name, "value", sched.name)
@@ -75,10 +78,10 @@ def build_schedule(cstorch, optimizer, cfg, total_steps: int) -> InStepSchedule:
     if kind == "constant" or lr == 0:
         main = lrs.ConstantLR(optimizer, learning_rate=lr)
     elif kind == "linear":
-        main = lrs.LinearLR(optimizer, initial_learning_rate=lr, end_learning_rate=sched.min_lr,
+        main = lrs.LinearLR(optimizer, initial_learning_rate=lr, end_learning_rate=final_lr(cfg),
                             total_iters=decay_steps)
     else:
-        main = lrs.CosineDecayLR(optimizer, initial_learning_rate=lr, end_learning_rate=sched.min_lr,
+        main = lrs.CosineDecayLR(optimizer, initial_learning_rate=lr, end_learning_rate=final_lr(cfg),
                                  total_iters=decay_steps)
     if warmup <= 0:
         return InStepSchedule(main)
