@@ -182,3 +182,17 @@ def test_the_whole_forward_compiled_per_function_runs_eagerly_and_the_whole_step
     whole, summary, warnings = _fit(tmp_path, "whole", *one, "backend.compile=true")
     assert summary["compile"]["graph"] == "whole step" and warnings == []
     assert _difference(eager, whole) < 1e-6
+
+
+def test_dynamos_own_fake_inputs_are_traced_to_the_model_tensors_they_stand_for():
+    """Under DDP, Dynamo splits the forward into bucket graphs and hands the backend its own fake tensors of the
+    parameters and buffers: the change is still found, and named."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = Holder()
+    dynamos = FakeTensorMode()
+    inputs = [dynamos.from_tensor(t) for t in (model.inner.lin.weight, model.inner.calls, torch.randn(3, 8))]
+    versions = [t._version for t in inputs]
+    change, = mutation.state_changes(_graph(lambda w, calls, x: _add(calls, x @ w)), inputs, model)
+    assert change.where() == "inner (MutatingBlock)" and change.name == "calls"
+    assert [t._version for t in inputs] == versions  # Dynamo's fakes left as they were

@@ -92,13 +92,25 @@ class _Writes(TorchDispatchMode):
         return self.found
 
 
+def _fake(mode: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """A fake tensor of ``mode`` like ``tensor``; Dynamo's own fakes (DDP's bucket graphs get them) are copied
+    by shape, not shared (their version counters are Dynamo's)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(tensor, FakeTensor):
+        return mode.from_tensor(tensor, static_shapes=True)
+    with mode:
+        copy = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+    return copy.requires_grad_(tensor.requires_grad)
+
+
 def written_inputs(gm: torch.fx.GraphModule, example_inputs: list) -> dict[int, str]:
     """The positions of ``example_inputs`` that ``gm`` changes in place, with the operation, found by running it on
     fake copies of them (shapes and dtypes only: nothing real is read or written)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    fakes = [_fake(mode, t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     writes = _Writes({i: t for i, t in enumerate(fakes) if isinstance(t, torch.Tensor)})
     with mode, writes:
         gm(*fakes)
@@ -117,6 +129,13 @@ def state_changes(gm: torch.fx.GraphModule, example_inputs: list, model: nn.Modu
         return []
     written = written_inputs(gm, example_inputs)
     named = owners(model) if written else {}
+    for tensor in [example_inputs[i] for i in written]:  # Dynamo's fake of a model tensor: that tensor's owner
+        converter = getattr(getattr(tensor, "fake_mode", None), "fake_tensor_converter", None)
+        if converter is not None and id(tensor) not in named:
+            for real in [*model.parameters(), *model.buffers()]:
+                fake = converter._get_memo(real)  # (Dynamo's memo: the fake it made of that real tensor)
+                if fake is not None:
+                    named.setdefault(id(fake), named[id(real)])
     changes = []
     for position, op in written.items():
         owner = named.get(id(example_inputs[position]))
