@@ -6,8 +6,10 @@ AOTAutograd functionalises ``self.calls.add_(1); y = x / self.calls`` and its ba
 steps, no error). Which patterns go wrong depends on torch's partitioner, so the rule is plain: every graph
 ``torch.compile`` captures for training is run once on fake tensors (no real tensor is touched, no random state
 drawn) before it is compiled, and a graph that changes a parameter or buffer of the model in place runs eagerly
-(Dynamo's captured operations, eager autograd) instead of Inductor's code. The run says so once per graph, naming
-the modules (``StateChange``). Evaluation's graphs (no gradient) compile as before: their forward is right.
+(Dynamo's captured operations, eager autograd) instead of Inductor's code. The run says so once per change (the
+same change in every layer of a block class is one), naming the modules (``StateChange``, ``warn``). Evaluation's
+graphs (no gradient) compile as before: their forward is right. The optimizer's update, which changes the
+parameters by design, is compiled under ``no_grad``: no training graph, no check.
 
 Exempt: the running statistics of torch's batch norm (``running_mean``, ``running_var``, ``num_batches_tracked``),
 which its backward never reads (tests/unit/test_compile_mutation.py compares a compiled model of BatchNorm blocks
