@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import csframework as csf
-from csframework.backends.compile import mutation
+from csframework.backends.compile import findings, mutation
 from fixtures import compose
 
 
@@ -196,3 +196,18 @@ def test_dynamos_own_fake_inputs_are_traced_to_the_model_tensors_they_stand_for(
     change, = mutation.state_changes(_graph(lambda w, calls, x: _add(calls, x @ w)), inputs, model)
     assert change.where() == "inner (MutatingBlock)" and change.name == "calls"
     assert [t._version for t in inputs] == versions  # Dynamo's fakes left as they were
+
+
+def _data_dependent(calls, x):
+    calls.add_(1)
+    return x[x.nonzero()]  # an output shape from the values: no fake-tensor kernel without a shape environment
+
+
+def test_a_graph_that_cannot_run_on_fake_tensors_is_compiled_unchecked_and_said():
+    model = Holder()
+    recorder = findings.Recorder("default", model)
+    inputs = [model.inner.calls, torch.randn(3, requires_grad=True)]
+    assert recorder._changes_state(_graph(_data_dependent), inputs) is False  # compiled, as before the check
+    assert recorder.state_changes == [] and len(recorder.unchecked) == 1
+    assert recorder.unchecked[0].endswith("; that graph is compiled without the check")
+    assert recorder._changes_state(_graph(_add), inputs) is True and len(recorder.state_changes) == 1
