@@ -112,6 +112,8 @@ def test_a_training_graph_names_the_changed_module_and_exempts_batch_norms_stati
     bn_inputs = [torch.randn(8, 3, requires_grad=True), norm.running_mean, norm.running_var,
                  norm.num_batches_tracked, torch.randn(4, 8)]
     assert mutation.state_changes(_graph(_batch_norm), bn_inputs, model) == []
+    bn_inputs[3] = model.inner.calls  # the same graph counting in a buffer of the user's own: found
+    assert [c.name for c in mutation.state_changes(_graph(_batch_norm), bn_inputs, model)] == ["calls"]
     with torch.no_grad():  # evaluation: no backward, nothing to get wrong
         assert mutation.state_changes(_graph(lambda w, calls, x: _add(calls, x @ w)), inputs, model) == []
 
