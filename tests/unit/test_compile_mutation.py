@@ -119,13 +119,13 @@ def test_a_training_graph_names_the_changed_module_and_exempts_batch_norms_stati
 
 
 # -- compiled runs against eager ones ---------------------------------------------------------------------------
-#: 6 SGD steps of the 2-block net on the Blobs set, one thread, no evaluation
-STEPS = ["loop.max_steps=6", "backend.threads=1", "data.val=null", "model._target_=" + __name__ + ".net",
-         "~model.net", "~model.loss"]
+#: 6 SGD steps of the 2-block net on the Blobs set, one thread, no evaluation unless ``EVAL``
+STEPS = ["loop.max_steps=6", "backend.threads=1", "model._target_=" + __name__ + ".net", "~model.net", "~model.loss"]
+NO_EVAL = "data.val=null"
 
 
-def _fit(tmp_path, name: str, *overrides: str) -> tuple[csf.Run, dict, list[dict]]:
-    run = csf.Run(compose(*STEPS, *overrides), output_dir=tmp_path / name)
+def _fit(tmp_path, name: str, *overrides: str, evaluate: bool = False) -> tuple[csf.Run, dict, list[dict]]:
+    run = csf.Run(compose(*STEPS, *overrides, *([] if evaluate else [NO_EVAL])), output_dir=tmp_path / name)
     summary = run.fit()
     events = [json.loads(line) for line in (tmp_path / name / "events.jsonl").read_text().splitlines()]
     return run, summary, [e for e in events if e["event"] == "compiled_eagerly"]
@@ -173,15 +173,18 @@ def test_a_block_that_keeps_its_state_or_uses_batch_norm_compiles_by_region(tmp_
 @pytest.mark.slow
 def test_the_whole_forward_compiled_per_function_runs_eagerly_and_the_whole_step_compiles_it_right(tmp_path):
     """One block (no regions): per function the model's forward is the graph, run eagerly with the warning; the
-    whole step as one graph (csframework's tracer, eager autograd on the changed buffer) compiles it correctly."""
+    whole step as one graph (csframework's tracer, eager autograd on the changed buffer) compiles it correctly.
+    Evaluation (no gradient) stays compiled and changes the buffer as eager evaluation does."""
     one = ["+model.kind=add", "+model.layers=1"]
-    eager, _, _ = _fit(tmp_path, "eager", *one)
+    eager, before, _ = _fit(tmp_path, "eager", *one, evaluate=True)
     functions, summary, warnings = _fit(tmp_path, "functions", *one, "backend.compile=true",
-                                        "backend.compile_whole_step=false")
+                                        "backend.compile_whole_step=false", evaluate=True)
     assert _difference(eager, functions) < 1e-6 and "regions" not in summary["compile"]
+    assert summary["metrics"]["val/loss"] == pytest.approx(before["metrics"]["val/loss"], abs=1e-6)
+    assert functions.backend.compiled.recorder.graphs == 2  # training's (run eagerly) and evaluation's
     assert len(warnings) == 1 and warnings[0]["module"] == "blocks.0 (MutatingBlock)"
     assert "that part of the model's forward runs eagerly in training" in warnings[0]["result"]
-    whole, summary, warnings = _fit(tmp_path, "whole", *one, "backend.compile=true")
+    whole, summary, warnings = _fit(tmp_path, "whole", *one, "backend.compile=true", evaluate=True)
     assert summary["compile"]["graph"] == "whole step" and warnings == []
     assert _difference(eager, whole) < 1e-6
 
