@@ -11,6 +11,7 @@ from typing import Any, Callable, cast
 import torch
 
 from ...compat import cpp_compiler
+from .mutation import StateChange, state_changes
 
 
 def one_line(error: BaseException) -> str:
@@ -92,15 +93,19 @@ def describe_break(reason: str, stack: list) -> GraphBreak:
 
 class Recorder:
     """The backend handed to ``torch.compile``: Inductor with ``mode``'s options, counting what it compiles and
-    the graph breaks Dynamo reports with each graph."""
+    the graph breaks Dynamo reports with each graph; a training graph that changes a parameter or buffer of
+    ``model`` in place runs eagerly instead (``mutation``), recorded in ``state_changes``."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, model: torch.nn.Module | None = None):
         import torch._inductor
 
         self.options = torch._inductor.list_mode_options(mode)
         self.breaks: list[GraphBreak] = []
         self.graphs = 0
         self.failed: str | None = None
+        self.model = model
+        self.state_changes: list[list[StateChange]] = []  # per graph run eagerly, each set of modules once
+        self.unchecked: list[str] = []  # why a graph could not be checked for state changes (it compiled)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx
@@ -111,7 +116,22 @@ class Recorder:
             if all(str(b) != str(found) for b in self.breaks):
                 self.breaks.append(found)
         self.graphs += 1
+        if self._changes_state(gm, example_inputs):
+            return gm.forward  # Dynamo's captured operations, run eagerly (torch's "eager" backend)
         return cast(Callable, compile_fx(gm, example_inputs, config_patches=self.options))
+
+    def _changes_state(self, gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+        if self.model is None:
+            return False
+        try:
+            changes = state_changes(gm, example_inputs, self.model)
+        except Exception as e:  # an operation without a fake-tensor kernel: compiled as before, and said
+            self.unchecked.append(f"{one_line(e)}; that graph is compiled without the check")
+            return False
+        # said once per change: each layer of a region may be a graph of its own (each buffer is another input)
+        if changes and all({c.key() for c in changes} != {c.key() for c in seen} for seen in self.state_changes):
+            self.state_changes.append(changes)
+        return bool(changes)
 
 
 def signature(batch: Any) -> tuple:

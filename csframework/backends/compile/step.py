@@ -57,7 +57,7 @@ from ...graph.compiler import CompileCache, Compiled
 from ...graph.optim import preinitialisable, preinitialize
 from ...graph.precision import GraphLossScaler, GraphPrecision
 from ...precision import NO_AUTOCAST
-from . import regions
+from . import mutation, regions
 from .findings import (COMPILER_ERRORS, Recorder, compile_failure, compiler_failure, describe_break,
                        missing_compiler, one_line, signature)
 from .payoff import Payoff
@@ -88,7 +88,8 @@ class CompiledStep:
         self.failed: str | None = None  # why compiling failed: everything then runs eagerly
         self.seconds = 0.0
         self.recompiles: list[str] = []
-        self.reported = 0  # graph breaks already warned about
+        self.reported = self._changes_reported = self._unchecked_reported = 0  # findings already said
+        self.eager_modules: list[str] = []  # the modules whose training graphs run eagerly (``mutation``)
         self.eager: set[str] = set()  # the functions that run eagerly from now on (csframework's recompile bound)
         self._notes: list[Callable[[Any], None]] = []  # lines for the run's log once it is logging (in fit)
         self.payoff = payoff  # whether the compiled step is faster than the eager one, measured (``payoff``)
@@ -106,7 +107,8 @@ class CompiledStep:
         self.scope = CompileScope(str(self.cache_root), MAX_RECOMPILES + 2, None if debug else self._torch_log)
         if device.type == "cpu":
             self._check_compiler()
-        self.recorder = Recorder(mode)
+        # (a training graph that changes the model's parameters or buffers in place runs eagerly: ``mutation``)
+        self.recorder = Recorder(mode, run.model)
         options: dict[str, Any] = dict(backend=self.recorder, fullgraph=fullgraph, dynamic=False)
         self.options = options
         # a model of repeated blocks (a transformer's layers): each block's code compiled once for every layer, the
@@ -284,7 +286,7 @@ class CompiledStep:
             self._eager_now = False
         found = payoff.verdict()
         # (a graph break, or a function that runs eagerly, has had its own warning: the step is not all compiled)
-        if found is not None and not self.recorder.breaks and not self.eager:
+        if found is not None and not self.recorder.breaks and not self.eager and not self.recorder.state_changes:
             compiled, eager = (round(1e3 * s, 3) for s in found)
             self.run.log.warning("compile_not_faster", compiled_ms=compiled, eager_ms=eager,
                                  problem=f"the compiled step took {compiled} ms, the same step run eagerly {eager} ms "
@@ -377,6 +379,16 @@ class CompiledStep:
             self.run.log.warning("graph_break", where=found.where, problem=str(found),
                                  result="that part of the step runs eagerly; backend.compile_fullgraph=true refuses it")
         self.reported = len(self.recorder.breaks)
+        self._report_state_changes(name)
+
+    def _report_state_changes(self, name: str) -> None:
+        """The warning for each new graph that runs eagerly because it changes model state (``mutation``)."""
+        blocks = self.regions.blocks if self.regions is not None else []
+        for changes in self.recorder.state_changes[self._changes_reported:]:
+            self.eager_modules.append(mutation.warn(self.run.log, changes, name, self.run.model, blocks))
+        for reason in self.recorder.unchecked[self._unchecked_reported:]:
+            self.run.log.info("state_check_failed", function=name, reason=reason)
+        self._changes_reported, self._unchecked_reported = len(self.recorder.state_changes), len(self.recorder.unchecked)
 
     def _is_break(self, error: BaseException) -> bool:
         from torch._dynamo.exc import Unsupported, UserError
@@ -443,6 +455,8 @@ class CompiledStep:
                "graph": self.graph()}
         if self.regions is not None:
             out["regions"] = regions.describe(self.regions.blocks)
+        if self.eager_modules:  # the modules whose training graphs run eagerly (``mutation``)
+            out["eager"] = self.eager_modules
         if self.failed is not None:
             out["fallback"] = self.failed
         return out
