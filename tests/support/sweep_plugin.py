@@ -6,6 +6,9 @@ Driven by the environment, for the job whose ``optimizer.lr`` is given:
     CSF_TEST_STOP_SWEEP=<lr>@<step>  at that step, send SIGTERM to the multirun's parent process, as a user
                                      would (``kill <pid>``); CSF_TEST_PIDS names a file that then gets every
                                      process of the sweep (the parent and its descendants), one pid a line
+    CSF_TEST_HELPER=<lr>@<step>      at that step, start a helper process of the job's that ignores SIGTERM and
+                                     sleeps 120 s (a stuck data loader worker, a resource tracker), before
+                                     CSF_TEST_STOP_SWEEP's SIGTERM at the same step
     CSF_TEST_KILL_WORKER=<lr>@<step> at that step, SIGKILL the job's own process (a joblib worker dying, as
                                      under the OOM killer), once the file CSF_TEST_KILL_AFTER names exists
                                      (waits for it up to 120 s, when given)
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +64,11 @@ def on_train_batch_end(run):
         os.kill(os.getpid(), signal.SIGKILL)
     if slow:
         time.sleep(slow)
+    if _target("CSF_TEST_HELPER", lr) == run.global_step:  # its output not the test's: its pipes not held open
+        subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "time.sleep(120)"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        time.sleep(1)  # started, and its SIGTERM handler set
     if stop == run.global_step:
         parent = int(os.environ[PARENT_ENV])
         if os.environ.get("CSF_TEST_PIDS"):
