@@ -2,8 +2,9 @@
 
 A parallel launcher leaves helpers behind its jobs: loky's workers, loky's and ``multiprocessing``'s resource
 trackers (which block SIGINT and SIGTERM, and end only when every process holding their pipe has closed it),
-and whatever a job forked (data loader workers). Once every job has ended, the parent closes its end of the
-trackers' pipes, waits a moment for the sweep's processes to go, and kills those that outlive it.
+and whatever a job started (data loader workers; a process whose parent died is adopted by init, out of reach
+of loky, which ends each worker's tree of processes). Once every job has ended, the parent waits a moment for
+the sweep's processes to go and kills those that outlive it; its own trackers end when it exits.
 
 A process is the sweep's when its environment names this multirun's parent (``job.PARENT_ENV``, set before
 any job starts and inherited by every process started under it, also after its parent died and it was
@@ -60,29 +61,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def close_resource_trackers() -> None:
-    """Close this process's end of its resource trackers' pipes (loky's, ``multiprocessing``'s): a tracker
-    ends once no process holds the pipe, and the parent lives on for the sweep's last lines. One needed again
-    before the parent exits is started afresh and ends with it."""
+def own_trackers() -> set[int]:
+    """The pids of this process's resource trackers (loky's, ``multiprocessing``'s): each ends, after removing
+    what the sweep leaked, when this process exits and so closes its pipe (once no other process of the
+    sweep's holds it: ``end_sweep_processes`` sees to that). Ending one earlier would leave that undone."""
+    pids = set()
     for module in _TRACKERS:
-        tracker = getattr(sys.modules.get(module), "_resource_tracker", None)
-        fd = getattr(tracker, "_fd", None)
-        if isinstance(fd, int):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            tracker._fd = tracker._pid = None
+        pid = getattr(getattr(sys.modules.get(module), "_resource_tracker", None), "_pid", None)
+        if isinstance(pid, int):
+            pids.add(pid)
+    return pids
 
 
 def end_sweep_processes(parent: int, grace: float = GRACE_SECONDS) -> list[str]:
-    """After the multirun's last job: close the trackers' pipes, wait up to ``grace`` seconds for the sweep's
-    processes to end, and kill (SIGKILL: the trackers block SIGTERM) those still running. Returns what was
-    killed, ``<pid> (<command>)`` each."""
-    close_resource_trackers()
+    """After the multirun's last job: wait up to ``grace`` seconds for the sweep's processes (but this
+    process's own resource trackers, ``own_trackers``) to end, and kill (SIGKILL: a tracker, or a job's helper,
+    may block SIGTERM) those still running. Returns what was killed, ``<pid> (<command>)`` each."""
     deadline = time.monotonic() + grace
-    left = sweep_processes(parent)
+    mine = own_trackers()
+    left = [pid for pid in sweep_processes(parent) if pid not in mine]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = sweep_processes(parent)
+        left = [pid for pid in sweep_processes(parent) if pid not in mine]
     killed = []
     for pid in left:
         name = _command(pid)

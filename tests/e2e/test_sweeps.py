@@ -186,7 +186,8 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 @needs("hydra_plugins.hydra_joblib_launcher")
 def test_sigterm_of_a_joblib_multirun_interrupts_its_jobs_and_leaves_nothing(tmp_path, cli_env):
     """No process of the sweep outlives it: loky's workers and resource trackers, and (issue 47 item 15) a
-    helper the job started that ignores SIGTERM (as the trackers do; before, it was left running)."""
+    helper the job started that ignores SIGTERM (as the trackers do) and left the worker's tree of processes,
+    out of loky's reach (before, it was left running)."""
     d, pids = tmp_path / "sweep", tmp_path / "pids"
     env = dict(cli_env, CSF_TEST_SLOW="0.1@0.05,0.05@0.05", CSF_TEST_STOP_SWEEP="0.1@20", CSF_TEST_PIDS=str(pids),
                CSF_TEST_HELPER="0.1@20")

@@ -6,8 +6,9 @@ Driven by the environment, for the job whose ``optimizer.lr`` is given:
     CSF_TEST_STOP_SWEEP=<lr>@<step>  at that step, send SIGTERM to the multirun's parent process, as a user
                                      would (``kill <pid>``); CSF_TEST_PIDS names a file that then gets every
                                      process of the sweep (the parent and its descendants), one pid a line
-    CSF_TEST_HELPER=<lr>@<step>      at that step, start a helper process of the job's that ignores SIGTERM and
-                                     sleeps 120 s (a stuck data loader worker, a resource tracker), before
+    CSF_TEST_HELPER=<lr>@<step>      at that step, start a helper process of the job's that ignores SIGTERM,
+                                     leaves the job's tree of processes (its parent exits: init adopts it) and
+                                     sleeps 120 s (as a resource tracker whose process died), before
                                      CSF_TEST_STOP_SWEEP's SIGTERM at the same step
     CSF_TEST_KILL_WORKER=<lr>@<step> at that step, SIGKILL the job's own process (a joblib worker dying, as
                                      under the OOM killer), once the file CSF_TEST_KILL_AFTER names exists
@@ -52,6 +53,17 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+#: CSF_TEST_HELPER's process: it ignores SIGTERM, forks, and its parent exits (so init adopts it); it says its
+#: pid, closes its output (which would hold the test's pipes open) and sleeps.
+_HELPER = """import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    print(os.getpid(), flush=True)
+    os.close(1)
+    time.sleep(120)
+"""
+
+
 @csf.hookimpl
 def on_train_batch_end(run):
     lr = run.config.optimizer.lr
@@ -64,13 +76,14 @@ def on_train_batch_end(run):
         os.kill(os.getpid(), signal.SIGKILL)
     if slow:
         time.sleep(slow)
-    if _target("CSF_TEST_HELPER", lr) == run.global_step:  # its output not the test's: its pipes not held open
-        subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                          "time.sleep(120)"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-        time.sleep(1)  # started, and its SIGTERM handler set
+    helpers = []
+    if _target("CSF_TEST_HELPER", lr) == run.global_step:  # its pid on its stdout, which it then closes
+        helper = subprocess.run([sys.executable, "-c", _HELPER], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, timeout=60)
+        helpers.append(int(helper.stdout))
     if stop == run.global_step:
         parent = int(os.environ[PARENT_ENV])
         if os.environ.get("CSF_TEST_PIDS"):
-            Path(os.environ["CSF_TEST_PIDS"]).write_text("".join(f"{p}\n" for p in descendants(parent)))
+            pids = descendants(parent) + helpers
+            Path(os.environ["CSF_TEST_PIDS"]).write_text("".join(f"{p}\n" for p in pids))
         os.kill(parent, signal.SIGTERM)
