@@ -25,7 +25,7 @@ def printable(text: str) -> str:
 
 
 #: The most characters of one input (a name, a path, a value the user gave) that a message repeats.
-SHOWN_CHARS = 120
+SHOWN_CHARS = 400
 
 
 def clipped(text: object, limit: int = SHOWN_CHARS) -> str:
