@@ -142,7 +142,8 @@ def test_the_sweeps_own_processes_end_with_it_and_no_other():
     from csframework.sweep import leftovers
     from csframework.sweep.job import PARENT_ENV
 
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
+                "time.sleep(60)")
     env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}
     ours = subprocess.Popen([sys.executable, "-c", stubborn], env={**env, PARENT_ENV: str(os.getpid())},
                             stdout=subprocess.PIPE)

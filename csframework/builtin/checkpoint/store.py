@@ -112,8 +112,8 @@ def resolve_checkpoint_path(target: Path) -> tuple[Path, bool]:
     if not exists:
         raise CheckpointNotFound(f"{clipped(target)} does not exist; give a checkpoint, checkpoints/ or run directory")
     if not is_dir:
-        raise CheckpointNotFound(f"{clipped(target)} is not a csframework checkpoint: it is a file, and a checkpoint is a "
-                                 "directory holding meta.json, state.pt and config.yaml; give a checkpoint, "
+        raise CheckpointNotFound(f"{clipped(target)} is not a csframework checkpoint: it is a file, and a checkpoint "
+                                 "is a directory holding meta.json, state.pt and config.yaml; give a checkpoint, "
                                  "checkpoints/ or run directory")
     if (target / "meta.json").exists() or (target / "state.pt").exists():
         return target, False
