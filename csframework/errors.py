@@ -45,9 +45,13 @@ def clipped_words(message: str, limit: int = SHOWN_CHARS) -> str:
 
 
 class CsfError(Exception):
-    """Base class: an error whose message is meant for the user as it is."""
+    """Base class: an error whose message is meant for the user as it is. Whoever builds the message, it
+    repeats no input at unbounded length: each word over ``SHOWN_CHARS`` is clipped (``clipped_words``)."""
 
     exit_code = 1
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(clipped_words(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(CsfError):

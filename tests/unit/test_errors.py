@@ -44,3 +44,12 @@ def test_a_group_option_longer_than_a_file_name_is_one_config_error():
     with pytest.raises(ConfigError, match=r"\(\d+ characters\): File name too long: an override names") as e:
         hydra_session.compose_dict(["model=" + "m" * 3000])
     assert len(str(e.value)) < 700
+
+
+def test_every_csframework_error_clips_what_its_message_repeats():
+    """Issue 47 (14): from Python too (``csf.Run``, ``load_checkpoint``), however the message was built."""
+    from csframework.errors import CheckpointNotFound, ValidationError
+
+    assert len(str(ConfigError(f"seed: {'9' * 5000} is out of range"))) < 450
+    assert str(CheckpointNotFound(f"/runs/{'x' * 5000} does not exist")).endswith("(5006 characters) does not exist")
+    assert len(str(ValidationError(["a: fine", "name: " + "n" * 5000]))) < 500
