@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import api, command, failures, hydra_session
 from .config import RunConfig, check_config_files, describe_error, explicit_groups, user_config_dirs
-from .errors import ConfigError, CsfError, ValidationError, one_line, printable
+from .errors import ConfigError, CsfError, ValidationError, clipped_words, one_line, printable
 from .plugins import hookimpl
 from .rundir import check_run_dir
 
@@ -53,7 +53,7 @@ def error_lines(error: CsfError) -> list[str]:
 
 
 def report_error(error: CsfError) -> None:
-    sys.stderr.write("".join(printable(line) + "\n" for line in error_lines(error)))
+    sys.stderr.write("".join(printable(clipped_words(line)) + "\n" for line in error_lines(error)))
     sys.stderr.flush()
 
 

@@ -79,7 +79,8 @@ def from_worker(error: CsfError) -> CsfError:
     ``module.Class: message``. An error raised here, or of a class made of more than a message, is returned
     as it is."""
     kind, text = type(error), str(error)
-    message_only = all("__init__" not in vars(c) for c in kind.__mro__ if issubclass(c, CsfError))
+    message_only = all("__init__" not in vars(c) for c in kind.__mro__  # CsfError's own takes the message only
+                       if issubclass(c, CsfError) and c is not CsfError)
     if not (message_only and text.startswith("Caught ") and "Original Traceback" in text):
         return error
     last = text.rstrip().splitlines()[-1]

@@ -1,5 +1,5 @@
-"""The errors csframework raises on purpose (the CLI prints them without a traceback), and ``one_line``,
-which puts any error's message on one line."""
+"""The errors csframework raises on purpose (the CLI prints them without a traceback), ``one_line``, which puts
+any error's message on one line, and ``clipped``, which bounds what a message repeats of an input."""
 from __future__ import annotations
 
 import re
@@ -24,10 +24,34 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+#: The most characters of one input (a name, a path, a value the user gave) that a message repeats.
+SHOWN_CHARS = 400
+
+
+def clipped(text: object, limit: int = SHOWN_CHARS) -> str:
+    """``str(text)`` for a message, at most about ``limit`` characters: a longer input keeps its start and end
+    and says how long it was (``'step-0000...0001' (5006 characters)``), so no message grows with its input."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    half = max(limit // 2 - 2, 1)
+    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+
+
+def clipped_words(message: str, limit: int = SHOWN_CHARS) -> str:
+    """``message`` with each word (a run of non-blanks: a path, a value, a name) longer than ``limit`` clipped:
+    what the CLI prints of any error, however the message was built, repeats no input at unbounded length."""
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: clipped(m.group(), limit), message)
+
+
 class CsfError(Exception):
-    """Base class: an error whose message is meant for the user as it is."""
+    """Base class: an error whose message is meant for the user as it is. Whoever builds the message, it
+    repeats no input at unbounded length: each word over ``SHOWN_CHARS`` is clipped (``clipped_words``)."""
 
     exit_code = 1
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(clipped_words(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(CsfError):

@@ -16,10 +16,8 @@ found in it is obeyed:
 - a file read back is read bounded in size, through no link, regular files only;
 - removal deletes directory entries only, walking trees by descriptor: a link is removed, never followed.
 
-:class:`PrivateDir` is the same layer for what csframework would *execute* from a directory (compile caches:
-pickled artifacts, generated modules): it trusts a directory as OpenSSH's ``StrictModes`` trusts ``~/.ssh``,
-only when every directory from its root down is owned by the user and writable by no one else, and every
-file read is the user's, regular and single-linked.
+``privatedir.PrivateDir`` is the same layer for what csframework would *execute* from a directory (compile
+caches: pickled artifacts, generated modules), trusted as OpenSSH's ``StrictModes`` trusts ``~/.ssh``.
 """
 from __future__ import annotations
 
@@ -289,74 +287,6 @@ class SafeDir:
                 _remove_entry(fd, name)
         except FileNotFoundError:
             pass
-
-
-class UntrustedDirError(UnsafePathError):
-    """A ``PrivateDir`` that is not this user's alone: the message names the path and why."""
-
-
-def _not_private(info: os.stat_result, directory: bool) -> str | None:
-    """Why an entry with ``info`` is not this user's alone (StrictModes' rule), or None."""
-    if info.st_uid != os.geteuid():
-        return f"it is owned by uid {info.st_uid}, not by this user ({os.geteuid()})"
-    if directory:
-        return ("it is writable by group or others (chmod go-w it)" if info.st_mode & 0o022 else None)
-    if not stat.S_ISREG(info.st_mode):
-        return "it is not a regular file"
-    if info.st_nlink > 1:
-        return f"it has {info.st_nlink} names (a hard link)"
-    return None
-
-
-class PrivateDir(SafeDir):
-    """A ``SafeDir`` trusted as OpenSSH's ``StrictModes`` trusts ``~/.ssh``: every directory walked, the root
-    included, is owned by this user and writable by no one else (so no one else can have put or swapped
-    anything in it), and every file read is this user's, regular and single-linked. Otherwise the walk raises
-    ``UntrustedDirError`` and a read ``ValueError``, naming why. New directories are made ``0o700``."""
-
-    dir_mode = 0o700
-
-    def _admit_dir(self, fd: int, where: Path) -> None:
-        problem = _not_private(os.fstat(fd), directory=True)
-        if problem:
-            os.close(fd)
-            raise UntrustedDirError(f"{where}: {problem}")
-
-    def _admit_file(self, fd: int, where: Path) -> str | None:
-        return _not_private(os.fstat(fd), directory=False)
-
-    def problem(self, max_entries: int = 200_000) -> str | None:
-        """Why the tree below this directory is not this user's alone (a directory, file or link in it breaks
-        the rule), or None; walked by descriptor, never through a link. ``FileNotFoundError`` when absent."""
-        try:
-            top = self._open(create=False)
-        except UntrustedDirError as e:
-            return str(e)
-        stack: list[tuple[int, Path]] = [(top, self.path)]
-        seen = 0
-        try:
-            while stack:
-                fd, where = stack.pop()
-                try:
-                    for name in os.listdir(fd):
-                        seen += 1
-                        if seen > max_entries:
-                            return f"{self.path}: it holds more than {max_entries} entries; clear it"
-                        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                        is_dir = stat.S_ISDIR(info.st_mode)
-                        problem = _not_private(info, directory=is_dir)
-                        if problem:
-                            return f"{where / name}: {problem}"
-                        if is_dir:
-                            stack.append((os.open(name, _DIR, dir_fd=fd), where / name))
-                finally:
-                    os.close(fd)
-        except OSError as e:
-            return f"{where}: {_why(e)}"
-        finally:
-            for fd, _ in stack:
-                os.close(fd)
-        return None
 
 
 def _remove_entry(parent: int, name: str) -> None:

@@ -13,6 +13,7 @@ plugins' own config sections); ``csframework.api`` asks the plugins for these an
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .config import (RunConfig, cached_schema, check_config_files, describe_error, disabled_section,
                      explicit_groups, to_run_config, user_config_dirs)
 from .config.describe import closest
-from .errors import ConfigError
+from .errors import ConfigError, clipped, clipped_words
 
 #: csframework's own configs (``conf/``, shipped as ``csframework.conf``): what ``@hydra.main``'s
 #: ``config_path`` names and every composition searches (after a user's ``--config-dir``).
@@ -161,7 +162,13 @@ def _composition_errors() -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
         GlobalHydra.instance().clear()
-        raise ConfigError(describe_error(e)) from e
+        raise ConfigError(clipped_words(describe_error(e))) from e  # a value quoted whole: clipped
+    except OSError as e:
+        GlobalHydra.instance().clear()
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        raise ConfigError(f"{clipped(e.filename)}: {e.strerror}: an override names a config group option or key "
+                          "longer than a file name may be; shorten it") from e
     except BaseException:
         GlobalHydra.instance().clear()
         raise

@@ -23,7 +23,7 @@ import yaml
 from .builtin.checkpoint.format import SHARDED, read_checkpoint, read_config_yaml
 from .builtin.checkpoint.store import checkpoint_names, read_best, resolve_checkpoint_path
 from .builtin.checkpoint.untrusted import yaml_problem
-from .errors import CheckpointNotFound, DamagedCheckpoint
+from .errors import CheckpointNotFound, DamagedCheckpoint, clipped
 
 #: What ``which`` may name besides ``newest`` and ``best``: a checkpoint by its step, ``step-40`` or
 #: ``step-00000040`` (the directory's name).
@@ -73,8 +73,8 @@ def load_checkpoint(path: str | os.PathLike[str], which: str = "newest") -> Chec
     target, is_root = resolve_checkpoint_path(Path(path))
     if not is_root:
         if which != "newest" and _step_name(which) != target.name:
-            raise ValueError(f"load_checkpoint: which={which!r} picks among a run's checkpoints, and {target} is one "
-                             "checkpoint; give its run directory, or leave which at 'newest'")
+            raise ValueError(f"load_checkpoint: which={clipped(repr(which))} picks among a run's checkpoints, and "
+                             f"{target} is one checkpoint; give its run directory, or leave which at 'newest'")
         return _read(target)
     names = checkpoint_names(target)[0]  # the index is a hint, checked against the directory (as resume)
     chosen = _choose(target, names, which)
@@ -92,7 +92,7 @@ def _choose(root: Path, names: list[str], which: str) -> str:
     """The checkpoint of ``root`` (a checkpoints/ directory holding ``names``) that ``which`` names."""
     name = _step_name(which)
     if which not in ("newest", "best") and name is None:
-        raise ValueError(f"load_checkpoint: which={which!r}: give 'newest', 'best' or 'step-<N>'")
+        raise ValueError(f"load_checkpoint: which={clipped(repr(which))}: give 'newest', 'best' or 'step-<N>'")
     held = f"it holds {_listed(names)}" if names else "it holds no complete checkpoint"
     if which == "newest":
         if not names:

@@ -3,8 +3,8 @@
 What a compile cache holds is run, not just read: the whole step's Inductor artifacts are pickles, Inductor's
 own cache holds generated Python modules and built libraries that it imports. So a cache root (``backend.compile_dir``,
 ``$TORCHINDUCTOR_CACHE_DIR`` or ``~/.cache/csframework/inductor``) is used only when the tree below it is this
-user's alone (``files.PrivateDir.problem``: every directory owned by the user and writable by no one else, every
-file the user's, regular and single-linked), as ``StrictModes`` asks; Inductor's cache (``backend.compile=true``)
+user's alone (``privatedir.PrivateDir.problem``: every directory and file owned by the user and writable by no one
+else, every file regular and single-linked), as ``StrictModes`` asks; Inductor's cache (``backend.compile=true``)
 also only when this process can write there (Inductor fails the compile when it cannot write its entries; a
 read-only ``backend.compile_dir`` is read, and what the CSX compiler cannot write there is not cached). Otherwise the run compiles
 afresh into a private directory of its own, after one warning naming the cache and why, and reads and writes
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CsfError
-from ..files import PrivateDir
+from ..privatedir import PrivateDir
 
 #: Cache root -> the private directory used in its place by this process (the warning is given once).
 _replacements: dict[str, Path] = {}

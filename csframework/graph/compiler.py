@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, CsfError
-from ..files import PrivateDir
+from ..privatedir import PrivateDir
 from ..jsonout import dumps
 from .cachedir import trusted_root
 from . import passes as graphs
@@ -49,7 +49,7 @@ def _well_formed(report, fp: str) -> bool:
 class CompileCache:
     """``<compile_dir>/<fingerprint>/{report.json, graph.py}``, used only when it is this user's alone
     (``cachedir.trusted_root``: else this process compiles into a private directory of its own, after one
-    ``warn``), its entries read and written through the no-follow layer (``files.PrivateDir``)."""
+    ``warn``), its entries read and written through the no-follow layer (``privatedir.PrivateDir``)."""
 
     def __init__(self, directory: str | os.PathLike, warn: Callable[[str], None] | None = None):
         self.directory = trusted_root(directory, warn)

@@ -25,7 +25,7 @@ import torch
 
 from ..compat import needs_torch
 from ..errors import CsfError
-from ..files import PrivateDir
+from ..privatedir import PrivateDir
 
 #: The first torch with ``torch._inductor.standalone_compile`` and ``CompiledArtifact``.
 STANDALONE_TORCH = (2, 8)

@@ -3,6 +3,7 @@
 - :mod:`.job`: one job as any launcher runs it (failure isolation, signals, skip when completed, its row);
 - :mod:`.table`: the live ``sweep.csv`` / ``sweep.json``;
 - :mod:`.plot`: ``sweep.png``;
+- :mod:`.leftovers`: the sweep's own processes (launcher helpers, resource trackers) ended with it;
 - here: what the multirun's parent process does: the Hydra callback (registered in ``conf/config.yaml``),
   forwarding SIGINT/SIGTERM to the jobs running in other processes, and the multirun's exit status.
 """
@@ -27,6 +28,7 @@ from ..errors import CsfError, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
 from .job import JOBS, PARENT_ENV, dead_jobs, describe, exit_status_of, handling_stop_signals, run_sweep_job
+from .leftovers import GRACE_SECONDS, end_sweep_processes
 from .marks import INTERRUPTED, REFUSED, SAID, mark_interrupted, refused_jobs, reset_stop
 from .plot import PLOT, PLOT_SVG, swept_keys
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, make_row, read_rows, rebuild_rows,
@@ -252,13 +254,18 @@ def _stop_idle_workers() -> None:
 
 
 def finish() -> int:
-    """After the multirun: ``sweep.png`` (unless interrupted); on stderr the sweep's end (``end_line``), then
-    the jobs that failed or were stopped; returns the multirun's exit status."""
+    """After the multirun: no process of the sweep's left (``leftovers``), ``sweep.png`` (unless interrupted);
+    on stderr the sweep's end (``end_line``), then the jobs that failed or were stopped; returns the multirun's
+    exit status."""
     from .plot import write_sweep_plot
 
     _stop_idle_workers()
     if _SWEEP_DIR is None:
         return 0
+    killed = end_sweep_processes(os.getpid())  # every job has ended: so does every process of the sweep's
+    if killed:
+        sys.stderr.write(f"csframework: ended {len(killed)} process(es) of the sweep still running "
+                         f"{GRACE_SECONDS:g} s after its last job: {printable(', '.join(killed))}\n")
     with contextlib.suppress(OSError, CsfError), SafeDir(_SWEEP_DIR).opened(create=False) as fd:
         os.rmdir(JOBS, dir_fd=fd)  # empty now (every job has ended); a link or a file there is not removed
     rows = read_rows(_SWEEP_DIR)

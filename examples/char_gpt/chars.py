@@ -4,6 +4,8 @@ source (always present, nothing to download). The alphabet is every character of
 from __future__ import annotations
 
 import functools
+import os
+import stat
 import sysconfig
 from pathlib import Path
 
@@ -11,12 +13,30 @@ import torch
 from torch.utils.data import Dataset
 
 
+#: The largest text file read (enwik8, the classic character-level benchmark, is 100 MB).
+MAX_TEXT_BYTES = 128 << 20
+
+
+def read_file(path: str) -> str:
+    """The UTF-8 text of ``path``, read only when it is a regular file of at most ``MAX_TEXT_BYTES``: a FIFO
+    (which would block), a device such as ``/dev/zero`` (which never ends) or a directory is a ``ValueError``
+    naming it before anything is read (a run's config, read back by sample.py, may have been forged)."""
+    fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: it is not a regular file (a FIFO, a device or a directory); give a text file")
+        data = f.read(MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise ValueError(f"{path}: it holds more than {MAX_TEXT_BYTES} bytes; give a smaller text file")
+    return data.decode("utf-8")
+
+
 @functools.lru_cache(maxsize=2)
 def read_text(path: str | None, num_chars: int | None) -> str:
-    """The text of ``path``, or of the stdlib's top-level ``*.py`` files in sorted order; its first
-    ``num_chars`` characters when given."""
+    """The text of ``path`` (``read_file``), or of the stdlib's top-level ``*.py`` files in sorted order; its
+    first ``num_chars`` characters when given."""
     if path:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
+        text = read_file(path)
     else:
         parts, total = [], 0
         for source in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):

@@ -15,14 +15,19 @@ import torch
 
 import csframework as csf
 from chars import CharWindows
-from sample import load
+from sample import load, read_training_text, training_text
 
 
 def windows_of(run_dir: str) -> CharWindows:
-    """The validation split's non-overlapping windows of the text the run trained on."""
+    """The validation split's non-overlapping windows of the text the run trained on (its path and block size
+    from the checkpoint's config, checked as ``sample.load`` checks them)."""
     config = csf.load_checkpoint(run_dir).config
-    text, block = config["data"]["train"], config["model"]["block_size"]
-    return CharWindows(text["path"], "val", block, stride=block, num_chars=text["num_chars"])
+    read_training_text(config)  # the file checked, with the key named (read once: ``read_text`` is cached)
+    path, num_chars = training_text(config)
+    block = config.get("model", {}).get("block_size") if isinstance(config.get("model"), dict) else None
+    if type(block) is not int or not 0 < block <= 1 << 20:
+        raise ValueError(f"the checkpoint's model.block_size is {block!r:.40}, not a context length")
+    return CharWindows(path, "val", block, stride=block, num_chars=num_chars)
 
 
 @torch.no_grad()
@@ -48,6 +53,12 @@ def nanogpt_loss(checkout: str, checkpoint: str):
     return lambda inputs, targets: gpt(inputs, targets)[1]
 
 
+def model_loss(run_dir: str):
+    """``loss_of`` for the run's own newest checkpoint."""
+    model, _ = load(run_dir)
+    return lambda inputs, targets: model((inputs, targets))["loss"]
+
+
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run directory of this example (its text and windows)")
@@ -55,12 +66,11 @@ def main(argv=None) -> float:
                         help="score nanoGPT's checkpoint CKPT instead, with the model of its checkout DIR")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    windows = windows_of(args.run_dir)
-    if args.nanogpt:
-        loss_of = nanogpt_loss(*args.nanogpt)
-    else:
-        model, _ = load(args.run_dir)
-        loss_of = lambda inputs, targets: model((inputs, targets))["loss"]  # noqa: E731
+    try:
+        windows = windows_of(args.run_dir)
+        loss_of = nanogpt_loss(*args.nanogpt) if args.nanogpt else model_loss(args.run_dir)
+    except (csf.CsfError, ValueError) as e:  # no such run or checkpoint, or one whose config names no text file
+        parser.exit(2, f"{parser.prog}: error: {args.run_dir}: {e}\n")
     loss = mean_loss(loss_of, windows)
     print(f"validation loss over all {len(windows)} windows: {loss:.4f}")
     return loss

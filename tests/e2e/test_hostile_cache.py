@@ -11,6 +11,8 @@ each end with their own losses. Inductor compiles take a minute here: every test
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +107,75 @@ def test_a_planted_module_in_a_shared_cache_never_runs(filled, tmp_path, cli_env
     assert not marker.exists(), f"the planted code ran: {marker.read_text()}"
     told = warnings_of(result)
     assert len(told) == 1 and f"compile cache {cache} not used: {cache}: it is writable by group or others" in told[0]
+    assert '"status": "completed"' in (tmp_path / "run" / "summary.json").read_text()
+
+
+def payload(marker: Path) -> bytes:
+    """A pickle that appends to ``marker`` when it is loaded."""
+    class Payload:
+        def __reduce__(self):  # unpickling it calls exec(...)
+            return exec, (f"open({str(marker)!r}, 'a').write('payload ran\\n')",)
+
+    return pickle.dumps(Payload())
+
+
+def plant_artifact_payload(artifact: Path, planted: bytes) -> None:
+    """Rewrite the whole step's artifact ``artifact`` as another user would: its AOT autograd entry (a pickle,
+    which loading the artifact unpickles) replaced by ``planted``."""
+    from torch.compiler._cache import CacheArtifactManager, _deserialize_single_cache, _serialize_single_cache
+    from torch.utils._appending_byte_serializer import AppendingByteSerializer, BytesReader, BytesWriter
+
+    reader = BytesReader(artifact.read_bytes())
+    header, torch_key, key, entries = reader.read_bytes(), reader.read_bytes(), reader.read_str(), reader.read_bytes()
+    CacheArtifactManager._ensure_cache_artifacts_registered()
+    groups = AppendingByteSerializer.to_list(entries, deserialize_fn=_deserialize_single_cache)
+    assert "aot_autograd" in dict(groups), [kind for kind, _ in groups]
+    serializer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
+    serializer.extend([(kind, [type(a)(a.key, planted if kind == "aot_autograd" else a.content) for a in found])
+                       for kind, found in groups])
+    writer = BytesWriter()
+    writer.write_bytes(header)
+    writer.write_bytes(torch_key)
+    writer.write_str(key)
+    writer.write_bytes(serializer.to_bytes())
+    artifact.write_bytes(writer.to_bytes())
+
+
+def test_a_planted_artifact_anyone_can_write_in_the_users_own_cache_never_runs(filled, tmp_path, cli_env):
+    """Issue 47 (1): the cache's directories are the user's own 0755 ones, but its files are mode 0666 (unpacked
+    from an archive, written under a loose umask), and another user rewrote the whole step's artifact (and
+    Inductor's own copy of its AOT entry, which loading the artifact would otherwise find first) to run code.
+    The next run writes no marker, gives one warning naming a file and the fix, compiles afresh and completes
+    (before: the rule checked a file's owner, type and links, not its mode; the payload ran, exit 0). The
+    payload is first shown to run when the artifact is loaded through csframework's reader at mode 0644."""
+    cache = tmp_path / "inductor"
+    shutil.copytree(filled / "inductor", cache)
+    (artifact,) = cache.glob("steps-default/*/inductor-*.bin")
+    marker = tmp_path / "payload-ran"
+    planted = payload(marker)
+    plant_artifact_payload(artifact, planted)
+    control = tmp_path / "control"
+    control.mkdir(mode=0o700)
+    shutil.copy(artifact, control / artifact.name)
+    subprocess.run([sys.executable, "-c", "import sys; from csframework.graph import inductor; "
+                    "from csframework.privatedir import PrivateDir\n"
+                    "try: inductor._load_artifact(PrivateDir(sys.argv[1]), sys.argv[2])\nexcept Exception: pass",
+                    str(control), artifact.name], env={**cli_env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
+                   capture_output=True, timeout=600)
+    assert marker.exists(), "the planted payload does not run even at mode 0644: the test proves nothing"
+    marker.unlink()
+    local = list(cache.glob("steps-default/inductor/aotautograd/*/*"))
+    assert local, "Inductor's cache holds no AOT entry of the whole step"
+    for entry in local:
+        entry.write_bytes(planted)
+    for path in cache.rglob("*"):
+        if path.is_file():
+            os.chmod(path, 0o666)
+    result = cli(cli_env, tmp_path, WHOLE_STEP, tmp_path / "run", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    assert not marker.exists(), f"the planted code ran: {marker.read_text()}"
+    told = warnings_of(result)
+    assert len(told) == 1 and re.search(rf"compile cache {re.escape(str(cache))} not used: {re.escape(str(cache))}/"
+                                        r"\S+: it is writable by group or others \(chmod go-w it\)", told[0]), told
     assert '"status": "completed"' in (tmp_path / "run" / "summary.json").read_text()
 
 

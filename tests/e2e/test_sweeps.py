@@ -185,8 +185,12 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 @pytest.mark.slow
 @needs("hydra_plugins.hydra_joblib_launcher")
 def test_sigterm_of_a_joblib_multirun_interrupts_its_jobs_and_leaves_nothing(tmp_path, cli_env):
+    """No process of the sweep outlives it: loky's workers and resource trackers, and (issue 47 item 15) a
+    helper the job started that ignores SIGTERM (as the trackers do) and left the worker's tree of processes,
+    out of loky's reach (before, it was left running)."""
     d, pids = tmp_path / "sweep", tmp_path / "pids"
-    env = dict(cli_env, CSF_TEST_SLOW="0.1@0.05,0.05@0.05", CSF_TEST_STOP_SWEEP="0.1@20", CSF_TEST_PIDS=str(pids))
+    env = dict(cli_env, CSF_TEST_SLOW="0.1@0.05,0.05@0.05", CSF_TEST_STOP_SWEEP="0.1@20", CSF_TEST_PIDS=str(pids),
+               CSF_TEST_HELPER="0.1@20")
     r = sweep(d, "optimizer.lr=0.1,0.05,0.01", "loop.max_steps=400", "plugins.enable=[sweep_plugin]",
               "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", env=env)
     assert r.returncode == 143, r.stderr[-2000:]
@@ -199,6 +203,7 @@ def test_sigterm_of_a_joblib_multirun_interrupts_its_jobs_and_leaves_nothing(tmp
     assert all(row["status"] == "interrupted" for row in rows)
     left = _wait_gone([int(p) for p in pids.read_text().split()], seconds=10)
     assert not left, f"processes of the sweep still alive 10 s after it ended: {left}"
+    assert "process(es) of the sweep still running 5 s after its last job: " in r.stderr  # the helper, named
 
 
 @pytest.mark.slow

@@ -6,6 +6,10 @@ Driven by the environment, for the job whose ``optimizer.lr`` is given:
     CSF_TEST_STOP_SWEEP=<lr>@<step>  at that step, send SIGTERM to the multirun's parent process, as a user
                                      would (``kill <pid>``); CSF_TEST_PIDS names a file that then gets every
                                      process of the sweep (the parent and its descendants), one pid a line
+    CSF_TEST_HELPER=<lr>@<step>      at that step, start a helper process of the job's that ignores SIGTERM,
+                                     leaves the job's tree of processes (its parent exits: init adopts it) and
+                                     sleeps 120 s (as a resource tracker whose process died), before
+                                     CSF_TEST_STOP_SWEEP's SIGTERM at the same step
     CSF_TEST_KILL_WORKER=<lr>@<step> at that step, SIGKILL the job's own process (a joblib worker dying, as
                                      under the OOM killer), once the file CSF_TEST_KILL_AFTER names exists
                                      (waits for it up to 120 s, when given)
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +53,17 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+#: CSF_TEST_HELPER's process: it ignores SIGTERM, forks, and its parent exits (so init adopts it); it says its
+#: pid, closes its output (which would hold the test's pipes open) and sleeps.
+_HELPER = """import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    print(os.getpid(), flush=True)
+    os.close(1)
+    time.sleep(120)
+"""
+
+
 @csf.hookimpl
 def on_train_batch_end(run):
     lr = run.config.optimizer.lr
@@ -59,8 +76,14 @@ def on_train_batch_end(run):
         os.kill(os.getpid(), signal.SIGKILL)
     if slow:
         time.sleep(slow)
+    helpers = []
+    if _target("CSF_TEST_HELPER", lr) == run.global_step:  # its pid on its stdout, which it then closes
+        helper = subprocess.run([sys.executable, "-c", _HELPER], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, timeout=60)
+        helpers.append(int(helper.stdout))
     if stop == run.global_step:
         parent = int(os.environ[PARENT_ENV])
         if os.environ.get("CSF_TEST_PIDS"):
-            Path(os.environ["CSF_TEST_PIDS"]).write_text("".join(f"{p}\n" for p in descendants(parent)))
+            pids = descendants(parent) + helpers
+            Path(os.environ["CSF_TEST_PIDS"]).write_text("".join(f"{p}\n" for p in pids))
         os.kill(parent, signal.SIGTERM)

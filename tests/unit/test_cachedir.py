@@ -1,4 +1,4 @@
-"""Compile caches trusted like ``~/.ssh`` (issue 37): ``files.PrivateDir``, ``graph.cachedir.trusted_root``
+"""Compile caches trusted like ``~/.ssh`` (issue 37): ``privatedir.PrivateDir``, ``graph.cachedir.trusted_root``
 and the CSX ``CompileCache`` built on them. A cache that is not this user's alone (a directory writable by
 group or others, a link, a FIFO, a hard-linked file, a file where the directory belongs) is never read: the
 run compiles afresh in a private directory after one warning naming the cache and why; an entry that is a
@@ -13,7 +13,7 @@ import pytest
 
 from csframework.graph import cachedir
 from csframework.graph.compiler import REPORT_VERSION, CompileCache
-from csframework.files import PrivateDir, UntrustedDirError
+from csframework.privatedir import PrivateDir, UntrustedDirError
 
 
 @pytest.fixture(autouse=True)
@@ -166,3 +166,55 @@ def test_a_cache_this_process_cannot_write_is_replaced_for_inductor_only(tmp_pat
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(cache)], capture_output=True)
         os.chmod(cache, 0o700)
+
+
+def test_a_file_anyone_can_write_in_a_private_tree_breaks_the_rule(tmp_path):
+    """Issue 47 (1): the user's own 0755 directories holding an entry of mode 0666 (unpacked from an archive,
+    written under a loose umask): another user can rewrite it, so the cache is not used, naming the file and
+    the fix; and a file made so after the walk is not read either."""
+    cache = tmp_path / "cache"
+    (cache / "steps-default" / "abc").mkdir(parents=True)
+    artifact = cache / "steps-default" / "abc" / "inductor-x.bin"
+    artifact.write_bytes(b"artifact")
+    os.chmod(artifact, 0o666)
+    told: list[str] = []
+    used = cachedir.trusted_root(cache, told.append)
+    assert used != cache
+    assert told == [f"compile cache {cache} not used: {artifact}: it is writable by group or others (chmod go-w it); "
+                    f"this run compiles afresh in {used} (make the cache yours alone, e.g. chmod -R go-w it, or "
+                    "point it at a directory of your own)"]
+    other = tmp_path / "other"
+    (other / "abc").mkdir(parents=True)
+    (other / "abc" / "report.json").write_text(report("abc"))
+    compile_cache = CompileCache(other)
+    assert compile_cache.load("abc") is not None
+    os.chmod(other / "abc" / "report.json", 0o646)  # loosened after the cache was found private
+    assert compile_cache.load("abc") is None
+
+
+def test_the_walk_of_a_wide_cache_holds_few_descriptors(tmp_path):
+    """Issue 47 (13): a cache of 1200 directories walked under a descriptor limit 40 above what this process
+    holds: the user's own cache is still trusted (before: every sibling directory was held open, the walk ran
+    out of descriptors, and the cache was called untrusted)."""
+    import resource
+
+    cache = tmp_path / "cache"
+    for i in range(1200):
+        (cache / f"{i:02x}"[:2] / f"entry-{i}").mkdir(parents=True, exist_ok=True)
+        (cache / f"{i:02x}"[:2] / f"entry-{i}" / "report.json").write_text("{}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+    try:
+        problem = PrivateDir(cache).problem()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert problem is None
+
+
+def test_a_tree_deeper_than_the_bound_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    deep = cache.joinpath(*["d"] * 40)
+    deep.mkdir(parents=True)
+    assert PrivateDir(cache).problem() == (f"{cache.joinpath(*['d'] * 33)}: it is more than 32 directories below "
+                                           f"{cache}; clear it")
+    assert PrivateDir(cache).problem(max_depth=40) is None

@@ -18,7 +18,7 @@ from csframework import compat
 from csframework.backends.csx import lowlevel
 from csframework.graph import inductor
 from csframework.backends.csx.cbfloat16 import round_to_cbfloat16
-from csframework.files import PrivateDir
+from csframework.privatedir import PrivateDir
 from csx_runs import max_diff, params_of, run_on
 # the model whose error must name its line in test_csx_backend.py, and the finder of that line
 from test_csx_backend import Changing, line_of

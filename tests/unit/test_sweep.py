@@ -130,3 +130,32 @@ def test_a_job_number_that_is_not_a_directory_is_refused_before_any_job(area, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and str(area.sweep / "1") in err[0]
     area.assert_untouched()
+
+
+def test_the_sweeps_own_processes_end_with_it_and_no_other():
+    """Issue 47 (15): after the last job, a process started under this multirun that ignores SIGTERM (as the
+    resource trackers do) is killed after the grace; a process of the same parent without the multirun's mark
+    in its environment is left alone."""
+    import subprocess
+    import sys
+
+    from csframework.sweep import leftovers
+    from csframework.sweep.job import PARENT_ENV
+
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
+                "time.sleep(60)")
+    env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}
+    ours = subprocess.Popen([sys.executable, "-c", stubborn], env={**env, PARENT_ENV: str(os.getpid())},
+                            stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", stubborn], env=env, stdout=subprocess.PIPE)
+    try:
+        ours.stdout.readline(), other.stdout.readline()  # both started, SIGTERM ignored
+        assert leftovers.sweep_processes(os.getpid()) == [ours.pid]
+        killed = leftovers.end_sweep_processes(os.getpid(), grace=0.3)
+        assert killed == [f"{ours.pid} ({(sys.executable + ' -c ' + stubborn)[:80]})"]
+        ours.wait(timeout=10)  # reaped already by end_sweep_processes, as the multirun reaps the trackers it started
+        assert leftovers.sweep_processes(os.getpid()) == [] and other.poll() is None
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()

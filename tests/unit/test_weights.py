@@ -131,6 +131,19 @@ def test_which_of_another_type_or_size_is_the_documented_value_error(trained, wh
         csf.load_checkpoint(trained[0], which=which)
 
 
+def test_an_error_repeats_no_input_of_unbounded_size(trained, tmp_path):
+    """Issue 47 (14): a 5000-digit step, or a path of 20000 characters: the error shows the input's start and
+    end and its length, not all of it (before: over 2000 characters of the argument repeated)."""
+    run_dir = trained[0]
+    step = run_dir / "checkpoints" / "step-00000006"
+    huge = "step-" + "9" * 5000
+    for path, which in [(run_dir, huge), (step, huge), (tmp_path / ("x" * 20000), "newest")]:
+        with pytest.raises((ValueError, FileNotFoundError)) as e:
+            csf.load_checkpoint(path, which=which)
+        message = str(e.value)
+        assert len(message) < 700 and " characters)" in message, message[:700]
+
+
 def test_a_run_directorys_checkpoints_that_is_a_link_is_refused_as_resume_refuses_it(copy, trained, tmp_path):
     """Before (issue 37): the link was followed and another run's weights returned as this run's."""
     other = tmp_path / "other"

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ...errors import CheckpointNotFound, ConfigError, UnreadableCheckpoints, UnsafePathError
+from ...errors import CheckpointNotFound, ConfigError, UnreadableCheckpoints, UnsafePathError, clipped
 from ...files import SafeDir
 from ...jsonout import dumps
 from .untrusted import read_json
@@ -104,11 +104,16 @@ def resolve_checkpoint_path(target: Path) -> tuple[Path, bool]:
     directory's ``checkpoints`` is a link. The path itself is the user's (trusted, so resolved); what lies in it
     is not."""
     target = Path(os.path.realpath(target))
-    if not target.exists():
-        raise CheckpointNotFound(f"{target} does not exist; give a checkpoint, checkpoints/ or run directory")
-    if not target.is_dir():
-        raise CheckpointNotFound(f"{target} is not a csframework checkpoint: it is a file, and a checkpoint is a "
-                                 "directory holding meta.json, state.pt and config.yaml; give a checkpoint, "
+    try:
+        exists, is_dir = target.exists(), target.is_dir()
+    except OSError as e:  # a name too long, a directory that cannot be searched
+        raise CheckpointNotFound(f"{clipped(target)}: cannot use it ({e.strerror or e}); give a checkpoint, "
+                                 "checkpoints/ or run directory") from e
+    if not exists:
+        raise CheckpointNotFound(f"{clipped(target)} does not exist; give a checkpoint, checkpoints/ or run directory")
+    if not is_dir:
+        raise CheckpointNotFound(f"{clipped(target)} is not a csframework checkpoint: it is a file, and a checkpoint "
+                                 "is a directory holding meta.json, state.pt and config.yaml; give a checkpoint, "
                                  "checkpoints/ or run directory")
     if (target / "meta.json").exists() or (target / "state.pt").exists():
         return target, False
