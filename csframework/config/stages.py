@@ -33,7 +33,8 @@ def stage_config(base: RunConfig, name: str, partial: Any) -> RunConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e, prefix=f"stages.{name}.")) from e
     # what the run's overrides set, and what the stage sets, is the user's
-    stage_sets = dotted_keys(cast(dict, OmegaConf.to_container(partial, resolve=False)).get("optimizer"), "optimizer")
+    written = cast("dict[str, Any]", OmegaConf.to_container(partial, resolve=False))
+    stage_sets = dotted_keys(written.get("optimizer"), "optimizer")
     mark_user_set(config.optimizer, base.optimizer.from_group,
                   [f"optimizer.{key}" for key in base.optimizer.overridden] + stage_sets)
     return config
