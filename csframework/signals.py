@@ -3,8 +3,9 @@
 The first signal only records itself in the run's state (``RunState.request_stop``); the loop acts on it at the next step
 boundary: the step finishes, the checkpoint plugin saves, ``summary.json`` says ``interrupted`` and
 ``Run.fit`` raises :class:`Interrupted` (the CLI exits with ``ExitCode.INTERRUPTED``, 130, for SIGINT and
-``ExitCode.TERMINATED``, 143, for SIGTERM: 128 + the signal number). A second signal exits at once with the same status and no clean-up; every file csframework
-writes is replaced atomically, so nothing on disk is half-written by that exit.
+``ExitCode.TERMINATED``, 143, for SIGTERM: 128 + the signal number). A second signal exits at once with
+the same status and no clean-up; every file csframework writes is replaced atomically, so nothing on disk
+is half-written by that exit.
 
 Handlers are installed only for the duration of ``fit`` and only in the main thread (Python delivers
 signals there); the previous handlers are restored afterwards.

@@ -34,9 +34,10 @@ TINY_RUN = ["model=tiny_linear", "data=tiny_clusters", "optimizer=sgd", "optimiz
 @dataclass
 class RunResult:
     """What a run left: ``exit_code`` (as the CLI's, a ``csf.ExitCode`` when csframework decided it: ``OK``,
-    ``FAILED``, ``CONFIG_ERROR``, ``INTERRUPTED``/``TERMINATED``), ``output_dir``, ``summary`` (``summary.json``; ``{}`` if none), ``events``
-    (``events.jsonl`` records), ``metrics`` (``metrics.csv`` rows: ``step`` int, ``stage``, ``name``,
-    ``value`` float), ``error`` (the exception of an in-process run) and, for ``cli``, ``stdout``/``stderr``."""
+    ``FAILED``, ``CONFIG_ERROR``, ``INTERRUPTED``/``TERMINATED``), ``output_dir``, ``summary``
+    (``summary.json``; ``{}`` if none), ``events`` (``events.jsonl`` records), ``metrics`` (``metrics.csv``
+    rows: ``step`` int, ``stage``, ``name``, ``value`` float), ``error`` (the exception of an in-process run)
+    and, for ``cli``, ``stdout``/``stderr``."""
 
     exit_code: int
     output_dir: Path
