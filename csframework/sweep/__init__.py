@@ -264,7 +264,7 @@ def finish() -> ExitCode:
     rows = read_rows(_SWEEP_DIR)
     status = exit_status_of(_SWEEP_DIR, rows)
     plot = None
-    # interrupted: leave promptly; the table is there, a rerun draws the plot
+    # no plot when interrupted: leave promptly; the table is there, a rerun draws the plot
     if rows and status in (ExitCode.OK, ExitCode.FAILED):
         with contextlib.suppress(OSError, CsfError):  # a plot the directory refuses costs the plot only
             plot = write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
