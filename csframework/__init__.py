@@ -16,7 +16,7 @@ import importlib
 import warnings
 
 from .errors import (CheckpointNotFound, CheckpointWriteError, CompileError, ConfigError, CsfError, DamagedCheckpoint,
-                     ModelError, NonFiniteLossError, PluginError, TracingError, ValidationError)
+                     ExitCode, ModelError, NonFiniteLossError, PluginError, TracingError, ValidationError)
 from .hookspecs import hookimpl, hookspec
 
 #: Public names loaded on first use: name -> module.
@@ -27,7 +27,7 @@ _MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
 
 __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
            "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
-           "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "Interrupted",
+           "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "ExitCode", "Interrupted",
            "load_checkpoint", "Checkpoint", "csx", "__version__"]
 
 

@@ -14,14 +14,9 @@ writes it once the run starts), and the run directory, resolved here and handed 
 with the parents this process created for it when nothing was written there (``mode=check``, a refused
 run, a torchrun rank other than 0, which writes into rank 0's directory).
 
-Exit status: 0 done; 1 a run that failed (the user's code raised at some step: one line naming the step, the
-user's file:line and the exception, the traceback in the run directory's ``error.txt``, ``failures.py``; a
-non-finite loss, a tracing error); 2 a bad config, a rejected run, a plugin whose hooks match no hook, a
-``_target_`` that does not import or build, or a loss ``model.forward`` returns that cannot be trained on, or
-none (nothing trained, no checkpoint); 130 stopped by SIGINT
-and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
-``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
-failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
+Exit status: an ``ExitCode`` (``csframework/errors.py``; the table is in docs/reference/cli.md): ``OK``,
+``FAILED`` (a run failed), ``CONFIG_ERROR`` (a bad config or rejected run), ``INTERRUPTED`` or
+``TERMINATED`` (stopped by SIGINT or SIGTERM). A multirun's: ``csframework.sweep``, docs/sweeps.md.
 """
 from __future__ import annotations
 
@@ -35,11 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import api, command, failures, hydra_session
 from .config import RunConfig, check_config_files, describe_error, explicit_groups, user_config_dirs
-from .errors import ConfigError, CsfError, ValidationError, clipped_words, one_line, printable
+from .errors import ConfigError, CsfError, ExitCode, ValidationError, clipped_words, one_line, printable
 from .plugins import hookimpl
 from .rundir import check_run_dir
-
-EXIT_INTERRUPTED = 130
 
 
 def error_lines(error: CsfError) -> list[str]:
@@ -181,7 +174,7 @@ def single_job(cfg: DictConfig, overrides: list[str], typed: Typed | None = None
         sys.exit(e.exit_code)
     except KeyboardInterrupt as e:  # signals.Interrupted carries the signal's status (130 / 143)
         sys.stderr.write(printable(interrupted_line(e)) + "\n")
-        sys.exit(getattr(e, "exit_code", EXIT_INTERRUPTED))
+        sys.exit(getattr(e, "exit_code", ExitCode.INTERRUPTED))
 
 
 def interrupted_line(error: KeyboardInterrupt) -> str:
@@ -337,7 +330,7 @@ def finish(run, run_dir: Path | str | None) -> None:
     except SystemExit as e:
         leave_process_group(e.code)
         raise
-    leave_process_group(0)
+    leave_process_group(ExitCode.OK)
 
 
 def leave_process_group(status) -> None:
@@ -351,9 +344,9 @@ def leave_process_group(status) -> None:
         return
     import logging
 
-    code = status if isinstance(status, int) else (0 if status is None else 1)
+    code = status if isinstance(status, int) else ExitCode.OK if status is None else ExitCode.FAILED
     try:
-        if code == 0:
+        if code == ExitCode.OK:
             dist.barrier()
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a peer is gone: nothing left to agree on; leave all the same

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from .batched import BatchIndices, BatchReader, InProcessPass, as_is, batch_reader
 from .config import DataConfig, RunConfig, plain
 from .config.sections import eval_set_key, eval_sets
-from .errors import ConfigError, CsfError, DataError, DataTimeoutError
+from .errors import ConfigError, CsfError, DataError, DataTimeoutError, ExitCode
 from .rng import seed_everything
 from .sampling import MAX_DATASET_LEN, IterableShards, ResumableSampler, WorkerSeeded, dataset_size
 
@@ -105,7 +105,7 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
         return
     if os.getppid() != parent.pid:  # the parent died before prctl: nobody is waiting for this worker
-        os._exit(0)
+        os._exit(ExitCode.OK)
 
 
 class Batches:

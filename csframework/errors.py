@@ -1,8 +1,28 @@
-"""The errors csframework raises on purpose (the CLI prints them without a traceback), ``one_line``, which puts
-any error's message on one line, and ``clipped``, which bounds what a message repeats of an input."""
+"""The errors csframework raises on purpose (the CLI prints them without a traceback), each with its
+``ExitCode``, ``one_line``, which puts any error's message on one line, and ``clipped``, which bounds what a
+message repeats of an input."""
 from __future__ import annotations
 
+import enum
 import re
+
+
+class ExitCode(enum.IntEnum):
+    """The exit status of ``python -m csframework`` (a run or a sweep), and ``RunResult.exit_code`` of
+    ``csframework.testing``: every status csframework decides is one of these (docs/reference/cli.md)."""
+
+    #: the run completed, ``mode=check`` passed, every job of a sweep completed
+    OK = 0
+    #: a run failed: the user's code raised at some step, a non-finite loss, a tracing error, a checkpoint
+    #: write failed; a sweep with a failed or refused job
+    FAILED = 1
+    #: a bad config or a rejected run (nothing trained): the config, the command line or the user's
+    #: ``model.forward`` is to change
+    CONFIG_ERROR = 2
+    #: stopped by SIGINT (128 + 2) after finishing a step and saving a checkpoint
+    INTERRUPTED = 130
+    #: stopped by SIGTERM (128 + 15) after finishing a step and saving a checkpoint
+    TERMINATED = 143
 
 _HYDRA_NOISE = re.compile(r",? *set env var HYDRA_FULL_ERROR=1 to see chained exception\.?")
 
@@ -48,7 +68,8 @@ class CsfError(Exception):
     """Base class: an error whose message is meant for the user as it is. Whoever builds the message, it
     repeats no input at unbounded length: each word over ``SHOWN_CHARS`` is clipped (``clipped_words``)."""
 
-    exit_code = 1
+    #: the CLI's exit status for this error (a class's own, or given to the constructor, never changed later)
+    exit_code: ExitCode = ExitCode.FAILED
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(clipped_words(a) if isinstance(a, str) else a for a in args))
@@ -57,7 +78,7 @@ class CsfError(Exception):
 class ConfigError(CsfError):
     """The composed config is invalid: a wrong key, type or value. The message names the key."""
 
-    exit_code = 2
+    exit_code = ExitCode.CONFIG_ERROR
 
 
 class ValidationError(ConfigError):
@@ -70,12 +91,15 @@ class ValidationError(ConfigError):
 
 class PluginError(CsfError):
     """A plugin failed to import, or raised inside a hook (``SystemExit`` included), or returned or stored
-    something the framework cannot use. Names the plugin and the hook."""
+    something the framework cannot use. Names the plugin and the hook. Its exit status is ``exit_code``
+    if given, else that of ``error`` when csframework raised it on purpose (a ``ConfigError`` a plugin
+    found stays 2), else ``FAILED``."""
 
-    def __init__(self, plugin: str, hook: str | None, error: BaseException):
+    def __init__(self, plugin: str, hook: str | None, error: BaseException, exit_code: ExitCode | None = None):
         self.plugin, self.hook, self.error = plugin, hook, error
-        if isinstance(error, CsfError):  # e.g. a ConfigError found by a plugin keeps its exit status
-            self.exit_code = error.exit_code
+        if exit_code is None:
+            exit_code = error.exit_code if isinstance(error, CsfError) else ExitCode.FAILED
+        self.exit_code = exit_code
         where = f"plugin '{plugin}'" + (f" in hook '{hook}'" if hook else "")
         super().__init__(f"{where} failed: {type(error).__name__}: {error}")
 
@@ -90,10 +114,12 @@ class RankLostError(CsfError):
 
 
 class PluginImportError(PluginError):
-    """A plugin that could not be imported or instantiated: says where it came from and how to turn it off."""
+    """A plugin that could not be imported or instantiated: says where it came from and how to turn it off.
+    ``exit_code``: ``CONFIG_ERROR`` for one the config names (``plugins.enable``: nothing ran)."""
 
-    def __init__(self, plugin: str, source: str, error: BaseException, fix: str):
-        super().__init__(plugin, None, error)
+    def __init__(self, plugin: str, source: str, error: BaseException, fix: str,
+                 exit_code: ExitCode | None = None):
+        super().__init__(plugin, None, error, exit_code)
         self.args = (f"plugin '{plugin}' ({source}) failed to load: {type(error).__name__}: {error}; {fix}",)
 
 
@@ -110,7 +136,7 @@ class ModelError(CsfError):
     outside the autograd graph): found when its backward fails (the first step), named ``model.forward``
     with what it returned; or no loss at all (a dict without ``loss``: the message names its keys). Exit status 2, as a bad config's: the user's code is to change."""
 
-    exit_code = 2
+    exit_code = ExitCode.CONFIG_ERROR
 
 
 class NonFiniteLossError(CsfError):
@@ -131,7 +157,7 @@ class CheckpointNotFound(CsfError, FileNotFoundError):
     checkpoint that ``which`` names (none yet, no best kept, no such step). The message names the path and
     what it holds."""
 
-    exit_code = 2
+    exit_code = ExitCode.CONFIG_ERROR
 
 
 class UnreadableCheckpoints(ConfigError):
@@ -156,7 +182,7 @@ class UnsafePathError(CsfError):
     """A path in a run or sweep directory is not what csframework writes there (a link, a FIFO, a file
     where a directory belongs, a hard link): refused, never followed. Names the path and the fix."""
 
-    exit_code = 2
+    exit_code = ExitCode.CONFIG_ERROR
 
 
 class DataError(CsfError, ValueError):

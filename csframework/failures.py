@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .errors import CsfError, PluginError, UnsafePathError, one_line
+from .errors import CsfError, ExitCode, PluginError, UnsafePathError, one_line
 from .targets import DEBUG_HINT, internal_file, shown_path
 
 if TYPE_CHECKING:
@@ -131,7 +131,8 @@ def leave_if_forked(owner: int, error: BaseException | None = None) -> None:
     checkpoints, ``on_exception``), which are its parent's."""
     if os.getpid() == owner:
         return
-    code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
+    code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) \
+        else ExitCode.OK if error is None else ExitCode.FAILED
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

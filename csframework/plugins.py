@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import pluggy
 
 from . import hookspecs, hooks
-from .errors import ConfigError, PluginError, PluginImportError
+from .errors import ConfigError, ExitCode, PluginError, PluginImportError
 from .hooks import Hooks
 from .hookspecs import PROJECT, hookimpl
 
@@ -110,9 +110,9 @@ def load_module_path(path: str) -> Any:
         obj = importlib.import_module(module_name)
         return getattr(obj, attr) if attr else obj
     except Exception as e:  # noqa: BLE001
-        error = PluginImportError(path, "plugins.enable", e, "fix it or remove it from plugins.enable")
-        error.exit_code = 2  # a plugin the config names that cannot be loaded is a bad config: nothing ran
-        raise error from e
+        # a plugin the config names that cannot be loaded is a bad config: nothing ran
+        raise PluginImportError(path, "plugins.enable", e, "fix it or remove it from plugins.enable",
+                                exit_code=ExitCode.CONFIG_ERROR) from e
 
 
 def plugin_choices(overrides: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -3,7 +3,6 @@ eager and traced (CSX) runs share it), or any class named by ``_target_``."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import warnings
@@ -224,32 +223,6 @@ def _takes(cls) -> tuple[set[str] | None, set[str]]:
     return takes, required
 
 
-@functools.lru_cache(maxsize=None)
-def _group_defaults(name: str) -> dict:
-    """The values of the built-in ``optimizer/<name>.yaml`` group file (empty if there is none)."""
-    from importlib import resources
-
-    from omegaconf import OmegaConf
-
-    try:
-        text = resources.files("csframework.conf").joinpath("optimizer").joinpath(f"{name}.yaml").read_text()
-    except (FileNotFoundError, ModuleNotFoundError):
-        return {}
-    return plain(OmegaConf.create(text))
-
-
-def _is_default(value, key: str, group: dict, schema) -> bool:
-    """Whether ``value`` of ``key`` is what the built-in group file or the schema sets, not the user."""
-    return value == getattr(schema, key) or value == group.get(key)
-
-
-def is_default_ratio(cfg: OptimizerConfig) -> bool:
-    """Whether ``optimizer.schedule.min_lr_ratio`` is the schema's (0) or the built-in group file's (adamw's
-    0.1), not the user's: an absolute ``min_lr`` replaces it (both set by the user is refused)."""
-    group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
-    return _is_default(cfg.schedule.min_lr_ratio, "min_lr_ratio", group, type(cfg.schedule)())
-
-
 def _check_args(path: str, key: str, args: dict, takes, required, given) -> None:
     for name in args:
         if takes is not None and name not in takes:
@@ -270,11 +243,10 @@ def _target_of(target: str | None, key: str) -> str:
 def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer._target_`` and its keyword arguments: ``optimizer.args``, plus the shared
     settings (``lr``, ``weight_decay``, ...) its constructor takes. A shared setting it does not take is
-    left out while it is the built-in group's or schema's default, and an error naming it when set."""
+    left out unless the user set it (``OptimizerConfig.is_set``), and an error naming it when set."""
     path = _target_of(cfg._target_, "optimizer._target_")
     cls = locate_class(path, "optimizer._target_")
     takes, required = _takes(cls)
-    group, schema = _group_defaults(getattr(cfg.name, "value", cfg.name)), OptimizerConfig()
     kwargs = {}
     for key in SHARED_SETTINGS:
         value = getattr(cfg, key)
@@ -282,7 +254,7 @@ def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
             continue
         if takes is None or key in takes:
             kwargs[key] = tuple(value) if key == "betas" else value
-        elif not _is_default(value, key, group, schema):
+        elif cfg.is_set(key):
             raise ConfigError(f"optimizer.{key}: {path} does not take '{key}'; remove it")
     args = plain(cfg.args)
     if "params" in args:
@@ -293,16 +265,13 @@ def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
 
 def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer.schedule._target_`` and its keyword arguments (``optimizer.schedule.args``).
-    The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``, ``min_lr_ratio``) are errors
-    when set."""
+    The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``, ``min_lr_ratio``) are errors when
+    the user set them (``OptimizerConfig.is_set``)."""
     sched = cfg.schedule
     path = _target_of(sched._target_, "optimizer.schedule._target_")
     cls = locate_class(path, "optimizer.schedule._target_")
-    group = _group_defaults(getattr(cfg.name, "value", cfg.name)).get("schedule") or {}
-    schema = type(sched)()
     for key in ("name", "warmup_steps", "min_lr", "min_lr_ratio"):
-        value = getattr(getattr(sched, key), "value", getattr(sched, key))
-        if not _is_default(value, key, group, schema):
+        if cfg.is_set(f"schedule.{key}"):
             raise ConfigError(f"optimizer.schedule.{key}: only the built-in schedules use it, and "
                               f"optimizer.schedule._target_ is {path}; remove it")
     takes, required = _takes(cls)

@@ -2,9 +2,10 @@
 
 The first signal only records itself in the run's state (``RunState.request_stop``); the loop acts on it at the next step
 boundary: the step finishes, the checkpoint plugin saves, ``summary.json`` says ``interrupted`` and
-``Run.fit`` raises :class:`Interrupted` (the CLI exits with ``128 + signal number``: 130 for SIGINT, 143
-for SIGTERM). A second signal exits at once with the same status and no clean-up; every file csframework
-writes is replaced atomically, so nothing on disk is half-written by that exit.
+``Run.fit`` raises :class:`Interrupted` (the CLI exits with ``ExitCode.INTERRUPTED``, 130, for SIGINT and
+``ExitCode.TERMINATED``, 143, for SIGTERM: 128 + the signal number). A second signal exits at once with
+the same status and no clean-up; every file csframework writes is replaced atomically, so nothing on disk
+is half-written by that exit.
 
 Handlers are installed only for the duration of ``fit`` and only in the main thread (Python delivers
 signals there); the previous handlers are restored afterwards.
@@ -17,12 +18,13 @@ import signal
 import threading
 from typing import TYPE_CHECKING
 
+from .errors import ExitCode
+
 if TYPE_CHECKING:
     from .state import RunState
 
-#: Signals that ask a run to stop, and the exit status the CLI uses for each (128 + the signal number).
+#: Signals that ask a run to stop.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_STATUS: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def signal_name(signum: int) -> str:
@@ -32,8 +34,10 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def exit_status(signum: int | None) -> int:
-    return EXIT_STATUS.get(signum, 128 + signum) if signum else 130
+def exit_status(signum: int | None) -> ExitCode:
+    """The exit status of a run or sweep that ``signum`` stopped: ``TERMINATED`` for SIGTERM, else
+    ``INTERRUPTED`` (SIGINT, or a stop whose signal is not known)."""
+    return ExitCode.TERMINATED if signum == signal.SIGTERM else ExitCode.INTERRUPTED
 
 
 _caught: list[int] = []  # the stop signals ``stop_on_signals`` caught in this process, newest last

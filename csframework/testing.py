@@ -33,10 +33,11 @@ TINY_RUN = ["model=tiny_linear", "data=tiny_clusters", "optimizer=sgd", "optimiz
 
 @dataclass
 class RunResult:
-    """What a run left: ``exit_code`` (as the CLI's: 0 completed, 1 failed, 2 bad config, 130/143
-    interrupted), ``output_dir``, ``summary`` (``summary.json``; ``{}`` if none), ``events``
-    (``events.jsonl`` records), ``metrics`` (``metrics.csv`` rows: ``step`` int, ``stage``, ``name``,
-    ``value`` float), ``error`` (the exception of an in-process run) and, for ``cli``, ``stdout``/``stderr``."""
+    """What a run left: ``exit_code`` (as the CLI's, a ``csf.ExitCode`` when csframework decided it: ``OK``,
+    ``FAILED``, ``CONFIG_ERROR``, ``INTERRUPTED``/``TERMINATED``), ``output_dir``, ``summary``
+    (``summary.json``; ``{}`` if none), ``events`` (``events.jsonl`` records), ``metrics`` (``metrics.csv``
+    rows: ``step`` int, ``stage``, ``name``, ``value`` float), ``error`` (the exception of an in-process run)
+    and, for ``cli``, ``stdout``/``stderr``."""
 
     exit_code: int
     output_dir: Path
@@ -115,14 +116,14 @@ class CsfRunner:
 
         output_dir = self._dir(output_dir)
         error: BaseException | None = None
-        code = 0
+        code = csf.ExitCode.OK
         with _env(_autoload_env(autoload)):
             try:
                 config = csf.compose([*TINY_RUN, *overrides], config_dir=config_dir)
                 run = csf.Run(config, plugins=list(plugins), output_dir=output_dir)
                 mode = config.mode.value
                 returned = run.check() if mode == "check" else run.validate() if mode == "validate" else run.fit()
-                result = RunResult.read(0, output_dir)
+                result = RunResult.read(csf.ExitCode.OK, output_dir)
                 result.summary = result.summary or returned  # mode=check, or the metrics plugin disabled
                 return result
             except csf.CsfError as e:
@@ -130,7 +131,7 @@ class CsfRunner:
             except KeyboardInterrupt as e:  # csf.Interrupted: a stop signal; 130/143 as the CLI
                 error, code = e, getattr(e, "exit_code", exit_status(None))
             except Exception as e:  # noqa: BLE001 - reported, not raised: tests assert on the result
-                error, code = e, 1
+                error, code = e, csf.ExitCode.FAILED
         return RunResult.read(code, output_dir, error=error)
 
     def cli(self, args: Sequence[str] = (), output_dir: str | Path | None = None, autoload: Iterable[str] | None = None,

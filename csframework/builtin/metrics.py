@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..command import command_line
+from ..errors import ExitCode
 from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
@@ -84,8 +85,8 @@ class MetricsPlugin:
             self.file = self.writer = None
         if run.rank != 0:
             return
-        if error is not None and self.started is None and getattr(error, "exit_code", 1) == 2:
-            return  # refused before it began (exit 2: nothing trained): an earlier run's summary.json stays
+        if error is not None and self.started is None and getattr(error, "exit_code", None) == ExitCode.CONFIG_ERROR:
+            return  # refused before it began (nothing trained): an earlier run's summary.json stays
         if error is None and run.already_complete and self._completed_before(run):
             return  # resumed at its end, nothing done: the summary of the run that got there stays
         summary = run.summary()

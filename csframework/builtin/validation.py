@@ -18,7 +18,7 @@ from ..config.sections import eval_sets
 from ..console_once import first_time
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..schedule import is_default_ratio, optimizer_spec, schedule_spec
+from ..schedule import optimizer_spec, schedule_spec
 
 
 @hookimpl
@@ -187,7 +187,7 @@ def schedule_rules(cfg: RunConfig) -> list[str]:
     problems = (check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
                 + check_range("optimizer.schedule.min_lr_ratio", s.min_lr_ratio, 0.0, 1.0,
                               hint=" (a fraction of optimizer.lr)"))
-    if s.min_lr is not None and not is_default_ratio(o):
+    if s.min_lr is not None and o.is_set("schedule.min_lr_ratio"):
         problems.append(f"optimizer.schedule.min_lr, optimizer.schedule.min_lr_ratio: both set ({s.min_lr:g} and "
                         f"{s.min_lr_ratio:g}), and each alone says where the rate ends; keep one "
                         "(optimizer.schedule.min_lr=null, or optimizer.schedule.min_lr_ratio=0)")

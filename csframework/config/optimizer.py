@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional, cast
+from typing import Any, ClassVar, Dict, FrozenSet, Iterable, List, Optional, cast
 
 from .loose_values import loose_values
 from .readonly import ReadOnly
@@ -117,6 +117,42 @@ class OptimizerConfig(ReadOnly):
     typed when the run is built: OmegaConf cannot add to a mapping of dataclasses from the command line)."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """The learning-rate schedule."""
+    overridden: ClassVar[FrozenSet[str]] = frozenset()
+    """Set on the instance by composition, not a config key: the keys (``lr``, ``schedule.min_lr``) that an
+    override named (the command line's, ``csf.compose``'s, a sweep job's) or a stage's config sets."""
+    from_group: ClassVar[bool] = False
+    """Set on the instance by composition: csframework's own ``optimizer`` group option (``adamw`` ...) gave
+    the values no override named, so they are its defaults. False for a config built in Python or from the
+    user's own option file, whose values are the user's wherever they differ from the schema's."""
+
+    def is_set(self, key: str) -> bool:
+        """Whether the user set ``key`` (``weight_decay``, ``schedule.min_lr``), so that a ``_target_`` class
+        that does not take it is an error rather than the setting left out: named by an override (an explicit
+        value equal to the default counts), or, unless ``from_group``, different from the schema's default."""
+        parts = key.split(".")
+        if any(".".join(parts[:i]) in self.overridden for i in range(1, len(parts) + 1)):
+            return True
+        if self.from_group:
+            return False
+        node: Any = self
+        default: Any = OptimizerConfig()
+        for part in parts:
+            node, default = getattr(node, part), getattr(default, part)
+        return bool(node != default)
+
+
+#: csframework's own options of the ``optimizer`` group (``conf/optimizer/<name>.yaml``).
+BUILTIN_OPTIONS = frozenset(name.value for name in OptimizerName)
+
+
+def mark_user_set(optimizer: OptimizerConfig, from_group: bool, overridden: Iterable[str]) -> None:
+    """Record on ``optimizer`` what composition knows of who set its values (``OptimizerConfig.is_set``):
+    ``from_group``, whether one of ``BUILTIN_OPTIONS`` gave the defaults, and ``overridden``, the dotted keys
+    from the root (``optimizer.lr``) that the overrides, or a stage's config, set."""
+    # not config keys: set on the instance over the ClassVars' defaults
+    optimizer.overridden = frozenset(key.removeprefix("optimizer.") for key in overridden  # type: ignore[misc]
+                                     if key.startswith("optimizer."))
+    optimizer.from_group = from_group  # type: ignore[misc]
 
 
 #: Settings only some optimizers understand.

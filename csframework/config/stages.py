@@ -9,6 +9,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import ConfigError
 from .describe import describe_error
 from .loose_values import loose_values
+from .optimizer import mark_user_set
 from .run import STAGE_KEYS, RunConfig
 from .schema import plugin_sections
 from .typed import device_types_upper
@@ -35,9 +36,25 @@ def stage_config(base: RunConfig, name: str, partial: Any) -> RunConfig:
         merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(base), partial))
         merged.stages = {}
         device_types_upper(merged)
-        return cast(RunConfig, OmegaConf.to_object(merged))
+        config = cast(RunConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         raise ConfigError(describe_error(e, prefix=f"stages.{name}.")) from e
+    # what the run's overrides set, and what the stage sets, is the user's
+    written = cast("dict[str, Any]", OmegaConf.to_container(partial, resolve=False))
+    stage_sets = dotted_keys(written.get("optimizer"), "optimizer")
+    mark_user_set(config.optimizer, base.optimizer.from_group,
+                  [f"optimizer.{key}" for key in base.optimizer.overridden] + stage_sets)
+    return config
+
+
+def dotted_keys(node: Any, prefix: str) -> list[str]:
+    """The dotted keys of the values in ``node`` (nested dicts; a value that is no dict is one), under
+    ``prefix``: ``{"schedule": {"min_lr": 0}}`` -> ``[prefix.schedule.min_lr]``; none for ``None``."""
+    if node is None:
+        return []
+    if not isinstance(node, dict) or not node:
+        return [prefix]
+    return [key for name, value in node.items() for key in dotted_keys(value, f"{prefix}.{name}")]
 
 
 def stage_configs(config: RunConfig) -> list[tuple[str, RunConfig]]:

@@ -11,6 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError, ValidationError
 from .describe import describe_error, describe_missing_interpolation
+from .optimizer import BUILTIN_OPTIONS, mark_user_set
 from .run import RunConfig
 from .loose_values import loose_values
 from .schema import cached_schema, disabled_section, run_config_type
@@ -63,6 +64,7 @@ def to_run_config(cfg: DictConfig, selected: Sequence[str] = (), *, backends: Ma
                           or describe_error(e)) from e
     run.backend = _typed_backend(run.backend, run.device.type, backends, named)
     run.selected = tuple(selected)  # type: ignore[misc]  # this run's groups, over the ClassVar's default (not a field: never composed)
+    mark_user_set(run.optimizer, choices.get("optimizer") in BUILTIN_OPTIONS, overridden)
     return run
 
 

@@ -24,7 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from ..command import continue_command
-from ..errors import CsfError, UnsafePathError, printable
+from ..errors import CsfError, ExitCode, UnsafePathError, printable
 from ..files import SafeDir
 from ..signals import exit_status, signal_name
 from .job import JOBS, PARENT_ENV, dead_jobs, describe, exit_status_of, handling_stop_signals, run_sweep_job
@@ -69,12 +69,12 @@ class SweepCallback(Callback):
             if config.get("debug", False):
                 raise
             sys.stderr.write(f"csframework: {printable(' '.join(str(e).split()))}\n")
-            sys.exit(2)
+            sys.exit(ExitCode.CONFIG_ERROR)
 
 
 class SweepEnded(SystemExit):
     """The launcher cannot go on (a joblib worker process died): every job of its batch has its row; the
-    multirun ends with ``finish`` (exit status 1). A ``SystemExit``, so that Hydra does not report it as a
+    multirun ends with ``finish`` (``ExitCode.FAILED``). A ``SystemExit``, so that Hydra does not report it as a
     crash with a traceback."""
 
 
@@ -253,7 +253,7 @@ def _stop_idle_workers() -> None:
         ray.shutdown()
 
 
-def finish() -> int:
+def finish() -> ExitCode:
     """After the multirun: no process of the sweep's left (``leftovers``), ``sweep.png`` (unless interrupted);
     on stderr the sweep's end (``end_line``), then the jobs that failed or were stopped; returns the multirun's
     exit status."""
@@ -261,7 +261,7 @@ def finish() -> int:
 
     _stop_idle_workers()
     if _SWEEP_DIR is None:
-        return 0
+        return ExitCode.OK
     killed = end_sweep_processes(os.getpid())  # every job has ended: so does every process of the sweep's
     if killed:
         sys.stderr.write(f"csframework: ended {len(killed)} process(es) of the sweep still running "
@@ -271,7 +271,8 @@ def finish() -> int:
     rows = read_rows(_SWEEP_DIR)
     status = exit_status_of(_SWEEP_DIR, rows)
     plot = None
-    if rows and status < 128:  # interrupted: leave promptly; the table is there, a rerun draws the plot
+    # no plot when interrupted: leave promptly; the table is there, a rerun draws the plot
+    if rows and status in (ExitCode.OK, ExitCode.FAILED):
         with contextlib.suppress(OSError, CsfError):  # a plot the directory refuses costs the plot only
             plot = write_sweep_plot(_SWEEP_DIR, rows, _OBJECTIVE)
     failed = [r for r in rows if r.get("status") == "failed"]

@@ -43,7 +43,7 @@ from pathlib import Path
 import structlog
 
 from .. import console_once
-from ..errors import CsfError, RunDirHoldsRun, RunDirInUse, UnsafePathError, one_line, printable
+from ..errors import CsfError, ExitCode, RunDirHoldsRun, RunDirInUse, UnsafePathError, one_line, printable
 from ..files import SafeDir
 from ..jsonout import dumps
 from ..process_state import clean_process_state
@@ -440,8 +440,9 @@ def _objective(num: int, overrides: list[str], summary: dict | None, objective: 
     return value
 
 
-def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
-    """0 when every job completed, 1 when any failed, 130/143 when the sweep was interrupted."""
+def exit_status_of(sweep_dir: Path, rows: list[dict]) -> ExitCode:
+    """``OK`` when every job completed, ``FAILED`` when any failed or was refused, ``INTERRUPTED`` or
+    ``TERMINATED`` when the sweep was stopped."""
     signum = interrupted_by(sweep_dir)
     if signum is not None:
         return exit_status(signum)
@@ -449,7 +450,7 @@ def exit_status_of(sweep_dir: Path, rows: list[dict]) -> int:
         refused = SafeDir(sweep_dir).kind(REFUSED) is not None
     except (OSError, CsfError):
         refused = True
-    return 1 if refused or any(r.get("status") != "completed" for r in rows) else 0
+    return ExitCode.FAILED if refused or any(r.get("status") != "completed" for r in rows) else ExitCode.OK
 
 
 __all__ = ["INTERRUPTED", "JOBS", "PARENT_ENV", "REFUSED", "SAID", "completed_before", "dead_jobs", "describe",

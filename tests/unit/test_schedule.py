@@ -1,12 +1,17 @@
 """``csframework.schedule``: the built-in learning-rate schedules, and any optimizer and learning-rate
 scheduler by ``_target_``: built with the arguments it takes, checked before launch, stepped per optimizer
 step or per epoch, resumed exactly; on CSX only preinitialisable ones."""
+import sys
+
 import pytest
 import torch
 
 import csframework as csf
 import fixtures
+from csframework.config import OptimizerConfig
+from csframework.config.stages import stage_config
 from csframework.errors import ValidationError
+from csframework.schedule import optimizer_spec, schedule_spec
 
 RMSPROP = ["optimizer._target_=torch.optim.RMSprop", "optimizer.args.alpha=0.9"]
 STEP_LR = ["optimizer.schedule._target_=torch.optim.lr_scheduler.StepLR", "optimizer.schedule.args.step_size=3",
@@ -108,6 +113,50 @@ def test_csx_trains_a_preinitialised_custom_optimizer(tmp_path, precision):
     assert summary["status"] == "completed" and summary["traces"] == 1
     counts = {int(s["count"]) for s in run.optimizer.state.values()}
     assert counts == {4} or precision == "cbfloat16" and max(counts) <= 4
+
+
+# -- which settings the user set: Hydra's record of the overrides, not the group's file read again -------------
+RPROP = ["optimizer=adamw", "optimizer._target_=torch.optim.Rprop"]  # Rprop takes lr, not weight_decay/betas/eps
+
+
+def test_the_groups_defaults_a_class_does_not_take_are_left_out_without_its_file(monkeypatch):
+    config = fixtures.compose(*RPROP, *STEP_LR)
+    monkeypatch.setitem(sys.modules, "csframework.conf", None)  # a source tree that is not installed
+    cls, kwargs = optimizer_spec(config.optimizer)  # adamw's weight_decay=0.01, betas, eps: not the user's
+    assert cls is torch.optim.Rprop and kwargs == {"lr": 0.1}  # TINY's lr
+    assert schedule_spec(config.optimizer)[1] == {"step_size": 3, "gamma": 0.5}  # adamw's cosine schedule too
+
+
+@pytest.mark.parametrize("override, spec, message", [
+    ("optimizer.weight_decay=0.01", optimizer_spec, "optimizer.weight_decay: torch.optim.Rprop does not take"),
+    ("optimizer.schedule.name=cosine", schedule_spec, "optimizer.schedule.name: only the built-in schedules"),
+    ("optimizer.schedule={name: cosine}", schedule_spec, "optimizer.schedule.name: only the built-in schedules"),
+])
+def test_an_explicit_value_equal_to_the_groups_default_counts_as_set(override, spec, message):
+    config = fixtures.compose(*RPROP, *STEP_LR, override)
+    with pytest.raises(csf.ConfigError, match=message):
+        spec(config.optimizer)
+
+
+def test_a_stages_optimizer_setting_counts_as_set_there_only():
+    config = fixtures.compose(*RPROP)
+    stage = stage_config(config, "b", {"optimizer": {"weight_decay": 0.01, "schedule": {"min_lr": 0.0}}})
+    assert stage.optimizer.is_set("weight_decay") and stage.optimizer.is_set("schedule.min_lr")
+    assert not stage.optimizer.is_set("eps") and not config.optimizer.is_set("weight_decay")
+    with pytest.raises(csf.ConfigError, match="optimizer.weight_decay: torch.optim.Rprop does not take"):
+        optimizer_spec(stage.optimizer)
+
+
+def test_without_a_builtin_option_a_value_other_than_the_schemas_is_the_users(tmp_path):
+    built = OptimizerConfig(_target_="torch.optim.Rprop", lr=0.01)  # in Python: every value is the user's
+    assert optimizer_spec(built)[1] == {"lr": 0.01}
+    with pytest.raises(csf.ConfigError, match="optimizer.weight_decay"):
+        optimizer_spec(OptimizerConfig(_target_="torch.optim.Rprop", weight_decay=0.1))
+    (tmp_path / "optimizer").mkdir()  # the user's own option file
+    (tmp_path / "optimizer" / "mine.yaml").write_text("_target_: torch.optim.Rprop\nweight_decay: 0.1\n")
+    config = csf.compose(["optimizer=mine"], config_dir=str(tmp_path))
+    with pytest.raises(csf.ConfigError, match="optimizer.weight_decay"):
+        optimizer_spec(config.optimizer)
 
 
 # -- the built-in schedules ---------------------------------------------------------------------------------
