@@ -13,7 +13,7 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import failures, loop, resume
+from . import carried, failures, loop, resume
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
@@ -106,6 +106,10 @@ class Run:
         self.model: torch.nn.Module = build(config.model, "model")
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
+        problems = carried.refusals(self.model, self.stages)  # a stateful model: what cannot carry its state
+        if problems:
+            raise ValidationError(problems)
+        self.state.carried = carried.CarriedState(self.model) if carried.is_stateful(self.model) else None
         self.enter_stage(0)
 
     # -- the state, read-only -------------------------------------------------------------------------------

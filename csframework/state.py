@@ -5,6 +5,7 @@ restores a saved position. Plugins read it (``run.state``, or the ``Run`` proper
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,6 +52,9 @@ class RunState:
     """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The latest value of every reported metric."""
+    carried: Any = None
+    """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
+    ``None`` for a model without ``initial_state``."""
 
     # -- written by the loop ------------------------------------------------------------------------------
     def enter_stage(self, index: int) -> None:

@@ -13,6 +13,7 @@ from .readonly import ReadOnly
 class EvalSample(str, Enum):
     fixed = "fixed"
     fresh = "fresh"
+    sequential = "sequential"
 
 
 @dataclass
@@ -29,7 +30,8 @@ class DataConfig(ReadOnly):
     eval_sample: EvalSample = EvalSample.fixed
     """With ``loop.eval_steps``, which samples an evaluation reads: ``fixed``, the same ones drawn from
     ``seed`` over the whole set at every evaluation (a curve compares like with like); ``fresh``, new ones
-    at each evaluation (drawn from ``seed`` and the step, as nanoGPT's ``estimate_loss``)."""
+    at each evaluation (drawn from ``seed`` and the step, as nanoGPT's ``estimate_loss``); ``sequential``, the
+    set's first batches in order (a set whose batches are a sequence: a batchified token stream)."""
     batch_size: int = 32
     """Batch size per process (per step micro-batch when ``loop.grad_accum_steps > 1``)."""
     eval_batch_size: Optional[int] = None
@@ -70,7 +72,8 @@ class LoopConfig(ReadOnly):
     step); ``null``: only at the end."""
     eval_steps: Optional[int] = None
     """Evaluation batches per evaluation and set; ``null``: the whole set. They hold samples drawn over the
-    whole set (``data.eval_sample``), not its first batches (an ``IterableDataset``: its first batches)."""
+    whole set, or its first batches with ``data.eval_sample=sequential`` (an ``IterableDataset``: always its
+    first batches)."""
     eval_at_start: bool = False
     """Also evaluate before the first step (step 0), as nanoGPT does; a resumed run does not again."""
     grad_accum_steps: int = 1
