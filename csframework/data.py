@@ -363,6 +363,11 @@ def check_train_loader(loader: FrameworkLoader, dataset: Any, cfg: RunConfig) ->
         if loop.max_steps is None:
             raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
                               "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+        for key, value, instead in (("loop.eval_every_epochs", loop.eval_every_epochs, "loop.eval_every"),
+                                    ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, "checkpoint.every_steps")):
+            if value is not None:
+                raise ConfigError(f"{key}: data.train is an IterableDataset, whose epochs have no length known in "
+                                  f"advance (the end of an epoch is not known at its last step); use {instead}")
     elif len(dataset) == 0:
         raise ConfigError(f"data.train: the dataset is empty ({type(dataset).__name__} has no sample); check it")
     elif len(loader) == 0:

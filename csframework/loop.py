@@ -20,7 +20,7 @@ import torch
 
 from .batched import first_array
 from .collect import Collector
-from .data import epoch_batches
+from .data import epoch_batches, is_iterable
 from .errors import ConfigError
 from .finite import check_finite, check_parameters_finite  # noqa: F401 (run.py: loop.check_finite)
 from .rng import rng_state, seed_everything, set_rng_state
@@ -91,6 +91,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
         state.carried.reset()
     batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
+    epoch_len = None if is_iterable(run.train_loader) else state.batch_in_epoch + len(batches)
     # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
     for batch in batches:
         batch_idx = state.batch_in_epoch
@@ -103,6 +104,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             continue
         done = _stage_done(state, loop)
+        state.epoch_end = epoch_len is not None and epoch_len - state.batch_in_epoch < accum
         # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
         # after it, if any, are micro-batches that _drop_partial_step drops)
         end_step(run, batch, outputs, batch_idx,
@@ -139,7 +141,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
-    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every``, and the final step;
+    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every`` or
+    ``eval_every_epochs``, and the final step;
     the losses since the last log are checked first, so a non-finite one stops the run before it is
     evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
@@ -155,7 +158,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     final = final or state.stop_reason is not None
     if final or state.global_step % loop.log_every == 0:
         log_train_metrics(run)
-    if (final or (loop.eval_every and state.stage_step % loop.eval_every == 0)) and run.val_loader is not None:
+    due = state.closes_epochs(loop.eval_every_epochs) or (loop.eval_every and state.stage_step % loop.eval_every == 0)
+    if (final or due) and run.val_loader is not None:
         if state.pending.get("loss"):  # the evaluation synchronises anyway: a loss gone non-finite stops it here
             check_finite(run)
         evaluate(run)

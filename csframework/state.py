@@ -52,6 +52,9 @@ class RunState:
     """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The latest value of every reported metric."""
+    epoch_end: bool = False
+    """The step that just ended is the last whole step of its epoch (known for a map-style ``data.train``);
+    ``closes_epochs`` asks it."""
     carried: Any = None
     """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
     ``None`` for a model without ``initial_state``."""
@@ -81,6 +84,11 @@ class RunState:
         leftover = self.micro_step % accum
         self.micro_step -= leftover
         return leftover
+
+    def closes_epochs(self, every: int | None) -> bool:
+        """Whether the step that just ended closed epoch ``every``, ``2 * every``, ... (counted from 1):
+        ``loop.eval_every_epochs``, ``checkpoint.every_epochs``; ``False`` when ``every`` is ``None``."""
+        return bool(every) and self.epoch_end and (self.epoch + 1) % every == 0  # type: ignore[operator]
 
     def next_epoch(self) -> None:
         self.epoch += 1

@@ -18,7 +18,7 @@ from ..config.sections import eval_sets
 from ..console_once import first_time
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..schedule import optimizer_spec, schedule_spec
+from ..schedule import _group_defaults, optimizer_spec, schedule_spec
 
 
 @hookimpl
@@ -45,7 +45,8 @@ def on_train_start(run) -> None:
     (a tenth of the stage). Usually the optimizer's default warm-up meeting a shortened run: in a sweep the
     console shows it once (``console_once.first_time``), every job's ``events.jsonl`` records it."""
     cfg = run.stage_config
-    warmup, steps = cfg.optimizer.schedule.warmup_steps, run.total_steps(cfg)
+    plan = getattr(run.scheduler, "cfg", cfg.optimizer)  # the built-in schedule's: warmup_epochs resolved
+    warmup, steps = plan.schedule.warmup_steps, run.total_steps(cfg)
     if warmup > steps:
         length = (f"loop.max_steps ({steps})" if cfg.loop.max_steps is not None
                   else f"loop.max_epochs ({cfg.loop.max_epochs}, {steps} steps)")
@@ -146,11 +147,22 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
         problems += (check_range(f"optimizer.groups.{group_name}.lr_scale", group.lr_scale, 0.0)
                      + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0))
     s = o.schedule
+    problems += check_range("optimizer.schedule.warmup_epochs", s.warmup_epochs, 0.0, float(MAX_COUNT))
+    if s.warmup_epochs is not None and not s._target_ and not _default_warmup(o):
+        problems.append(f"optimizer.schedule.warmup_steps, optimizer.schedule.warmup_epochs: both are set "
+                        f"({s.warmup_steps} steps, {s.warmup_epochs} epochs); keep one")
     return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
             + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
                           hint=" (optimizer.lr)" + (f": the schedule decays the rate to it; set "
                                                     f"optimizer.schedule.min_lr={o.lr / 10:g} (a tenth of the rate) "
                                                     "or lower" if o.lr > 0 else "") if math.isfinite(o.lr) else ""))
+
+
+def _default_warmup(o) -> bool:
+    """Whether ``optimizer.schedule.warmup_steps`` is the optimizer group's (or the schema's) default, which
+    ``warmup_epochs`` replaces, not a value the user set."""
+    group = _group_defaults(getattr(o.name, "value", o.name)).get("schedule") or {}
+    return o.schedule.warmup_steps in (0, group.get("warmup_steps", 0))
 
 
 def target_rules(cfg: RunConfig) -> list[str]:
@@ -173,8 +185,13 @@ def loop_rules(cfg: RunConfig) -> list[str]:
     if (lp.max_steps is None) == (lp.max_epochs is None):
         problems.append("loop.max_steps, loop.max_epochs: set exactly one of them "
                         "(e.g. loop.max_steps=100 loop.max_epochs=null)")
-    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps", "grad_accum_steps", "log_every"):
+    for key in ("max_steps", "max_epochs", "eval_every", "eval_every_epochs", "eval_steps", "grad_accum_steps",
+                "log_every"):
         problems += check_range(f"loop.{key}", getattr(lp, key), 1, MAX_COUNT)
+    if lp.eval_every is not None and lp.eval_every_epochs is not None:
+        problems.append(f"loop.eval_every, loop.eval_every_epochs: both are set ({lp.eval_every} steps, "
+                        f"{lp.eval_every_epochs} epochs); evaluate by steps or by epochs: set the other to null "
+                        "(e.g. loop.eval_every=null)")
     problems += check_range("loop.collect_max_memory_mb", lp.collect_max_memory_mb, 0.0, MAX_MEMORY_MB,
                             open_low=True)
     if lp.collect and not eval_sets(cfg.data):
@@ -230,7 +247,11 @@ def eval_set_rules(d) -> list[str]:
 def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
     problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
+                + check_range("checkpoint.every_epochs", c.every_epochs, 1, MAX_COUNT, hint=" (or null)")
                 + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
+    if c.every_steps is not None and c.every_epochs is not None:
+        problems.append(f"checkpoint.every_steps, checkpoint.every_epochs: both are set ({c.every_steps} steps, "
+                        f"{c.every_epochs} epochs); save by steps or by epochs: set the other to null")
     monitor = c.keep_best.monitor
     if monitor and monitor.startswith("val/") and "val" not in eval_sets(cfg.data):
         problems.append(f"checkpoint.keep_best.monitor: {monitor} comes from evaluation, but data.val is null; "

@@ -38,6 +38,10 @@ class ScheduleConfig(ReadOnly):
     """``constant``, ``linear`` (decay to ``min_lr``) or ``cosine`` (to ``min_lr``), after the warm-up."""
     warmup_steps: int = 0
     """Steps of linear warm-up from 0 to ``optimizer.lr``."""
+    warmup_epochs: Optional[float] = None
+    """The warm-up in training epochs instead (``0.5``: half an epoch), resolved to steps from the steps an
+    epoch makes (a map-style ``data.train``); replaces ``warmup_steps``. The decay of ``linear`` and
+    ``cosine`` spans the stage, ``loop.max_epochs`` included."""
     min_lr: float = 0.0
     """The learning rate at the last step for ``linear`` and ``cosine``."""
 

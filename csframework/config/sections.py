@@ -70,6 +70,10 @@ class LoopConfig(ReadOnly):
     eval_every: Optional[int] = None
     """Evaluate on ``data.val`` (and every ``data.eval`` set) every this many steps (and after the last
     step); ``null``: only at the end."""
+    eval_every_epochs: Optional[int] = None
+    """Evaluate at the end of every this many training epochs (and after the last step) instead of by
+    steps (``eval_every`` must then be ``null``); ``1``: at each epoch's end. An epoch ends with its last
+    whole step (a map-style ``data.train``: its length known in advance)."""
     eval_steps: Optional[int] = None
     """Evaluation batches per evaluation and set; ``null``: the whole set. They hold samples drawn over the
     whole set, or its first batches with ``data.eval_sample=sequential`` (an ``IterableDataset``: always its
@@ -114,6 +118,9 @@ class KeepBestConfig:
 class CheckpointConfig(ReadOnly):
     every_steps: Optional[int] = None
     """Save every this many steps; ``null``: only at the end of each stage."""
+    every_epochs: Optional[int] = None
+    """Save at the end of every this many training epochs instead of by steps (``every_steps`` must then
+    be ``null``), after that epoch's evaluation (``loop.eval_every_epochs``)."""
     keep_last: int = 2
     """How many checkpoints to keep (older ones are deleted after a newer one is complete)."""
     resume: str = "never"
