@@ -280,6 +280,7 @@ def _evaluate(run: RunProtocol) -> dict:
     hooks.on_eval_start(run=run)
     metrics: dict[str, float] = {}
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
+    run.state.eval_reports = metrics  # run.report in the sets' hooks: into their metrics (Run.report)
     try:
         for index, (name, loader) in enumerate(run.eval_loaders.items()):
             run.eval_set = name
@@ -292,8 +293,11 @@ def _evaluate(run: RunProtocol) -> dict:
                          peak_mb=round(collector.peak / 2**20, 3))
             if loop.collect_save and run.rank == 0:
                 collector.save(run.eval_outputs, f"step_{run.global_step}.safetensors")
+        run.state.eval_reports = late = {}  # reported in on_eval_end: added after its hooks have read metrics
         hooks.on_eval_end(run=run, metrics=metrics)
+        metrics.update(late)
     finally:
+        run.state.eval_reports = None
         run.eval_set = None
         run.eval_outputs = {}
         if collector is not None:

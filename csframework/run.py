@@ -305,8 +305,15 @@ class Run:
         loop.check_parameters_finite(self)
 
     def report(self, metrics: dict[str, float]) -> None:
-        """Record metrics at the current step and pass them to ``on_log_metrics``."""
+        """Record metrics (name -> number) at the current step and pass them to ``on_log_metrics`` (the log
+        line, ``metrics.csv``, ``summary.json``, loggers). During an evaluation (its hooks, ``on_eval_end``
+        included) they join that evaluation's metrics instead: one ``on_log_metrics`` call and log line with
+        ``val/*``; reported before ``on_eval_end`` (in ``on_eval_epoch_end``), its hooks see them too."""
         self.state.metrics.update(metrics)
+        joining = self.state.eval_reports
+        if joining is not None:
+            joining.update(metrics)
+            return
         self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
     @property

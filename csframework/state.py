@@ -55,6 +55,9 @@ class RunState:
     epoch_end: bool = False
     """The step that just ended is the last whole step of its epoch (known for a map-style ``data.train``);
     ``closes_epochs`` asks it."""
+    eval_reports: dict[str, float] | None = None
+    """During an evaluation: where ``Run.report`` puts what it is given, so it joins the evaluation's
+    metrics (its one ``on_log_metrics`` call, its log line); ``None`` otherwise."""
     carried: Any = None
     """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
     ``None`` for a model without ``initial_state``."""
