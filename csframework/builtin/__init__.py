@@ -14,5 +14,6 @@ def builtin_plugins() -> list[tuple[str, object]]:
     from .progress import ProgressPlugin
 
     return [("validation", validation), ("checkpoint", CheckpointPlugin()), ("metrics", MetricsPlugin()),
-            ("eval_metrics", EvalMetricsPlugin()), ("progress", ProgressPlugin()), ("logging", LoggingPlugin()), ("eager", EagerPlugin()),
+            ("eval_metrics", EvalMetricsPlugin()), ("progress", ProgressPlugin()), ("logging", LoggingPlugin()),
+            ("eager", EagerPlugin()),
             ("csx", "csframework.backends.csx.plugin:CsxPlugin")]  # imported only when not disabled

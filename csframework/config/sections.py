@@ -142,7 +142,7 @@ class PluginsConfig(ReadOnly):
     """Module paths of plugin modules (or ``module:attribute``) to register."""
     disable: List[str] = field(default_factory=list)
     """Plugin names to turn off, built-ins included (``validation``, ``logging``, ``progress``, ``metrics``,
-    ``checkpoint``) or entry-point names."""
+    ``eval_metrics``, ``checkpoint``) or entry-point names."""
 
 
 class Direction(str, Enum):
