@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -89,7 +89,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     accum = loop.grad_accum_steps
     if state.carried is not None and state.batch_in_epoch == 0:  # an epoch starts from initial_state
         state.carried.reset()
-    batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
+    batches: Any = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)  # a map-style pass has a len
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
     epoch_len = None if is_iterable(run.train_loader) else state.batch_in_epoch + len(batches)
     # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
@@ -293,7 +293,8 @@ def _evaluate(run: RunProtocol) -> dict:
                          peak_mb=round(collector.peak / 2**20, 3))
             if loop.collect_save and run.rank == 0:
                 collector.save(run.eval_outputs, f"step_{run.global_step}.safetensors")
-        run.state.eval_reports = late = {}  # reported in on_eval_end: added after its hooks have read metrics
+        late: dict[str, float] = {}  # reported in on_eval_end: added after its hooks have read metrics
+        run.state.eval_reports = late
         hooks.on_eval_end(run=run, metrics=metrics)
         metrics.update(late)
     finally:

@@ -39,7 +39,7 @@ class CarryRNN(nn.Module):
 
     def initial_state(self, batch):
         tokens, _ = batch
-        self.fresh = torch.zeros(1, tokens.shape[1], self.rnn.hidden_size)
+        self.fresh = torch.zeros(1, tokens.shape[1], self.rnn.hidden_size, device=tokens.device)
         return self.fresh
 
     def forward(self, batch, state):
