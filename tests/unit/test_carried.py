@@ -3,6 +3,8 @@ state carried from batch to batch, detached, reset at each epoch and evaluation 
 checkpoints; what cannot carry it is refused. And ``data.eval_sample=sequential``."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -30,10 +32,10 @@ def token_stream(length: int = 161, streams: int = 4, vocab: int = 7, seed: int 
 class CarryRNN(nn.Module):
     """A recurrent language model with the stateful contract; it records what each batch was given."""
 
-    def __init__(self, vocab: int = 7, hidden: int = 8, wrong_return: bool = False):
+    def __init__(self, vocab: int = 7, hidden: int = 8, wrong_return: bool = False, outputs: bool = False):
         super().__init__()
         self.embed, self.rnn, self.head = nn.Embedding(vocab, hidden), nn.RNN(hidden, hidden), nn.Linear(hidden, vocab)
-        self.wrong_return = wrong_return
+        self.wrong_return, self.outputs = wrong_return, outputs
         self.fresh: torch.Tensor | None = None  # the latest initial state
         self.seen: list[tuple[str, bool]] = []  # per forward: "initial" or "carried", training
 
@@ -47,7 +49,10 @@ class CarryRNN(nn.Module):
         assert not state.requires_grad, "the state a batch gets is detached"
         self.seen.append(("initial" if state is self.fresh else "carried", self.training))
         out, state = self.rnn(self.embed(tokens), state)
-        loss = F.cross_entropy(self.head(out).flatten(0, 1), targets.flatten())
+        logits = self.head(out)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        if self.outputs:  # what torchmetrics.text.Perplexity reads
+            return {"loss": loss, "logits": logits, "target": targets}, state
         return loss if self.wrong_return else (loss, state)
 
 
@@ -153,3 +158,11 @@ def test_a_sequential_evaluation_reads_the_first_batches_in_order(tmp_path):
     run.fit()
     first = token_stream(length=81, seed=1).tensors[0][:30]
     assert torch.equal(torch.cat(seen.batches), first)
+
+
+def test_perplexity_from_torchmetrics_is_the_exponential_of_the_whole_sets_loss(tmp_path):
+    pytest.importorskip("torchmetrics")
+    run, losses = fit(tmp_path, "loop.max_steps=16", "loop.eval_every=8", "+model.outputs=true",
+                      "+metrics.ppl._target_=torchmetrics.text.Perplexity", "+metrics.ppl.inputs=[logits,target]")
+    # every validation batch holds as many tokens: val/loss is the whole set's mean token loss
+    assert run.metrics["val/ppl"] == pytest.approx(math.exp(losses.val[-1]), rel=1e-5)
