@@ -120,3 +120,16 @@ def test_under_ddp_a_ranks_padding_rows_are_left_out(rank, rows):
     loader = SimpleNamespace(position=SimpleNamespace(count=5), samples_per_batch=2)
     run = SimpleNamespace(eval_loaders={"val": loader}, eval_set="val", world_size=2, rank=rank)
     assert [real_rows(run, batch, 2) for batch in range(3)] == rows
+
+
+def test_classification_metrics_read_supervised_outputs_and_list_states_compute_after_inference_mode(tmp_path):
+    pytest.importorskip("torchmetrics")
+    # Supervised returns preds and labels: the default inputs read labels for target; AUROC keeps every
+    # batch's rows (list states, made under inference mode) until it computes
+    summary = csf.Run(fixtures.compose(
+        "loop.max_steps=4", "+metrics.acc._target_=torchmetrics.Accuracy", "+metrics.acc.task=multiclass",
+        "+metrics.acc.num_classes=4", "+metrics.auc._target_=torchmetrics.AUROC", "+metrics.auc.task=multiclass",
+        "+metrics.auc.num_classes=4", "+metrics.auc.inputs=[logits,labels]"), output_dir=tmp_path).fit()
+    metrics = summary["metrics"]
+    assert metrics["val/acc"] == pytest.approx(metrics["val/accuracy"], abs=1e-6)  # the batch means, equal batches
+    assert 0.5 < metrics["val/auc"] <= 1.0
