@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .errors import ModelError
+from .errors import ConfigError, ModelError
 
 
 def is_stateful(model: torch.nn.Module) -> bool:
@@ -52,7 +52,7 @@ class CarriedState:
             got = f"a {type(returned).__name__}{length}"
             raise ModelError(f"model.forward: {self._name()} has initial_state, so forward(batch, state) must return "
                              f"(loss or outputs dict, new state); it returned {got}")
-        self.value = detached_state(returned[1], self._name())
+        self.value = detached_state(returned[1], f"model.forward: {self._name()}.forward(batch, state)")
         return model_outputs(returned[0])
 
     def reset(self) -> None:
@@ -75,7 +75,10 @@ class CarriedState:
         """Restore a checkpoint's state (read from a file: anything but a nest of tensors is refused)."""
         value = saved.get("value") if isinstance(saved, dict) else None
         if value is not None:
-            detached_state(value, "checkpoint: its carried state")  # checks the structure
+            other = non_tensor(value)
+            if other is not None:
+                raise ConfigError(f"checkpoint: its carried state holds a {other}, not only tensors; it was not "
+                                  "written by this run's model")
             from .data import move_to
 
             value = move_to(value, device)
@@ -86,17 +89,33 @@ class CarriedState:
         return f"{model.__module__}.{model.__qualname__}"
 
 
+def non_tensor(state: Any) -> str | None:
+    """The type name of the first thing in ``state`` that is no tensor (tuples, lists and dicts walked), or
+    ``None``: a state must be saved in a checkpoint and moved to a device."""
+    if isinstance(state, torch.Tensor):
+        return None
+    parts = state.values() if isinstance(state, dict) else state if isinstance(state, (tuple, list)) else None
+    if parts is None:
+        return type(state).__name__
+    return next((found for found in map(non_tensor, parts) if found is not None), None)
+
+
 def detached_state(state: Any, owner: str) -> Any:
     """``state`` with every tensor detached; a ``ModelError`` naming ``owner`` when it holds anything but
-    tensors in tuples, lists and dicts (a state must be saved in a checkpoint and moved to a device)."""
+    tensors in tuples, lists and dicts."""
+    other = non_tensor(state)
+    if other is not None:
+        raise ModelError(f"{owner}: a carried state holds a {other}; make it a tensor, or a tuple, list or dict of "
+                         "tensors")
+    return _detach(state)
+
+
+def _detach(state: Any) -> Any:
     if isinstance(state, torch.Tensor):
         return state.detach()
-    if isinstance(state, (tuple, list)):
-        return type(state)(detached_state(s, owner) for s in state)
     if isinstance(state, dict):
-        return {k: detached_state(v, owner) for k, v in state.items()}
-    raise ModelError(f"{owner}: a carried state holds a {type(state).__name__}; make it a tensor, or a tuple, list "
-                     "or dict of tensors")
+        return {k: _detach(v) for k, v in state.items()}
+    return type(state)(_detach(s) for s in state)
 
 
 def refusals(model: torch.nn.Module, stages: list[tuple[str, Any]]) -> list[str]:

@@ -166,3 +166,18 @@ def test_perplexity_from_torchmetrics_is_the_exponential_of_the_whole_sets_loss(
                       "+metrics.ppl._target_=torchmetrics.text.Perplexity", "+metrics.ppl.inputs=[logits,target]")
     # every validation batch holds as many tokens: val/loss is the whole set's mean token loss
     assert run.metrics["val/ppl"] == pytest.approx(math.exp(losses.val[-1]), rel=1e-5)
+
+
+def test_a_state_of_anything_but_tensors_is_refused_from_forward_and_from_a_checkpoint():
+    from csframework.carried import CarriedState
+    from csframework.errors import ConfigError
+
+    model = CarryRNN()
+    carried = CarriedState(model)
+    with pytest.raises(ModelError, match=r"^model.forward: test_carried.CarryRNN.forward\(batch, state\): a carried "
+                                         r"state holds a int; make it a tensor, or a tuple, list or dict of tensors$"):
+        carried.forward(lambda batch, state: (torch.tensor(1.0), (state, 3)), token_stream()[:10])
+    with pytest.raises(ConfigError, match="^checkpoint: its carried state holds a str, not only tensors"):
+        carried.load_state_dict({"value": [torch.zeros(1), {"h": "x"}]}, torch.device("cpu"))
+    carried.load_state_dict({"value": (torch.zeros(1), {"h": torch.ones(2)})}, torch.device("cpu"))
+    assert torch.equal(carried.value[1]["h"], torch.ones(2))
