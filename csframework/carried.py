@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, ModelError, ValidationError
 
 
 def is_stateful(model: torch.nn.Module) -> bool:
@@ -116,6 +116,15 @@ def _detach(state: Any) -> Any:
     if isinstance(state, dict):
         return {k: _detach(v) for k, v in state.items()}
     return type(state)(_detach(s) for s in state)
+
+
+def for_model(model: torch.nn.Module, stages: list[tuple[str, Any]]) -> CarriedState | None:
+    """The carried state of ``model`` (``None`` for a stateless one), or a ``ValidationError`` with a line for
+    each thing its stages cannot do with one (``refusals``): the run is refused when it is built."""
+    problems = refusals(model, stages)
+    if problems:
+        raise ValidationError(problems)
+    return CarriedState(model) if is_stateful(model) else None
 
 
 def refusals(model: torch.nn.Module, stages: list[tuple[str, Any]]) -> list[str]:

@@ -106,10 +106,7 @@ class Run:
         self.model: torch.nn.Module = build(config.model, "model")
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
-        problems = carried.refusals(self.model, self.stages)  # a stateful model: what cannot carry its state
-        if problems:
-            raise ValidationError(problems)
-        self.state.carried = carried.CarriedState(self.model) if carried.is_stateful(self.model) else None
+        self.state.carried = carried.for_model(self.model, self.stages)  # None: a stateless model
         self.enter_stage(0)
 
     # -- the state, read-only -------------------------------------------------------------------------------
@@ -305,16 +302,10 @@ class Run:
         loop.check_parameters_finite(self)
 
     def report(self, metrics: dict[str, float]) -> None:
-        """Record metrics (name -> number) at the current step and pass them to ``on_log_metrics`` (the log
-        line, ``metrics.csv``, ``summary.json``, loggers). During an evaluation (its hooks, ``on_eval_end``
-        included) they join that evaluation's metrics instead: one ``on_log_metrics`` call and log line with
-        ``val/*``; reported before ``on_eval_end`` (in ``on_eval_epoch_end``), its hooks see them too."""
-        self.state.metrics.update(metrics)
-        joining = self.state.eval_reports
-        if joining is not None:
-            joining.update(metrics)
-            return
-        self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
+        """Record metrics (name -> number) at the current step and pass them to ``on_log_metrics``; during an
+        evaluation (its hooks, ``on_eval_end`` included) they join its metrics and its one ``on_log_metrics``."""
+        if not self.state.record(metrics):
+            self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
     @property
     def distribution(self) -> dict[str, Any]:

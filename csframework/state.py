@@ -103,6 +103,15 @@ class RunState:
             if isinstance(value, torch.Tensor) and value.ndim == 0:
                 self.pending.setdefault(key, []).append(value)
 
+    def record(self, reported: dict[str, float]) -> bool:
+        """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics
+        (``eval_reports``: its hooks report into it), else it is ``on_log_metrics``'s now."""
+        self.metrics.update(reported)
+        if self.eval_reports is None:
+            return False
+        self.eval_reports.update(reported)
+        return True
+
     def clear_pending(self) -> None:
         """The pending outputs were logged."""
         self.pending.clear()
