@@ -133,3 +133,18 @@ def test_classification_metrics_read_supervised_outputs_and_list_states_compute_
     metrics = summary["metrics"]
     assert metrics["val/acc"] == pytest.approx(metrics["val/accuracy"], abs=1e-6)  # the batch means, equal batches
     assert 0.5 < metrics["val/auc"] <= 1.0
+
+
+def test_every_metric_of_the_training_pages_example_builds():
+    pytest.importorskip("torchmetrics")
+    import yaml
+    from doc_blocks import blocks
+
+    from csframework.builtin.eval_metrics import build_metric
+
+    block = next(b for b in blocks("docs/training.md") if b.text.startswith("metrics:\n  mae:"))
+    entries = yaml.safe_load(block.text)["metrics"]
+    built = {name: build_metric(name, spec) for name, spec in entries.items()}
+    assert {name: type(metric).__name__ for name, (metric, _) in built.items()} == {
+        "mae": "MeanAbsoluteError", "r2": "R2Score", "auc": "MulticlassAUROC", "ppl": "Perplexity"}
+    assert built["ppl"][1] == ["logits", "target"] and built["mae"][1] == ["preds", "target"]
