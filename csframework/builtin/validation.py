@@ -35,7 +35,21 @@ def csframework_validate(config: RunConfig) -> list[str]:
             problems.append(str(e))
     skip = bool(problems)  # when both groups chose the device, that is the one problem to report of it
     problems += for_each_stage(config, lambda cfg: run_rules(cfg, skip_device_pair=skip and cfg is config))
-    return problems + across_stages(config, stage_configs(config))
+    return problems + across_stages(config, stage_configs(config)) + metrics_rules(config)
+
+
+def metrics_rules(config: RunConfig) -> list[str]:
+    """The ``metrics:`` section needs its plugin (``eval_metrics``, which checks each entry) and a set to
+    evaluate (in some stage)."""
+    if not config.metrics:
+        return []
+    if "eval_metrics" in config.plugins.disable:
+        return ["metrics: the eval_metrics plugin that computes them is disabled (plugins.disable); remove "
+                "eval_metrics from plugins.disable, or remove metrics"]
+    if not any(eval_sets(cfg.data) for _, cfg in stage_configs(config)):
+        return ["metrics: they are computed over evaluation sets, and this run has none; set data.val (or "
+                "data.eval), or remove metrics"]
+    return []
 
 
 @hookimpl

@@ -148,3 +148,16 @@ def test_every_metric_of_the_training_pages_example_builds():
     assert {name: type(metric).__name__ for name, (metric, _) in built.items()} == {
         "mae": "MeanAbsoluteError", "r2": "R2Score", "auc": "MulticlassAUROC", "ppl": "Perplexity"}
     assert built["ppl"][1] == ["logits", "target"] and built["mae"][1] == ["preds", "target"]
+
+
+@pytest.mark.parametrize("setting, problem", [
+    ("plugins.disable=[eval_metrics]", "metrics: the eval_metrics plugin that computes them is disabled "
+                                       "(plugins.disable); remove eval_metrics from plugins.disable, or remove metrics"),
+    ("data.val=null", "metrics: they are computed over evaluation sets, and this run has none; set data.val (or "
+                      "data.eval), or remove metrics"),
+])
+def test_metrics_that_nothing_would_compute_are_refused(tmp_path, setting, problem):
+    with pytest.raises(ValidationError) as e:
+        csf.Run(fixtures.compose(*REGRESSION, "+metrics.mean._target_=builtins.object", setting, "mode=check"),
+                output_dir=tmp_path)
+    assert problem in e.value.problems
