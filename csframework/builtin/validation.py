@@ -46,7 +46,7 @@ def metrics_rules(config: RunConfig) -> list[str]:
     if "eval_metrics" in config.plugins.disable:
         return ["metrics: the eval_metrics plugin that computes them is disabled (plugins.disable); remove "
                 "eval_metrics from plugins.disable, or remove metrics"]
-    if not any(eval_sets(cfg.data) for _, cfg in stage_configs(config)):
+    if not any(eval_sets(cfg.data) for _, cfg in [("", config), *stage_configs(config)]):
         return ["metrics: they are computed over evaluation sets, and this run has none; set data.val (or "
                 "data.eval), or remove metrics"]
     return []
