@@ -87,24 +87,27 @@ def fit(output_dir, *overrides):
     return run, losses
 
 
+@pytest.mark.slow
 def test_the_state_is_carried_across_batches_and_starts_anew_at_each_epoch_and_evaluation(tmp_path):
-    # 160 samples in batches of 10: 16 batches an epoch; the validation set: 8 batches
-    run, losses = fit(tmp_path, "loop.max_steps=40", "loop.eval_every=20")
+    # 160 samples in batches of 20: 8 batches an epoch; the validation set: 4 batches
+    run, losses = fit(tmp_path, "loop.max_steps=20", "loop.eval_every=10", "data.batch_size=20")
     seen = run.model.seen
     training = [kind for kind, train in seen if train]
-    assert len(training) == 40
-    assert [i for i, kind in enumerate(training) if kind == "initial"] == [0, 16, 32], "once an epoch"
+    assert len(training) == 20
+    assert [i for i, kind in enumerate(training) if kind == "initial"] == [0, 8, 16], "once an epoch"
     evaluating = [kind for kind, train in seen if not train]
-    assert evaluating == (["initial"] + ["carried"] * 7) * 2, "each evaluation pass from initial_state"
+    assert evaluating == (["initial"] + ["carried"] * 3) * 2, "each evaluation pass from initial_state"
     assert len(losses.val) == 2
 
 
+@pytest.mark.slow
 def test_an_evaluation_in_the_middle_of_an_epoch_leaves_the_training_state_as_it_was(tmp_path):
-    _, often = fit(tmp_path / "often", "loop.max_steps=24", "loop.eval_every=5")
-    _, rarely = fit(tmp_path / "rarely", "loop.max_steps=24", "loop.eval_every=null")
-    assert len(often.val) == 5 and often.train == rarely.train
+    _, often = fit(tmp_path / "often", "loop.max_steps=12", "loop.eval_every=5")
+    _, rarely = fit(tmp_path / "rarely", "loop.max_steps=12", "loop.eval_every=null")
+    assert len(often.val) == 3 and often.train == rarely.train
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_the_middle_of_an_epoch_goes_on_bit_exactly(tmp_path):
     common = ["loop.max_steps=24", "loop.eval_every=null", "checkpoint.every_steps=20", "checkpoint.keep_last=3"]
     straight_run, straight = fit(tmp_path / "straight", *common)  # step 20: batch 4 of the second epoch
@@ -160,9 +163,10 @@ def test_a_sequential_evaluation_reads_the_first_batches_in_order(tmp_path):
     assert torch.equal(torch.cat(seen.batches), first)
 
 
+@pytest.mark.slow
 def test_perplexity_from_torchmetrics_is_the_exponential_of_the_whole_sets_loss(tmp_path):
     pytest.importorskip("torchmetrics")
-    run, losses = fit(tmp_path, "loop.max_steps=16", "loop.eval_every=8", "+model.outputs=true",
+    run, losses = fit(tmp_path, "loop.max_steps=4", "loop.eval_every=null", "+model.outputs=true",
                       "+metrics.ppl._target_=torchmetrics.text.Perplexity", "+metrics.ppl.inputs=[logits,target]")
     # every validation batch holds as many tokens: val/loss is the whole set's mean token loss
     assert run.metrics["val/ppl"] == pytest.approx(math.exp(losses.val[-1]), rel=1e-5)

@@ -31,6 +31,7 @@ def fit(tmp_path, *overrides):
     return run, evaluations.steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every, steps", [(1, [16, 32, 48]), (2, [32, 48])])
 def test_evaluation_every_n_epochs_is_at_those_epochs_ends_and_the_last_step(tmp_path, every, steps):
     _, evaluated = fit(tmp_path, f"loop.eval_every_epochs={every}")
@@ -43,6 +44,7 @@ def test_an_epoch_ends_at_its_last_whole_step_when_steps_accumulate_across_epoch
     assert evaluated == [5, 10]
 
 
+@pytest.mark.slow
 def test_checkpoints_every_n_epochs_are_written_after_that_epochs_evaluation(tmp_path):
     run, evaluated = fit(tmp_path, "loop.eval_every_epochs=1", "checkpoint.every_epochs=2", "checkpoint.keep_last=5")
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step-"))
