@@ -244,14 +244,15 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
                 drop_last: bool, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
                 collate_fn=None, persistent_workers: bool = False, prefetch_factor: int | None = None,
                 timeout_s: float = 0, role: str = "data", pad: bool = False,
-                batched_fetch: bool = True, sample: int | None = None) -> FrameworkLoader:
+                batched_fetch: bool = True, sample: int | None = None, first: bool = False) -> FrameworkLoader:
     """A ``FrameworkLoader`` over ``dataset``: a map-style one through a ``ResumableSampler``
     (``loader.position``), an ``IterableDataset`` through ``IterableShards`` (``loader.dataset``, and its
     ``position``). ``timeout_s`` bounds the wait for a batch from the workers (``0``: none; no workers: does
     not apply); ``role`` names the loader in errors (``data.train``); ``pad``: see ``ResumableSampler``.
     ``batched_fetch``: read each batch of a map-style dataset that allows it in one operation
     (``csframework.batched``; never with a ``collate_fn``), the same batches as sample by sample.
-    ``sample``: a map-style dataset's passes read that many samples drawn over it (``ResumableSampler``)."""
+    ``sample``: a map-style dataset's passes read that many samples drawn over it, or its first ones with
+    ``first`` (``ResumableSampler``)."""
     tagged = num_workers > 0
     if collate_fn is not None:
         collate_fn = CheckedCollate(collate_fn, role)
@@ -267,7 +268,8 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
         return FrameworkLoader(shards, batch_size=batch_size, drop_last=drop_last, collate_fn=collate_fn,
                                position=shards, **common)
     size = dataset_size(dataset, role)
-    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=tagged, pad=pad, sample=sample)
+    sampler = ResumableSampler(size, shuffle, seed, rank, world_size, tag_epoch=tagged, pad=pad, sample=sample,
+                               first=first)
     read = batch_reader(dataset) if batched_fetch and collate_fn is None else None
     if read is not None:  # no auto-batching: the sampler yields whole batches, the dataset reads them
         return FrameworkLoader(BatchReader(dataset, read, seed, tagged, role), batch_size=None, collate_fn=as_is,
@@ -308,9 +310,9 @@ def build_loader(data: DataConfig, role: str, seed: int, *, rank: int = 0, world
                  device_type: str = "CPU", eval_steps: int | None = None) -> tuple[FrameworkLoader, Any]:
     """The loader of one set of ``data`` and its dataset: ``role`` ``"train"`` (``data.train``, shuffled and
     cut as ``data`` says) or an evaluation set's name (``val`` ...: in order, padded, ``eval_steps`` batches
-    per process of samples drawn over it). Every setting of ``data`` applies (workers, their timeout,
-    ``pin_memory``, prefetching); the one place a loader is assembled, for the run and for the
-    ``csframework-cerebras`` input workers."""
+    per process of samples drawn over it, or the first ones: ``data.eval_sample``). Every setting of ``data``
+    applies (workers, their timeout, ``pin_memory``, prefetching); the one place a loader is assembled, for
+    the run and for the ``csframework-cerebras`` input workers."""
     from .targets import build
 
     pin = data.pin_memory if data.pin_memory is not None else device_type == "GPU"
@@ -329,8 +331,9 @@ def build_loader(data: DataConfig, role: str, seed: int, *, rank: int = 0, world
     dataset = build(spec, key)
     batch_size = data.eval_batch_size or data.batch_size
     sample = eval_steps * batch_size * world_size if eval_steps else None
+    first = getattr(data.eval_sample, "value", data.eval_sample) == "sequential"
     return make_loader(dataset, batch_size, shuffle=False, drop_last=False, role=key, pad=True, sample=sample,
-                       **options), dataset
+                       first=first, **options), dataset
 
 
 def stage_loaders(cfg: RunConfig, rank: int = 0, world_size: int = 1
@@ -361,6 +364,11 @@ def check_train_loader(loader: FrameworkLoader, dataset: Any, cfg: RunConfig) ->
         if loop.max_steps is None:
             raise ConfigError("loop.max_steps: data.train is an IterableDataset, which has no length to count "
                               "epochs in advance; set loop.max_steps (an epoch ends when its iterator does)")
+        for key, value, instead in (("loop.eval_every_epochs", loop.eval_every_epochs, "loop.eval_every"),
+                                    ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, "checkpoint.every_steps")):
+            if value is not None:
+                raise ConfigError(f"{key}: data.train is an IterableDataset, whose epochs have no length known in "
+                                  f"advance (the end of an epoch is not known at its last step); use {instead}")
     elif len(dataset) == 0:
         raise ConfigError(f"data.train: the dataset is empty ({type(dataset).__name__} has no sample); check it")
     elif len(loader) == 0:

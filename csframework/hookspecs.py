@@ -30,8 +30,9 @@ Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consum
             -- the global step advances; the step ends (loop.end_step): --
             on_log_metrics(metrics, step)             # when global_step % loop.log_every == 0, and at the
                                                       # stage's last step
-            on_eval_start ... on_eval_end(metrics)    # when stage_step % loop.eval_every == 0, and at the
-            on_log_metrics(val metrics, step)         # stage's last step (its final evaluation)
+            on_eval_start ... on_eval_end(metrics)    # when stage_step % loop.eval_every == 0 (or an epoch
+            on_log_metrics(val metrics, step)         # of loop.eval_every_epochs ends), and at the stage's
+                                                      # last step (its final evaluation)
         on_train_batch_end(batch, outputs, batch_idx)
     on_train_step_end(step, outputs)                  # once per optimizer step; the built-in checkpoint plugin
                                                       # saves here, after the evaluation of the same step
@@ -258,7 +259,9 @@ def on_eval_start(run: RunProtocol) -> None:
 @hookspec
 def on_eval_end(run: RunProtocol, metrics: dict[str, float]) -> None:
     """After an evaluation: once, after every set's pass. ``metrics`` maps names such as ``val/loss`` (and
-    ``<set>/loss`` for each ``data.eval`` set) to floats; ``run.eval_outputs``
+    ``<set>/loss`` for each ``data.eval`` set, the ``metrics:`` section's ``<set>/<name>`` and what plugins
+    ``run.report`` during the evaluation's earlier hooks) to floats; what is reported in this hook joins the
+    evaluation's ``on_log_metrics`` after it; ``run.eval_outputs``
     holds the outputs named in ``loop.collect`` (name -> CPU tensor, every sample once in dataset order;
     complete on global rank 0, empty elsewhere; possibly memory-mapped, valid during this hook).
 

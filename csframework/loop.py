@@ -11,16 +11,18 @@ run stops at the step whose loss is not finite.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .batched import first_array
 from .collect import Collector
-from .data import epoch_batches
-from .errors import ConfigError, NonFiniteLossError
+from .data import epoch_batches, is_iterable
+from .errors import ConfigError
+from .finite import check_finite, check_parameters_finite  # noqa: F401 (run.py: loop.check_finite)
 from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
 
@@ -85,8 +87,11 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     requested (``False``), or the epoch runs out of batches (``True``)."""
     hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
     accum = loop.grad_accum_steps
-    batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
+    if state.carried is not None and state.batch_in_epoch == 0:  # an epoch starts from initial_state
+        state.carried.reset()
+    batches: Any = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)  # a map-style pass has a len
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
+    epoch_len = None if is_iterable(run.train_loader) else state.batch_in_epoch + len(batches)
     # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
     for batch in batches:
         batch_idx = state.batch_in_epoch
@@ -99,6 +104,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
             hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             continue
         done = _stage_done(state, loop)
+        state.epoch_end = epoch_len is not None and epoch_len - state.batch_in_epoch < accum
         # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
         # after it, if any, are micro-batches that _drop_partial_step drops)
         end_step(run, batch, outputs, batch_idx,
@@ -135,7 +141,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
-    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every``, and the final step;
+    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every`` or
+    ``eval_every_epochs``, and the final step;
     the losses since the last log are checked first, so a non-finite one stops the run before it is
     evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
@@ -151,7 +158,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     final = final or state.stop_reason is not None
     if final or state.global_step % loop.log_every == 0:
         log_train_metrics(run)
-    if (final or (loop.eval_every and state.stage_step % loop.eval_every == 0)) and run.val_loader is not None:
+    due = state.closes_epochs(loop.eval_every_epochs) or (loop.eval_every and state.stage_step % loop.eval_every == 0)
+    if (final or due) and run.val_loader is not None:
         if state.pending.get("loss"):  # the evaluation synchronises anyway: a loss gone non-finite stops it here
             check_finite(run)
         evaluate(run)
@@ -235,48 +243,6 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
-def check_parameters_finite(run: RunProtocol) -> None:
-    """Raise ``NonFiniteLossError`` naming the first parameter that is not finite. One synchronisation;
-    under a sharded backend each rank checks its own shards, and all ranks agree (all of them save or none)."""
-    flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in run.model.parameters()]
-    finite = not flags or bool(torch.stack(flags).all())
-    if run.backend.sharded:  # under ddp only rank 0 saves, so only a sharded backend's ranks all ask
-        finite = run.backend.all_ranks_agree(finite)
-    if not finite:
-        names = [n for (n, _), ok in zip(run.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
-        raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {run.global_step}; "
-                                 "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
-
-
-def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
-
-    Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale
-    falls below ``precision.min_scale``; then the mask of finite losses is returned (``None``: all finite).
-    """
-    pending = run.state.pending.get("loss")
-    if losses is None and pending:
-        losses = torch.stack(pending).float()
-    finite = torch.isfinite(losses) if losses is not None else None
-    first_bad = None
-    if losses is not None and finite is not None and not bool(finite.all()):
-        bad = int((~finite).nonzero()[0])
-        first_bad = (run.global_step - len(losses) + 1 + bad, losses[bad].item())
-    if run.stage_config.precision.loss_scaling != "dynamic":
-        if first_bad is not None:
-            raise NonFiniteLossError(f"the loss is {first_bad[1]} at step {first_bad[0]}; lower optimizer.lr, set "
-                                     "optimizer.max_grad_norm, or use loss scaling")
-        return None
-    scale = run.backend.loss_scale()
-    floor = run.stage_config.precision.min_scale
-    if scale is not None and scale < floor:
-        since = f" (a non-finite loss at step {first_bad[0]})" if first_bad is not None else ""
-        raise NonFiniteLossError(f"the dynamic loss scale fell to {scale:g}, below precision.min_scale={floor:g}, "
-                                 f"by step {run.global_step}{since}: the loss or its gradients keep overflowing; "
-                                 "lower optimizer.lr or check the data")
-    return finite if first_bad is not None else None
-
-
 def evaluate(run: RunProtocol) -> dict:
     """One pass over each evaluation set (``data.val``, ``data.eval``: at most ``loop.eval_steps`` batches
     each); returns ``<set>/*`` (``val/*``): the mean over
@@ -314,6 +280,7 @@ def _evaluate(run: RunProtocol) -> dict:
     hooks.on_eval_start(run=run)
     metrics: dict[str, float] = {}
     collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
+    run.state.eval_reports = metrics  # run.report in the sets' hooks: into their metrics (Run.report)
     try:
         for index, (name, loader) in enumerate(run.eval_loaders.items()):
             run.eval_set = name
@@ -326,8 +293,12 @@ def _evaluate(run: RunProtocol) -> dict:
                          peak_mb=round(collector.peak / 2**20, 3))
             if loop.collect_save and run.rank == 0:
                 collector.save(run.eval_outputs, f"step_{run.global_step}.safetensors")
+        late: dict[str, float] = {}  # reported in on_eval_end: added after its hooks have read metrics
+        run.state.eval_reports = late
         hooks.on_eval_end(run=run, metrics=metrics)
+        metrics.update(late)
     finally:
+        run.state.eval_reports = None
         run.eval_set = None
         run.eval_outputs = {}
         if collector is not None:
@@ -349,7 +320,9 @@ def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | No
     hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
     sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
     counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
-    with torch.inference_mode() if loop.inference_mode else torch.no_grad():
+    carried = run.state.carried  # a stateful model: the set's pass starts from initial_state
+    with torch.inference_mode() if loop.inference_mode else torch.no_grad(), \
+            carried.evaluating() if carried is not None else contextlib.nullcontext():
         for batch_idx, batch in enumerate(loader):
             if limit is not None and batch_idx >= limit:  # an IterableDataset: its first batches
                 break

@@ -40,6 +40,7 @@ def run_state(run: RunProtocol) -> dict:
         "rng": rng_state(),
         "data": data,
         **({"data_pass_ended": True} if pass_ended else {}),
+        **({"carried": run.state.carried.state_dict()} if run.state.carried is not None else {}),
     }
 
 
@@ -69,6 +70,9 @@ def load_run_state(run: RunProtocol, state: dict) -> None:
     if isinstance(reason, str) and position.get("stop_settings") == _stop_settings(run):
         run.state.stop_reason = reason  # finished means finished: loop.finished says so
     set_rng_state(state["rng"])
+    if run.state.carried is not None:  # a stateful model: where its state was (none saved: a pass's start)
+        device = next(iter(run.model.parameters()), torch.empty(0)).device
+        run.state.carried.load_state_dict(state.get("carried"), device)
     loader = run.train_loader
     if state.get("data") is not None and is_iterable(loader) and loader.num_workers == 0:
         loader.dataset.load_state_dict(state["data"], pass_ended=state.get("data_pass_ended", False))

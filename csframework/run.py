@@ -13,7 +13,7 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import failures, loop, resume
+from . import carried, failures, loop, resume
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
@@ -107,6 +107,7 @@ class Run:
         self.model: torch.nn.Module = build(config.model, "model")
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"model._target_ must build a torch.nn.Module, got {type(self.model).__name__}")
+        self.state.carried = carried.for_model(self.model, self.stages)  # None: a stateless model
         self.enter_stage(0)
 
     # -- the state, read-only -------------------------------------------------------------------------------
@@ -300,9 +301,10 @@ class Run:
         loop.check_parameters_finite(self)
 
     def report(self, metrics: dict[str, float]) -> None:
-        """Record metrics at the current step and pass them to ``on_log_metrics``."""
-        self.state.metrics.update(metrics)
-        self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
+        """Record metrics (name -> number) at the current step and pass them to ``on_log_metrics``; during an
+        evaluation (its hooks, ``on_eval_end`` included) they join its metrics and its one ``on_log_metrics``."""
+        if not self.state.record(metrics):
+            self.hooks.on_log_metrics(run=self, metrics=metrics, step=self.global_step)
 
     @property
     def distribution(self) -> dict[str, Any]:

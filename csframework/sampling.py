@@ -61,13 +61,15 @@ class ResumableSampler(Sampler[int]):
     order, and positions from ``size`` on are the padding (the output collector drops them).
 
     With ``sample`` (``loop.eval_steps``), a pass reads that many indices drawn without replacement from the
-    whole set by ``seed + epoch`` (evaluation: ``set_epoch(draw)`` picks the draw), in dataset order."""
+    whole set by ``seed + epoch`` (evaluation: ``set_epoch(draw)`` picks the draw), in dataset order; with
+    ``first`` too (``data.eval_sample=sequential``), the set's first ``sample`` indices."""
 
     def __init__(self, size: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1,
-                 tag_epoch: bool = False, pad: bool = False, sample: int | None = None):
+                 tag_epoch: bool = False, pad: bool = False, sample: int | None = None, first: bool = False):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.tag_epoch, self.pad = rank, world_size, tag_epoch, pad
         self.sample = sample if sample is not None and sample < size else None  # None: every index
+        self.first = first
         self.epoch = 0
         self.start = 0
 
@@ -79,7 +81,9 @@ class ResumableSampler(Sampler[int]):
 
     def order(self) -> torch.Tensor:
         """The indices this pass yields, as one tensor."""
-        if self.sample is not None:  # a stream of its own: not the training order of the same seed and epoch
+        if self.sample is not None and self.first:
+            order = torch.arange(self.sample)
+        elif self.sample is not None:  # a stream of its own: not the training order of the same seed and epoch
             g = torch.Generator().manual_seed(derived_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + 11))
             order = torch.randperm(self.size, generator=g)[:self.sample].sort().values
         elif self.shuffle:

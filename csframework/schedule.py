@@ -159,13 +159,28 @@ class TargetSchedule:
         return getattr(self.scheduler, name)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
-    """The schedule of ``cfg.schedule`` for ``total_steps`` optimizer steps (stepped once per step)."""
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int,
+                    steps_per_epoch: float | None = None):
+    """The schedule of ``cfg.schedule`` for ``total_steps`` optimizer steps (stepped once per step);
+    ``steps_per_epoch`` resolves ``warmup_epochs`` (``None``: an iterable training set, refused with it)."""
+    cfg = in_steps(cfg, steps_per_epoch)
     if cfg.schedule._target_:
         cls, kwargs = schedule_spec(cfg)
         scheduler = call("optimizer.schedule", cfg.schedule._target_, cls, optimizer, **kwargs)
         return TargetSchedule(scheduler, getattr(cfg.schedule.interval, "value", cfg.schedule.interval) == "epoch")
     return Schedule(optimizer, cfg, total_steps)
+
+
+def in_steps(cfg: OptimizerConfig, steps_per_epoch: float | None) -> OptimizerConfig:
+    """``cfg`` with ``schedule.warmup_epochs`` resolved to ``warmup_steps`` (rounded to a whole step)."""
+    epochs = cfg.schedule.warmup_epochs
+    if epochs is None:
+        return cfg
+    if steps_per_epoch is None:
+        raise ConfigError("optimizer.schedule.warmup_epochs: data.train is an IterableDataset, whose epochs have "
+                          "no length known in advance; use optimizer.schedule.warmup_steps")
+    schedule = dataclasses.replace(cfg.schedule, warmup_steps=round(epochs * steps_per_epoch), warmup_epochs=None)
+    return dataclasses.replace(cfg, schedule=schedule)
 
 
 def build_optimizer(named_params, cfg: OptimizerConfig,
@@ -270,7 +285,7 @@ def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     sched = cfg.schedule
     path = _target_of(sched._target_, "optimizer.schedule._target_")
     cls = locate_class(path, "optimizer.schedule._target_")
-    for key in ("name", "warmup_steps", "min_lr", "min_lr_ratio"):
+    for key in ("name", "warmup_steps", "warmup_epochs", "min_lr", "min_lr_ratio"):
         if cfg.is_set(f"schedule.{key}"):
             raise ConfigError(f"optimizer.schedule.{key}: only the built-in schedules use it, and "
                               f"optimizer.schedule._target_ is {path}; remove it")

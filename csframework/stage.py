@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .config import RunConfig
-from .data import FrameworkLoader, stage_loaders, total_steps
+from .data import FrameworkLoader, is_iterable, stage_loaders, total_steps
 from .errors import ConfigError, one_line
 from .param_groups import ParamGroup
 from .protocol import Backend, BackendSpec
@@ -71,7 +71,8 @@ def build_stage(backend: Backend, model: torch.nn.Module, cfg: RunConfig) -> Sta
                                                       fused=backend.fused_optimizer(model))
         except ValueError as e:  # torch's own range checks, if the validation plugin is disabled
             raise ConfigError(f"optimizer: {one_line(e)}") from e
-        scheduler = build_scheduler(optimizer, cfg.optimizer, total_steps(cfg, train_loader))
+        per_epoch = None if is_iterable(train_loader) else len(train_loader) / cfg.loop.grad_accum_steps
+        scheduler = build_scheduler(optimizer, cfg.optimizer, total_steps(cfg, train_loader), per_epoch)
     except BaseException:
         backend.finish()
         raise

@@ -5,6 +5,7 @@ restores a saved position. Plugins read it (``run.state``, or the ``Run`` proper
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,6 +52,15 @@ class RunState:
     """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The latest value of every reported metric."""
+    epoch_end: bool = False
+    """The step that just ended is the last whole step of its epoch (known for a map-style ``data.train``);
+    ``closes_epochs`` asks it."""
+    eval_reports: dict[str, float] | None = None
+    """During an evaluation: where ``Run.report`` puts what it is given, so it joins the evaluation's
+    metrics (its one ``on_log_metrics`` call, its log line); ``None`` otherwise."""
+    carried: Any = None
+    """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
+    ``None`` for a model without ``initial_state``."""
 
     # -- written by the loop ------------------------------------------------------------------------------
     def enter_stage(self, index: int) -> None:
@@ -78,6 +88,11 @@ class RunState:
         self.micro_step -= leftover
         return leftover
 
+    def closes_epochs(self, every: int | None) -> bool:
+        """Whether the step that just ended closed epoch ``every``, ``2 * every``, ... (counted from 1):
+        ``loop.eval_every_epochs``, ``checkpoint.every_epochs``; ``False`` when ``every`` is ``None``."""
+        return bool(every) and self.epoch_end and (self.epoch + 1) % every == 0  # type: ignore[operator]
+
     def next_epoch(self) -> None:
         self.epoch += 1
         self.batch_in_epoch = 0
@@ -87,6 +102,15 @@ class RunState:
         for key, value in outputs.items():
             if isinstance(value, torch.Tensor) and value.ndim == 0:
                 self.pending.setdefault(key, []).append(value)
+
+    def record(self, reported: dict[str, float]) -> bool:
+        """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics
+        (``eval_reports``: its hooks report into it), else it is ``on_log_metrics``'s now."""
+        self.metrics.update(reported)
+        if self.eval_reports is None:
+            return False
+        self.eval_reports.update(reported)
+        return True
 
     def clear_pending(self) -> None:
         """The pending outputs were logged."""

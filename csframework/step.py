@@ -76,9 +76,9 @@ def detached(outputs: dict) -> dict:
 def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batch: Any, accum: int) -> dict:
     """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs.
     ``module``: what computes the model's outputs from a batch (the module, or its compiled forward)."""
-    hooks = run.hooks
-    with ops.autocast():
-        outputs = model_outputs(module(batch))
+    hooks, carried = run.hooks, run.state.carried
+    with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
+        outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
     loss = outputs["loss"]
     hooks.on_before_backward(run=run, loss=loss)
     try:

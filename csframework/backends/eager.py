@@ -297,7 +297,12 @@ class EagerBackend(BackendBase):
         return step.detached(outputs)
 
     def eval_batch(self, run, batch) -> dict:
-        outputs = self.steps.evaluate(batch)
+        carried = run.state.carried  # a stateful model (never compiled: csframework.carried.refusals)
+        if carried is not None:
+            with self.precision.autocast():
+                outputs = carried.forward(run.module, batch)
+        else:
+            outputs = self.steps.evaluate(batch)
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 

@@ -35,7 +35,21 @@ def csframework_validate(config: RunConfig) -> list[str]:
             problems.append(str(e))
     skip = bool(problems)  # when both groups chose the device, that is the one problem to report of it
     problems += for_each_stage(config, lambda cfg: run_rules(cfg, skip_device_pair=skip and cfg is config))
-    return problems + across_stages(config, stage_configs(config))
+    return problems + across_stages(config, stage_configs(config)) + metrics_rules(config)
+
+
+def metrics_rules(config: RunConfig) -> list[str]:
+    """The ``metrics:`` section needs its plugin (``eval_metrics``, which checks each entry) and a set to
+    evaluate (in some stage)."""
+    if not config.metrics:
+        return []
+    if "eval_metrics" in config.plugins.disable:
+        return ["metrics: the eval_metrics plugin that computes them is disabled (plugins.disable); remove "
+                "eval_metrics from plugins.disable, or remove metrics"]
+    if not any(eval_sets(cfg.data) for _, cfg in [("", config), *stage_configs(config)]):
+        return ["metrics: they are computed over evaluation sets, and this run has none; set data.val (or "
+                "data.eval), or remove metrics"]
+    return []
 
 
 @hookimpl
@@ -45,7 +59,8 @@ def on_train_start(run) -> None:
     (a tenth of the stage). Usually the optimizer's default warm-up meeting a shortened run: in a sweep the
     console shows it once (``console_once.first_time``), every job's ``events.jsonl`` records it."""
     cfg = run.stage_config
-    warmup, steps = cfg.optimizer.schedule.warmup_steps, run.total_steps(cfg)
+    plan = getattr(run.scheduler, "cfg", cfg.optimizer)  # the built-in schedule's: warmup_epochs resolved
+    warmup, steps = plan.schedule.warmup_steps, run.total_steps(cfg)
     if warmup > steps:
         length = (f"loop.max_steps ({steps})" if cfg.loop.max_steps is not None
                   else f"loop.max_epochs ({cfg.loop.max_epochs}, {steps} steps)")
@@ -185,17 +200,22 @@ def schedule_rules(cfg: RunConfig) -> list[str]:
     refused."""
     o, s = cfg.optimizer, cfg.optimizer.schedule
     problems = (check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
+                + check_range("optimizer.schedule.warmup_epochs", s.warmup_epochs, 0.0, float(MAX_COUNT))
                 + check_range("optimizer.schedule.min_lr_ratio", s.min_lr_ratio, 0.0, 1.0,
                               hint=" (a fraction of optimizer.lr)"))
+    if s.warmup_epochs is not None and not s._target_ and o.is_set("schedule.warmup_steps"):
+        problems.append(f"optimizer.schedule.warmup_steps, optimizer.schedule.warmup_epochs: both are set "
+                        f"({s.warmup_steps} steps, {s.warmup_epochs} epochs); keep one")
     if s.min_lr is not None and o.is_set("schedule.min_lr_ratio"):
         problems.append(f"optimizer.schedule.min_lr, optimizer.schedule.min_lr_ratio: both set ({s.min_lr:g} and "
                         f"{s.min_lr_ratio:g}), and each alone says where the rate ends; keep one "
                         "(optimizer.schedule.min_lr=null, or optimizer.schedule.min_lr_ratio=0)")
     finite = math.isfinite(o.lr)
-    hint = (" (optimizer.lr)" + (f": the schedule decays the rate to it; set optimizer.schedule.min_lr_ratio=0.1 "
+    hint = (" (optimizer.lr)" + (": the schedule decays the rate to it; set optimizer.schedule.min_lr_ratio=0.1 "
                                  "(a tenth of the rate, whatever it is) and min_lr=null" if o.lr > 0 else "")
             if finite else "")
     return problems + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if finite else None, hint=hint)
+
 
 
 def target_rules(cfg: RunConfig) -> list[str]:
@@ -218,8 +238,13 @@ def loop_rules(cfg: RunConfig) -> list[str]:
     if (lp.max_steps is None) == (lp.max_epochs is None):
         problems.append("loop.max_steps, loop.max_epochs: set exactly one of them "
                         "(e.g. loop.max_steps=100 loop.max_epochs=null)")
-    for key in ("max_steps", "max_epochs", "eval_every", "eval_steps", "grad_accum_steps", "log_every"):
+    for key in ("max_steps", "max_epochs", "eval_every", "eval_every_epochs", "eval_steps", "grad_accum_steps",
+                "log_every"):
         problems += check_range(f"loop.{key}", getattr(lp, key), 1, MAX_COUNT)
+    if lp.eval_every is not None and lp.eval_every_epochs is not None:
+        problems.append(f"loop.eval_every, loop.eval_every_epochs: both are set ({lp.eval_every} steps, "
+                        f"{lp.eval_every_epochs} epochs); evaluate by steps or by epochs: set the other to null "
+                        "(e.g. loop.eval_every=null)")
     problems += check_range("loop.collect_max_memory_mb", lp.collect_max_memory_mb, 0.0, MAX_MEMORY_MB,
                             open_low=True)
     if lp.collect and not eval_sets(cfg.data):
@@ -275,7 +300,11 @@ def eval_set_rules(d) -> list[str]:
 def checkpoint_rules(cfg: RunConfig) -> list[str]:
     c = cfg.checkpoint
     problems = (check_range("checkpoint.every_steps", c.every_steps, 1, MAX_COUNT, hint=" (or null)")
+                + check_range("checkpoint.every_epochs", c.every_epochs, 1, MAX_COUNT, hint=" (or null)")
                 + check_range("checkpoint.keep_last", c.keep_last, 1, MAX_COUNT))
+    if c.every_steps is not None and c.every_epochs is not None:
+        problems.append(f"checkpoint.every_steps, checkpoint.every_epochs: both are set ({c.every_steps} steps, "
+                        f"{c.every_epochs} epochs); save by steps or by epochs: set the other to null")
     monitor = c.keep_best.monitor
     if monitor and monitor.startswith("val/") and "val" not in eval_sets(cfg.data):
         problems.append(f"checkpoint.keep_best.monitor: {monitor} comes from evaluation, but data.val is null; "

@@ -40,6 +40,10 @@ class ScheduleConfig(ReadOnly):
     after the warm-up."""
     warmup_steps: int = 0
     """Steps of linear warm-up from 0 to ``optimizer.lr``."""
+    warmup_epochs: Optional[float] = None
+    """The warm-up in training epochs instead (``0.5``: half an epoch), resolved to steps from the steps an
+    epoch makes (a map-style ``data.train``); replaces ``warmup_steps``. The decay of ``linear`` and
+    ``cosine`` spans the stage, ``loop.max_epochs`` included."""
     min_lr_ratio: float = 0.0
     """The learning rate at the last step for ``linear`` and ``cosine``, as a fraction of ``optimizer.lr``, in
     ``[0, 1]`` (``optimizer=adamw`` sets 0.1, nanoGPT's lr/10): the floor follows the rate, so any

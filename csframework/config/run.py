@@ -44,6 +44,11 @@ class RunConfig(ReadOnly):
     """Checkpoint cadence, retention and resume."""
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     """Extra plugins to enable, plugins to disable."""
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    """Evaluation metrics by name, each a ``_target_`` (a torchmetrics ``Metric``: ``pip install
+    "csframework[metrics]"``) with its keyword arguments and ``inputs``, the evaluation outputs its
+    ``update`` gets (default ``[preds, target]``); computed over each evaluation set as ``<set>/<name>``
+    (``builtin/eval_metrics.py``)."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """What a multirun optimises and plots: ``objective`` (a metric name) and ``direction``."""
     stages: Dict[str, Any] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from .readonly import ReadOnly
 class EvalSample(str, Enum):
     fixed = "fixed"
     fresh = "fresh"
+    sequential = "sequential"
 
 
 @dataclass
@@ -29,7 +30,8 @@ class DataConfig(ReadOnly):
     eval_sample: EvalSample = EvalSample.fixed
     """With ``loop.eval_steps``, which samples an evaluation reads: ``fixed``, the same ones drawn from
     ``seed`` over the whole set at every evaluation (a curve compares like with like); ``fresh``, new ones
-    at each evaluation (drawn from ``seed`` and the step, as nanoGPT's ``estimate_loss``)."""
+    at each evaluation (drawn from ``seed`` and the step, as nanoGPT's ``estimate_loss``); ``sequential``, the
+    set's first batches in order (a set whose batches are a sequence: a batchified token stream)."""
     batch_size: int = 32
     """Batch size per process (per step micro-batch when ``loop.grad_accum_steps > 1``)."""
     eval_batch_size: Optional[int] = None
@@ -68,9 +70,14 @@ class LoopConfig(ReadOnly):
     eval_every: Optional[int] = None
     """Evaluate on ``data.val`` (and every ``data.eval`` set) every this many steps (and after the last
     step); ``null``: only at the end."""
+    eval_every_epochs: Optional[int] = None
+    """Evaluate at the end of every this many training epochs (and after the last step) instead of by
+    steps (``eval_every`` must then be ``null``); ``1``: at each epoch's end. An epoch ends with its last
+    whole step (a map-style ``data.train``: its length known in advance)."""
     eval_steps: Optional[int] = None
     """Evaluation batches per evaluation and set; ``null``: the whole set. They hold samples drawn over the
-    whole set (``data.eval_sample``), not its first batches (an ``IterableDataset``: its first batches)."""
+    whole set, or its first batches with ``data.eval_sample=sequential`` (an ``IterableDataset``: always its
+    first batches)."""
     eval_at_start: bool = False
     """Also evaluate before the first step (step 0), as nanoGPT does; a resumed run does not again."""
     grad_accum_steps: int = 1
@@ -111,6 +118,9 @@ class KeepBestConfig:
 class CheckpointConfig(ReadOnly):
     every_steps: Optional[int] = None
     """Save every this many steps; ``null``: only at the end of each stage."""
+    every_epochs: Optional[int] = None
+    """Save at the end of every this many training epochs instead of by steps (``every_steps`` must then
+    be ``null``), after that epoch's evaluation (``loop.eval_every_epochs``)."""
     keep_last: int = 2
     """How many checkpoints to keep (older ones are deleted after a newer one is complete)."""
     resume: str = "never"
@@ -133,7 +143,7 @@ class PluginsConfig(ReadOnly):
     """Module paths of plugin modules (or ``module:attribute``) to register."""
     disable: List[str] = field(default_factory=list)
     """Plugin names to turn off, built-ins included (``validation``, ``logging``, ``progress``, ``metrics``,
-    ``checkpoint``) or entry-point names."""
+    ``eval_metrics``, ``checkpoint``) or entry-point names."""
 
 
 class Direction(str, Enum):

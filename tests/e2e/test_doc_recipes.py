@@ -121,6 +121,41 @@ class MyModel(torch.nn.Module):
 loader = [(torch.randn(16, 8), torch.randint(0, 4, (16,))) for _ in range(3)]
 """
 
+LSTM_GIVEN = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import csframework as csf
+"""
+#: The own-model page's stateful model trained a few batches of a batchified stream, then resumed mid-epoch.
+LSTM_FIT = """
+def stream():
+    tokens = torch.randint(0, 33, (201, 4), generator=torch.Generator().manual_seed(0))
+    return TensorDataset(tokens[:-1], tokens[1:])
+
+def fit(*more):
+    cfg = csf.compose(["model=tiny_linear", "data=tiny_clusters", "~model.net", "~model.loss",
+                       "model._target_=__main__.WordLSTM", "data.train._target_=__main__.stream",
+                       "data.val._target_=__main__.stream", "~data.train.n", "~data.val.n", "~data.val.seed",
+                       "data.batch_size=35", "data.shuffle=false",
+                       "loop.max_steps=7", "loop.eval_every=null", "loop.eval_steps=null", "checkpoint.keep_last=3",
+                       "checkpoint.every_steps=6", "optimizer=sgd", "optimizer.lr=1", *more])
+    run = csf.Run(cfg, output_dir="outputs/" + str(len(more)))
+    run.fit()
+    return run
+
+straight, resumed = fit(), fit("checkpoint.resume=outputs/0/checkpoints/step-00000006")
+assert all(torch.equal(a, b) for a, b in zip(straight.model.parameters(), resumed.model.parameters()))
+print("carried", straight.metrics["val/loss"])
+"""
+PERPLEXITY_FIT = """
+cfg = csf.compose(["model=tiny_linear", "data=tiny_clusters", "loop.max_steps=4", "loop.eval_every=2"])
+summary = csf.Run(cfg, plugins=[Perplexity()], output_dir="outputs/ppl").fit()
+print("ppl", summary["metrics"]["val/ppl"])
+"""
+
 #: (document, the start of the block's first line) -> how the block is run, or why it is not.
 BLOCKS: dict[tuple[str, str], object] = {
     ("README.md", "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "): NotRunnable(
@@ -141,6 +176,11 @@ BLOCKS: dict[tuple[str, str], object] = {
         setup="user_project"),
     ("docs/getting-started/own-model.md", "# conf/my_run.yaml"): UserFile(
         used_by="python -m csframework --config-dir conf model=my_model"),
+    ("docs/getting-started/own-model.md", "class WordLSTM(nn.Module):"): Python(prelude=LSTM_GIVEN, after=LSTM_FIT),
+    ("docs/training.md", "metrics:\n  mae:"): Elsewhere(
+        "tests/unit/test_eval_metrics.py", "builds every entry of the block; its other tests run such metrics"),
+    ("docs/training.md", "class Perplexity:"): Python(prelude="import math\nimport csframework as csf\n",
+                                                      after=PERPLEXITY_FIT),
     ("docs/concepts/index.md", "on_fit_start"): NotARecipe("pseudo-code: the order of the hooks"),
     ("docs/concepts/validation.md", "csframework: error: model._target_: brokenmd.MLP: no module "): Elsewhere(
         "tests/e2e/test_user_code_errors.py", "the CLI prints these lines (checked against the page there)"),
@@ -364,6 +404,10 @@ def test_a_python_recipe_runs_as_written(block, tmp_path, cli_env):
         assert done.stdout.splitlines()[-1].startswith("completed ") and "MyPlugin: fit ended at step 50" in done.stdout
     elif "BestAccuracy" in block.text:
         assert 0 < float(done.stdout.split()[-1]) <= 1, done.stdout
+    elif "WordLSTM" in block.text:  # trained, and resumed in the middle of its epoch to the same weights
+        assert done.stdout.splitlines()[-1].startswith("carried "), done.stdout
+    elif "class Perplexity" in block.text:
+        assert float(done.stdout.split()[-1]) > 1, done.stdout
     else:  # the CSX low-level API: a loss printed by the step closure after each of the 3 steps
         assert len([line for line in done.stdout.splitlines() if line.startswith("loss ")]) == 3, done.stdout
 

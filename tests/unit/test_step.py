@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from csframework import ModelError, step
+from csframework.state import RunState
 
 
 class Recorder:
@@ -43,6 +44,7 @@ class FakeRun:
         torch.nn.init.ones_(self.model.weight)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.hooks = Recorder()
+        self.state = RunState()  # its carried state: None (a stateless model)
 
 
 def test_a_step_of_two_micro_batches_in_order():

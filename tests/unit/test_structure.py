@@ -15,7 +15,7 @@ FLOORS = [
                       "summary_file", "collect", "rundir"]),
     ("config: schemas, composition, _target_ lookup", ["config", "config.*", "hydra_session", "targets"]),
     ("contracts: protocol, hooks, plugins", ["protocol", "hooks", "hookspecs", "plugins", "failures"]),
-    ("the parts of a stage", ["precision", "schedule", "param_groups", "data", "step"]),
+    ("the parts of a stage", ["precision", "schedule", "param_groups", "data", "step", "carried", "finite"]),
     ("the static-graph machinery", ["graph", "graph.*"]),
     ("backends", ["backends", "backends.*"]),
     ("loop, stage and the built-in plugins", ["loop", "stage", "resume", "builtin", "builtin.*", "fresh_run"]),

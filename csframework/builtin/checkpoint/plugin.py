@@ -132,6 +132,7 @@ class CheckpointPlugin:
         self.saved_step = None
         self.saved_eval_step = -1  # the evaluation (its step) the checkpoint of saved_step holds the metrics of
         self.every: int | None = None  # the stage's checkpoint.every_steps
+        self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
         self.shards: SafeDir | None = None  # a sharded backend: the temporary directory the ranks write into
@@ -330,12 +331,14 @@ class CheckpointPlugin:
     @hookimpl
     def on_train_start(self, run):
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
+        self.every_epochs = run.stage_config.checkpoint.every_epochs
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
 
     @hookimpl(trylast=True)
     def on_train_step_end(self, run, step):
-        if run.state.stopping or (self.every and step % self.every == 0):
+        by_epochs = run.state.closes_epochs(self.every_epochs)  # checkpoint.every_epochs
+        if run.state.stopping or (self.every and step % self.every == 0) or by_epochs:
             self.save(run)
 
     @hookimpl
