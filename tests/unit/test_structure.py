@@ -9,10 +9,8 @@ from import_graph import PACKAGE, circles, import_graph
 #: package and what is inside it when it ends in ``*``). A module may import from its own floor and below.
 FLOORS = [
     ("base helpers", ["errors", "compat", "command", "jsonout", "rng", "state", "console_once", "models", "defaults",
-                      "defaults.*", "files", "signals", "process_state", "batched", "sampling", "summary_file",
-                      "collect", "rundir", "previous_runs"]),
                       "defaults.*", "files", "privatedir", "signals", "process_state", "batched", "sampling",
-                      "summary_file", "collect", "rundir"]),
+                      "summary_file", "collect", "rundir", "previous_runs"]),
     ("config: schemas, composition, _target_ lookup", ["config", "config.*", "hydra_session", "targets"]),
     ("contracts: protocol, hooks, plugins", ["protocol", "hooks", "hookspecs", "plugins", "failures"]),
     ("the parts of a stage", ["precision", "schedule", "param_groups", "data", "step", "carried", "finite"]),
