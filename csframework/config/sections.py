@@ -101,8 +101,9 @@ class BestMode(str, Enum):
 @dataclass
 class KeepBestConfig:
     monitor: Optional[str] = None
-    """A metric name (e.g. ``val/loss``): keep the checkpoint where it was best, besides ``keep_last``;
-    ``null`` keeps none. A checkpoint counts when the metric was reported at its step."""
+    """A metric name (e.g. ``val/loss``): every evaluation that improves on its best value is saved at once
+    (whatever ``every_steps`` says) and kept as the best checkpoint besides ``keep_last``, replacing the
+    previous best; ``null`` keeps none."""
     mode: BestMode = BestMode.min
     """``min`` or ``max``: which value is best."""
 
