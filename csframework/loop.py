@@ -302,6 +302,9 @@ def evaluate(run: RunProtocol) -> dict:
         # its compilation (the evaluation's own function) counts as compiling, the rest as evaluating
         run.state.eval_seconds += time.perf_counter() - started - (compile_seconds(run) - compiled)
     run.state.last_eval_step = run.global_step
+    evaluated = getattr(run.scheduler, "evaluated", None)  # a backend's own schedule may not have it
+    if run.mode == "fit" and evaluated is not None:  # plateau steps on the evaluations of training
+        evaluated({**run.metrics, **metrics})  # with what plugins reported in on_eval_end
     return metrics
 
 

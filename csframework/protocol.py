@@ -108,6 +108,9 @@ class RunProtocol(Protocol):
     def report(self, metrics: dict[str, float]) -> None:
         """Report metrics (``on_log_metrics``) at the current step."""
 
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every learning rate by ``factor`` for the rest of the stage, as the schedule respects."""
+
     def summary(self) -> dict: ...
 
     def total_steps(self, cfg: RunConfig) -> int: ...

@@ -4,6 +4,7 @@ owns) to plugins."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import uuid
 from pathlib import Path
@@ -299,6 +300,17 @@ class Run:
         checkpoint holds the state of a run that has gone non-finite."""
         loop.check_finite(self)
         loop.check_parameters_finite(self)
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply the learning rate of every parameter group by ``factor`` from the next optimizer step on,
+        for the rest of the stage. The schedule multiplies it into every rate it sets (warm-up, ``linear``,
+        ``cosine``, ``plateau``; a ``_target_`` scheduler's ``base_lrs``) and saves it in checkpoints, where
+        writing ``optimizer.param_groups[i]["lr"]`` would be undone by the schedule's next rate."""
+        factor = float(factor)
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"run.scale_lr({factor!r}): the factor must be a finite number above 0")
+        self.scheduler.scale_lr(factor)
+        self.log.info("lr_scaled", factor=factor, lr=float(self.optimizer.param_groups[0]["lr"]))
 
     def report(self, metrics: dict[str, float]) -> None:
         """Record metrics at the current step and pass them to ``on_log_metrics``."""

@@ -146,11 +146,27 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
         problems += (check_range(f"optimizer.groups.{group_name}.lr_scale", group.lr_scale, 0.0)
                      + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0))
     s = o.schedule
+    problems += plateau_rules(cfg)
     return (problems + check_range("optimizer.schedule.warmup_steps", s.warmup_steps, 0, MAX_COUNT)
             + check_range("optimizer.schedule.min_lr", s.min_lr, 0.0, o.lr if math.isfinite(o.lr) else None,
                           hint=" (optimizer.lr)" + (f": the schedule decays the rate to it; set "
                                                     f"optimizer.schedule.min_lr={o.lr / 10:g} (a tenth of the rate) "
                                                     "or lower" if o.lr > 0 else "") if math.isfinite(o.lr) else ""))
+
+
+def plateau_rules(cfg: RunConfig) -> list[str]:
+    """``schedule.name=plateau``: its settings in range, and evaluations to step on."""
+    s = cfg.optimizer.schedule
+    if getattr(s.name, "value", s.name) != "plateau" or s._target_:
+        return []
+    problems = (check_range("optimizer.schedule.factor", s.factor, 0.0, 1.0, open_low=True, open_high=True)
+                + check_range("optimizer.schedule.patience", s.patience, 0, MAX_COUNT)
+                + check_range("optimizer.schedule.cooldown", s.cooldown, 0, MAX_COUNT)
+                + check_range("optimizer.schedule.threshold", s.threshold, 0.0))
+    if not eval_sets(cfg.data):
+        problems.append("optimizer.schedule.name=plateau: it steps on evaluations, and this run has none; set "
+                        "data.val (and loop.eval_every), or choose another schedule")
+    return problems
 
 
 def target_rules(cfg: RunConfig) -> list[str]:
