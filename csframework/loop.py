@@ -302,9 +302,8 @@ def evaluate(run: RunProtocol) -> dict:
         # its compilation (the evaluation's own function) counts as compiling, the rest as evaluating
         run.state.eval_seconds += time.perf_counter() - started - (compile_seconds(run) - compiled)
     run.state.last_eval_step = run.global_step
-    evaluated = getattr(run.scheduler, "evaluated", None)  # a backend's own schedule may not have it
-    if run.mode == "fit" and evaluated is not None:  # plateau steps on the evaluations of training
-        evaluated({**run.metrics, **metrics})  # with what plugins reported in on_eval_end
+    if run.mode == "fit" and hasattr(run.scheduler, "evaluated"):  # plateau: with what plugins reported too
+        run.scheduler.evaluated({**run.metrics, **metrics})
     return metrics
 
 
@@ -340,11 +339,13 @@ def _evaluate(run: RunProtocol) -> dict:
     return metrics
 
 
-def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None) -> dict[str, float]:
+def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None,
+                  whole: bool = False) -> dict[str, float]:
     """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches: drawn over the whole set,
-    ``data.eval_sample``); returns ``<name>/*``, the mean over samples of every scalar output."""
+    ``data.eval_sample``; ``whole``: every batch, a test set's); returns ``<name>/*``, the mean over samples
+    of every scalar output."""
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
-    limit = loop.eval_steps
+    limit = None if whole else loop.eval_steps
     sampler = getattr(loader, "position", None)
     if sampler is not None and getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
         fresh = getattr(run.stage_config.data.eval_sample, "value", run.stage_config.data.eval_sample) == "fresh"

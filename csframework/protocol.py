@@ -43,7 +43,7 @@ class RunProtocol(Protocol):
     device_type: str
     """``"CPU"``, ``"GPU"``, ``"CSX"``, or a plugin's device type."""
     mode: str
-    """``"fit"`` or ``"validate"``."""
+    """``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``."""
     status: str
     summary_extra: dict[str, Any]
     """Entries a plugin adds to ``summary.json``."""

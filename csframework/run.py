@@ -14,7 +14,7 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import failures, loop, resume
+from . import failures, loop, predict, resume, testset
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
@@ -41,8 +41,8 @@ class Run:
     once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
     too), ``model``, ``module`` (what the steps call: a DDP wrapper under
     DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type`` (``"CPU"|"GPU"|"CSX"|...``),
-    ``output_dir``, ``log`` (a structlog logger), ``mode`` (``"fit"`` or ``"validate"``: what the run
-    is doing), ``status``, ``rank`` / ``world_size``, and ``state``
+    ``output_dir``, ``log`` (a structlog logger), ``mode`` (``"fit"``, ``"validate"``, ``"test"`` or
+    ``"predict"``: what the run is doing), ``status``, ``rank`` / ``world_size``, and ``state``
     (``RunState``: the position, the stop request and the metrics, written by the loop), whose fields are
     also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
     ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
@@ -93,7 +93,7 @@ class Run:
         self.state = RunState()
         self._pid = os.getpid()  # the run's process: request_stop anywhere else could not reach the run
         self.eval_outputs: dict[str, torch.Tensor] = {}  # loop.collect's outputs, during on_eval_end
-        self.mode = "fit"  # what the run is doing: "fit" or "validate"
+        self.mode = "fit"  # what the run is doing: "fit", "validate", "test" or "predict"
         # checked as set: a value JSON cannot hold is the setting plugin's error, naming its key
         self.summary_extra: dict[str, Any] = JsonDict("summary_extra")
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
@@ -222,6 +222,8 @@ class Run:
                 self.log.info("already_complete")
             else:
                 self.status = loop.fit(self)
+                if self.status == "completed" and testset.has_test_sets(self):
+                    testset.test_after_fit(self)
             failures.leave_if_forked(owner)
             self.hooks.on_fit_end(run=self)
             return self.summary()
@@ -243,11 +245,36 @@ class Run:
         """
         if self.val_loader is None:
             raise ConfigError("data.val: mode=validate needs a validation dataset")
+        return self._once("validate", "validating", lambda: loop.evaluate(self))
 
+    def test(self) -> dict:
+        """Evaluate the test sets (``data.test``, ``data.test_sets``) once, whole (``mode=test``); returns the
+        run's summary, whose ``metrics`` hold ``test/*``. Set up as ``validate`` is; the checkpoint plugin
+        restores ``checkpoint.resume``, from a run directory its best checkpoint (``checkpoint.keep_best``),
+        else its newest. A fit with test sets tests them itself when it ends (``csframework.testset``)."""
+        if not testset.has_test_sets(self):
+            raise ConfigError("data.test: mode=test needs a test set; set data.test (or data.test_sets.<name>)")
+        return self._once("test", "testing", lambda: testset.test_pass(self))
+
+    def predict(self) -> dict:
+        """Write the model's per-sample outputs for ``data.predict`` to ``predictions.jsonl`` in the run
+        directory (``mode=predict``, ``csframework.predict``), with the weights ``checkpoint.resume``
+        restores (a run directory's best checkpoint, else its newest); returns the run's summary, whose
+        ``predictions`` says the file, its rows and the outputs written."""
+        if self.stage_config.data.predict is None:
+            raise ConfigError("data.predict: mode=predict needs a dataset to predict; set data.predict._target_")
+
+        def work():
+            self.summary_extra["predictions"] = predict.predict_pass(self)
+        return self._once("predict", "predicting", work)
+
+    def _once(self, mode: str, status: str, work) -> dict:
+        """Run ``work`` once in ``mode`` (``validate``, ``test``, ``predict``), set up and torn down as
+        ``fit`` is (``on_fit_start`` restores ``checkpoint.resume``, ``on_fit_end`` writes the summary)."""
         def body():
-            self.mode, self.status = "validate", "validating"
+            self.mode, self.status = mode, status
             self.hooks.on_fit_start(run=self)
-            loop.evaluate(self)
+            work()
             self.status = "completed"
             self.hooks.on_fit_end(run=self)
             return self.summary()

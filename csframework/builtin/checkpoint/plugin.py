@@ -172,7 +172,7 @@ class CheckpointPlugin:
         # tens of ms to make: only for a config whose repr is near the limit, else at the first save)
         if run.rank == 0 and run.mode == "fit" and len(repr(run.config)) > MAX_CONFIG_BYTES // 16:
             self._config_yaml(run)
-        if not self.restore(run) and run.mode == "validate" and run.global_step == 0:  # not after a fit
+        if not self.restore(run) and run.mode != "fit" and run.global_step == 0:  # not after a fit
             run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
                             fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
         self.best.forget()  # the index as the restored run left it
@@ -227,6 +227,9 @@ class CheckpointPlugin:
                                         "training starts at step 0; to continue an earlier run, give its directory "
                                         "(hydra.run.dir=<its run directory>)")
             candidates = [source / name for name in reversed(names)]
+            best = read_best(source) if run.mode in ("test", "predict") else None
+            if best is not None:  # test or predict with the best weights a run kept, else its newest
+                candidates.sort(key=lambda path: path.name != best["name"])
         damaged = []
         shard_check = run.backend.read_shard_metadata if run.backend.sharded else None
         for path in candidates:
