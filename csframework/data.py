@@ -343,8 +343,8 @@ def set_spec(data: DataConfig, role: str) -> tuple[Any, str]:
     for sets, key_of in ((eval_sets(data), eval_set_key), (test_sets(data), test_set_key)):
         if sets.get(role) is not None:
             return sets[role], key_of(data, role)
-    raise ConfigError(f"{eval_set_key(data, role)}: no such evaluation set (sets: {', '.join(eval_sets(data)) or 'none'}); "
-                      "set it")
+    raise ConfigError(f"{eval_set_key(data, role)}: no such evaluation set "
+                      f"(sets: {', '.join(eval_sets(data)) or 'none'}); set it")
 
 
 def stage_loaders(cfg: RunConfig, rank: int = 0, world_size: int = 1

@@ -279,8 +279,7 @@ def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.
 
 def evaluate(run: RunProtocol) -> dict:
     """One pass over each evaluation set (``data.val``, ``data.eval``: at most ``loop.eval_steps`` batches
-    each); returns ``<set>/*`` (``val/*``): the mean over
-    samples of every scalar output (each batch's value weighted by its samples, so a short last batch
+    each); returns ``<set>/*`` (``val/*``): the mean over samples of every scalar output (each batch's value weighted by its samples, so a short last batch
     counts for what it holds; an output that only some batches return is averaged over those).
 
     The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
@@ -339,11 +338,9 @@ def _evaluate(run: RunProtocol) -> dict:
     return metrics
 
 
-def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None,
-                  whole: bool = False) -> dict[str, float]:
-    """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches: drawn over the whole set,
-    ``data.eval_sample``; ``whole``: every batch, a test set's); returns ``<name>/*``, the mean over samples
-    of every scalar output."""
+def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None, whole: bool = False) -> dict:
+    """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches drawn over the whole set,
+    ``data.eval_sample``; ``whole``: all, a test set's); returns ``<name>/*``, per-sample means of scalars."""
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
     limit = None if whole else loop.eval_steps
     sampler = getattr(loader, "position", None)

@@ -25,7 +25,8 @@ PREDICTIONS = "predictions.jsonl"
 
 
 def predict_pass(run: RunProtocol) -> dict:
-    """Write ``predictions.jsonl`` for ``data.predict``; returns ``{"path", "rows", "outputs"}``."""
+    """Write ``predictions.jsonl`` for ``data.predict``; returns ``{"path", "rows", "outputs"}``, which
+    ``summary.json`` holds as ``predictions``."""
     if run.world_size > 1:
         raise ConfigError("mode=predict: run it in one process (not under torchrun): the rows are written "
                           "in the dataset's order by one writer")
@@ -57,4 +58,5 @@ def predict_pass(run: RunProtocol) -> dict:
         run.module.train(was_training)
     written = {"path": PREDICTIONS, "rows": rows, "outputs": keys or []}
     run.log.info("predictions_written", **written)
+    run.summary_extra["predictions"] = written
     return written

@@ -4,7 +4,6 @@ owns) to plugins."""
 from __future__ import annotations
 
 import copy
-import math
 import os
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import failures, loop, predict, resume, testset
+from . import failures, loop, modes, resume, testset
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
@@ -28,6 +27,7 @@ from .jsonout import JsonDict
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs, validation_problems
 from .protocol import Backend
 from .rundir import check_fresh_start, default_output_dir, writer_lock
+from .schedule import scale_run_lr
 from .rng import seed_everything
 from .signals import stop_on_signals
 from .stage import Stage, backend_spec, build_stage
@@ -235,53 +235,16 @@ class Run:
             return self._guarded(body)
 
     def validate(self) -> dict:
-        """Evaluate on ``data.val`` once (``mode=validate``); returns the run's summary (see ``summary``),
-        as ``fit`` does, whose ``metrics`` hold the ``val/*`` results.
-
-        Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
-        ``mode == "validate"`` and ``status == "validating"`` meanwhile: logging, metrics and ``summary.json``
-        work as in a fit, and the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a
-        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights.
-        """
-        if self.val_loader is None:
-            raise ConfigError("data.val: mode=validate needs a validation dataset")
-        return self._once("validate", "validating", lambda: loop.evaluate(self))
+        """``mode=validate``: evaluate ``data.val`` once (``modes.validate``); returns the run's summary."""
+        return modes.validate(self)
 
     def test(self) -> dict:
-        """Evaluate the test sets (``data.test``, ``data.test_sets``) once, whole (``mode=test``); returns the
-        run's summary, whose ``metrics`` hold ``test/*``. Set up as ``validate`` is; the checkpoint plugin
-        restores ``checkpoint.resume``, from a run directory its best checkpoint (``checkpoint.keep_best``),
-        else its newest. A fit with test sets tests them itself when it ends (``csframework.testset``)."""
-        if not testset.has_test_sets(self):
-            raise ConfigError("data.test: mode=test needs a test set; set data.test (or data.test_sets.<name>)")
-        return self._once("test", "testing", lambda: testset.test_pass(self))
+        """``mode=test``: evaluate the test sets once (``modes.test``); returns the run's summary."""
+        return modes.test(self)
 
     def predict(self) -> dict:
-        """Write the model's per-sample outputs for ``data.predict`` to ``predictions.jsonl`` in the run
-        directory (``mode=predict``, ``csframework.predict``), with the weights ``checkpoint.resume``
-        restores (a run directory's best checkpoint, else its newest); returns the run's summary, whose
-        ``predictions`` says the file, its rows and the outputs written."""
-        if self.stage_config.data.predict is None:
-            raise ConfigError("data.predict: mode=predict needs a dataset to predict; set data.predict._target_")
-
-        def work():
-            self.summary_extra["predictions"] = predict.predict_pass(self)
-        return self._once("predict", "predicting", work)
-
-    def _once(self, mode: str, status: str, work) -> dict:
-        """Run ``work`` once in ``mode`` (``validate``, ``test``, ``predict``), set up and torn down as
-        ``fit`` is (``on_fit_start`` restores ``checkpoint.resume``, ``on_fit_end`` writes the summary)."""
-        def body():
-            self.mode, self.status = mode, status
-            self.hooks.on_fit_start(run=self)
-            work()
-            self.status = "completed"
-            self.hooks.on_fit_end(run=self)
-            return self.summary()
-
-        with writer_lock(self.output_dir, self.rank):
-            self._started = True  # what it writes is this run's: a fit after it goes on in the directory
-            return self._guarded(body)
+        """``mode=predict``: write ``predictions.jsonl`` (``modes.predict``); returns the run's summary."""
+        return modes.predict(self)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
@@ -329,15 +292,10 @@ class Run:
         loop.check_parameters_finite(self)
 
     def scale_lr(self, factor: float) -> None:
-        """Multiply the learning rate of every parameter group by ``factor`` from the next optimizer step on,
-        for the rest of the stage. The schedule multiplies it into every rate it sets (warm-up, ``linear``,
-        ``cosine``, ``plateau``; a ``_target_`` scheduler's ``base_lrs``) and saves it in checkpoints, where
-        writing ``optimizer.param_groups[i]["lr"]`` would be undone by the schedule's next rate."""
-        factor = float(factor)
-        if not (math.isfinite(factor) and factor > 0):
-            raise ValueError(f"run.scale_lr({factor!r}): the factor must be a finite number above 0")
-        self.scheduler.scale_lr(factor)
-        self.log.info("lr_scaled", factor=factor, lr=float(self.optimizer.param_groups[0]["lr"]))
+        """Multiply every learning rate by ``factor`` from the next step to the end of the stage, as every
+        schedule respects and checkpoints keep (``schedule.scale_run_lr``), where writing
+        ``optimizer.param_groups[i]["lr"]`` would be undone by the schedule's next rate."""
+        scale_run_lr(self, factor)
 
     def report(self, metrics: dict[str, float]) -> None:
         """Record metrics at the current step and pass them to ``on_log_metrics``."""

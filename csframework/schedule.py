@@ -199,6 +199,16 @@ class TargetSchedule:
         return getattr(self.scheduler, name)
 
 
+def scale_run_lr(run, factor: float) -> None:
+    """``run.scale_lr``: multiply the stage's every rate by ``factor`` (a finite number above 0) through its
+    schedule (``Schedule.scale_lr``, ``TargetSchedule.scale_lr``)."""
+    factor = float(factor)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"run.scale_lr({factor!r}): the factor must be a finite number above 0")
+    run.scheduler.scale_lr(factor)
+    run.log.info("lr_scaled", factor=factor, lr=float(run.optimizer.param_groups[0]["lr"]))
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
     """The schedule of ``cfg.schedule`` for ``total_steps`` optimizer steps (stepped once per step)."""
     if cfg.schedule._target_:

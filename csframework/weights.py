@@ -100,9 +100,9 @@ def load_model(path: str | os.PathLike[str], which: str = "newest") -> torch.nn.
     function of the user's own code (``fixtures.mlp``), never one of Python's library or an installed
     package (``os.system``, ``subprocess.Popen``, ``torch.hub.load``); Hydra's ``_partial_``, ``_args_``,
     ``_recursive_``, ``_convert_`` and ``${...}`` interpolations are refused. The modules named are imported
-    and the user's own functions called, so load only run directories whose code you trust. Raises ``DamagedCheckpoint`` naming the key of a config
-    that is refused, ``ConfigError`` when its classes cannot be imported or built here, and what
-    ``load_checkpoint`` raises."""
+    and the user's own functions called, so load only run directories whose code you trust. Raises
+    ``DamagedCheckpoint`` naming the key of a config that is refused, ``ConfigError`` when its classes cannot
+    be imported or built here, and what ``load_checkpoint`` raises."""
     from .targets import build
 
     checkpoint = load_checkpoint(path, which)

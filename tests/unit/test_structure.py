@@ -13,11 +13,11 @@ FLOORS = [
                       "collect", "rundir"]),
     ("config: schemas, composition, _target_ lookup", ["config", "config.*", "hydra_session", "targets"]),
     ("contracts: protocol, hooks, plugins", ["protocol", "hooks", "hookspecs", "plugins", "failures"]),
-    ("the parts of a stage", ["precision", "schedule", "param_groups", "data", "step"]),
+    ("the parts of a stage", ["precision", "schedule", "plateau", "param_groups", "data", "step"]),
     ("the static-graph machinery", ["graph", "graph.*"]),
     ("backends", ["backends", "backends.*"]),
     ("loop, stage and the built-in plugins", ["loop", "stage", "resume", "builtin", "builtin.*"]),
-    ("run and the API", ["run", "api", "weights", "testing", "csx"]),
+    ("run and the API", ["run", "api", "weights", "testing", "csx", "testset", "predict", "modes"]),
     ("sweep", ["sweep", "sweep.*"]),
     ("the command line", ["__main__", "config_reference"]),
 ]
