@@ -205,6 +205,9 @@ def scale_run_lr(run, factor: float) -> None:
     factor = float(factor)
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"run.scale_lr({factor!r}): the factor must be a finite number above 0")
+    if not hasattr(run.scheduler, "scale_lr"):  # a backend's own schedule (attach may replace it)
+        raise ConfigError(f"run.scale_lr: this stage's schedule ({type(run.scheduler).__name__}, the backend's) "
+                          "cannot scale its rates; set them through the backend's schedule")
     run.scheduler.scale_lr(factor)
     run.log.info("lr_scaled", factor=factor, lr=float(run.optimizer.param_groups[0]["lr"]))
 

@@ -114,3 +114,23 @@ def test_plateau_settings_that_cannot_work_are_refused(tmp_path, overrides, mess
 def test_a_monitor_no_evaluation_reports_fails_at_the_first_evaluation_naming_those_it_did(tmp_path):
     with pytest.raises(csf.ConfigError, match=r"optimizer.schedule.monitor: .*'val/los'.*val/accuracy, val/loss"):
         fixtures.fit(tmp_path, *PLATEAU, "optimizer.schedule.monitor=val/los", "loop.eval_every=2")
+
+
+def test_a_checkpoint_s_forged_plateau_state_is_refused_as_damaged(tmp_path):
+    from csframework.builtin.checkpoint.readback import schedule_problems
+
+    run, _ = fixtures.fit(tmp_path, *PLATEAU, "loop.max_steps=2", "loop.eval_every=1")
+    state = run.scheduler.state_dict()
+    groups = len(run.optimizer.param_groups)
+    assert schedule_problems(state, groups) == []
+    forged = {
+        "scale": ({**state, "scale": -1.0}, "scheduler.scale"),
+        "plateau.scale": ({**state, "plateau": {**state["plateau"], "scale": 2.0}}, "scheduler.plateau.scale"),
+        "plateau.bad": ({**state, "plateau": {**state["plateau"], "bad": -3}}, "scheduler.plateau.bad"),
+        "plateau.best": ({**state, "plateau": {**state["plateau"], "best": float("nan")}}, "scheduler.plateau.best"),
+        "plan.factor": ({**state, "plan": {**state["plan"], "factor": 4.0}}, "scheduler.plan.factor"),
+        "plan.mode": ({**state, "plan": {**state["plan"], "mode": "sideways"}}, "scheduler.plan.threshold_mode/mode"),
+    }
+    for name, (bad, key) in forged.items():
+        problems = schedule_problems(bad, groups)
+        assert any(p.startswith(key) for p in problems), (name, problems)
