@@ -71,3 +71,50 @@ def test_a_run_with_a_broadcasting_regression_fails_at_its_first_step_with_one_l
         csf.Run(cfg, output_dir=tmp_path).fit()
     cfg.model["squeeze"] = True
     assert csf.Run(cfg, output_dir=tmp_path / "fixed").fit()["status"] == "completed"
+
+
+# -- docs/guides/regression.md, as written ----------------------------------------------------------------
+PAGE = "docs/guides/regression.md"
+
+
+def page_block(start: str) -> str:
+    from doc_blocks import blocks
+
+    return next(b.text for b in blocks(PAGE) if b.text.startswith(start))
+
+
+def regression_10(n: int = 96, seed: int = 0) -> TensorDataset:
+    """Ten features, as the page's ``Linear(10, 1)`` takes."""
+    return regression_set(n=n, dim=10, seed=seed)
+
+
+def test_the_page_s_error_line_is_the_run_s(tmp_path):
+    from csframework.__main__ import error_lines
+
+    shown = page_block("csframework: error: model.loss=mse").strip()
+    model = Supervised(nn.Linear(10, 1), loss="mse")
+    x, y = regression_10(n=32)[:]
+    with pytest.raises(csf.ModelError) as caught:
+        model((x, y))
+    assert error_lines(caught.value) == [shown]
+
+
+def test_the_page_s_model_file_trains_a_regression_with_its_metrics_plugin(tmp_path):
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "linear_regression.yaml").write_text(page_block("# conf/model/linear_regression.yaml"))
+    plugin: dict = {}
+    exec(page_block("import csframework as csf\n\n\nclass RegressionMetrics"), plugin)
+    cfg = csf.compose(["model=linear_regression", "data=tiny_clusters", "loop.max_steps=6", "optimizer=sgd",
+                       "optimizer.lr=0.05", "loop.collect=[preds,labels]", f"data.train={{_target_: {__name__}.regression_10}}",
+                       f"data.val={{_target_: {__name__}.regression_10, n: 40, seed: 1}}"],
+                      config_dir=str(tmp_path / "conf"))
+    run = csf.Run(cfg, plugins=[plugin["RegressionMetrics"]()], output_dir=tmp_path / "run")
+    metrics = run.fit()["metrics"]
+    x, y = regression_10(n=40, seed=1)[:]
+    with torch.no_grad():
+        preds = run.model.net(x)[:, 0]
+    r2 = 1 - float(((y - preds) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+    assert metrics["val/r2"] == pytest.approx(r2, rel=1e-5)
+    assert metrics["val/mae"] == pytest.approx(float((preds - y).abs().mean()), rel=1e-5)
+    assert metrics["val/loss"] == pytest.approx(float(((preds - y) ** 2).mean()), rel=1e-5)
