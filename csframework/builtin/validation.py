@@ -155,15 +155,14 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
 
 
 def plateau_rules(cfg: RunConfig) -> list[str]:
-    """``schedule.name=plateau``: its settings in range, and evaluations to step on."""
+    """``schedule.name=plateau``'s settings in range (whatever the schedule: every number is checked), and
+    evaluations to step on."""
     s = cfg.optimizer.schedule
-    if getattr(s.name, "value", s.name) != "plateau" or s._target_:
-        return []
     problems = (check_range("optimizer.schedule.factor", s.factor, 0.0, 1.0, open_low=True, open_high=True)
                 + check_range("optimizer.schedule.patience", s.patience, 0, MAX_COUNT)
                 + check_range("optimizer.schedule.cooldown", s.cooldown, 0, MAX_COUNT)
                 + check_range("optimizer.schedule.threshold", s.threshold, 0.0))
-    if not eval_sets(cfg.data):
+    if getattr(s.name, "value", s.name) == "plateau" and not s._target_ and not eval_sets(cfg.data):
         problems.append("optimizer.schedule.name=plateau: it steps on evaluations, and this run has none; set "
                         "data.val (and loop.eval_every), or choose another schedule")
     return problems
