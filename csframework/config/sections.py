@@ -113,7 +113,7 @@ class KeepBestConfig:
     monitor: Optional[str] = None
     """A metric name (e.g. ``val/loss``): every evaluation that improves on its best value is saved at once
     (whatever ``every_steps`` says) and kept as the best checkpoint besides ``keep_last``, replacing the
-    previous best; ``null`` keeps none."""
+    previous best; a ``train/*`` metric chooses among the checkpoints saved anyway; ``null`` keeps none."""
     mode: BestMode = BestMode.min
     """``min`` or ``max``: which value is best."""
 

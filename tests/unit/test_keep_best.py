@@ -67,3 +67,12 @@ def test_a_resumed_run_compares_with_the_best_it_recorded(tmp_path):
     saved = [e["path"].rsplit("/", 1)[1] for e in fixtures.events(tmp_path) if e["event"] == "checkpoint_saved"]
     assert saved == ["step-00000002", "step-00000004", "step-00000008"]  # 1.5 at step 6 is no better than 1.0
     assert index(tmp_path)["best"] == {"name": "step-00000008", "metric": "val/score", "value": 0.25}
+
+
+def test_a_training_metric_chooses_among_the_checkpoints_saved_anyway(tmp_path):
+    # train/loss is logged every step: saving at each of its improvements would write a checkpoint a step
+    fixtures.fit(tmp_path, "loop.max_steps=8", "loop.log_every=1", "checkpoint.every_steps=4",
+                 "checkpoint.keep_best.monitor=train/loss")
+    saved = [e["path"].rsplit("/", 1)[1] for e in fixtures.events(tmp_path) if e["event"] == "checkpoint_saved"]
+    assert saved == ["step-00000004", "step-00000008"]
+    assert index(tmp_path)["best"]["name"] in saved

@@ -40,8 +40,16 @@ class BestTracker:
             return None
         return float(value)
 
+    def evaluation_improved(self, run, root: Path) -> bool:
+        """Whether an evaluation at this step reported the monitor (a training metric, ``train/*``, logged
+        every ``loop.log_every`` steps, does not count) better than the best checkpoint so far."""
+        monitor = run.stage_config.checkpoint.keep_best.monitor
+        if not monitor or monitor.startswith("train/") or run.state.last_eval_step != run.global_step:
+            return False
+        return self.value_now(run) is not None and self.improves(run, root)
+
     def improves(self, run, root: Path) -> bool:
-        """Whether this step's evaluation beat the best checkpoint so far (or there is none yet)."""
+        """Whether the monitor's value at this step beats the best checkpoint so far (or there is none yet)."""
         value = self.value_now(run)
         if value is None:
             return False

@@ -320,10 +320,10 @@ class CheckpointPlugin:
 
     @hookimpl(trylast=True)
     def on_train_step_end(self, run, step):
-        # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says
+        # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
+        # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
         if run.state.stopping or (self.every and step % self.every == 0) \
-                or (self.best.value_now(run) is not None  # an evaluation at this step (cheap to ask)
-                    and self.best.improves(run, self._root(run))):  # every rank: a sharded save needs them all
+                or (run.state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run))):
             self.save(run)
 
     @hookimpl
