@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import csframework as csf
+from csframework.models import Supervised
 import fixtures
 
 TEST = ["+data.test._target_=fixtures.Blobs", "+data.test.n=48", "+data.test.seed=7"]
@@ -20,7 +21,7 @@ BEST_FIRST = ["loop.max_steps=8", "loop.eval_every=2", "checkpoint.keep_best.mon
 
 def hand_tested_loss(weights: dict, n: int = 48, seed: int = 7) -> float:
     """The test set's mean cross-entropy with ``weights``, computed by hand over the whole set at once."""
-    model = csf.models.Supervised(fixtures.mlp())
+    model = Supervised(fixtures.mlp())
     model.load_state_dict(weights)
     blobs = fixtures.Blobs(n=n, seed=seed)
     with torch.no_grad():
