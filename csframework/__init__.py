@@ -4,6 +4,7 @@
     cfg = csf.compose(["device=csx", "loop.max_steps=50"])
     summary = csf.Run(cfg, plugins=[MyPlugin()]).fit()
     model.load_state_dict(csf.load_checkpoint("outputs/my-run", which="best").model)
+    model = csf.load_model("outputs/my-run", which="best")  # rebuilt from the checkpoint's own config
 
 Importing the package loads only the errors and the hook markers; ``Run``, ``compose``, the rest and even
 ``__version__`` load on first use, so ``csframework.config`` (the schemas) can be imported without the
@@ -21,14 +22,14 @@ from .hookspecs import hookimpl, hookspec
 
 #: Public names loaded on first use: name -> module.
 _LAZY = {"Run": ".run", "compose": ".api", "RunConfig": ".config", "RunState": ".state",
-         "Interrupted": ".signals", "load_checkpoint": ".weights",
+         "Interrupted": ".signals", "load_checkpoint": ".weights", "load_model": ".weights",
          "Checkpoint": ".weights"}
 _MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
 
 __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
            "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
            "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "ExitCode", "Interrupted",
-           "load_checkpoint", "Checkpoint", "csx", "__version__"]
+           "load_checkpoint", "load_model", "Checkpoint", "csx", "__version__"]
 
 
 def __getattr__(name: str):

@@ -129,7 +129,7 @@ def run_job(cfg: DictConfig, overrides: list[str], typed: Typed | None = None) -
         print(f"csframework: check passed: device {result['device_type']}, stages {', '.join(result['stages'])}")
         return None
     try:
-        summary = run.validate() if mode == "validate" else run.fit()
+        summary = {"validate": run.validate, "test": run.test, "predict": run.predict}.get(mode, run.fit)()
     except Exception as e:  # the user's code failed the run: one line (failures.py), its traceback in error.txt
         if not failures.is_user_failure(e):
             raise

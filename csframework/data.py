@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .batched import BatchIndices, BatchReader, InProcessPass, as_is, batch_reader
 from .config import DataConfig, RunConfig, plain
-from .config.sections import eval_set_key, eval_sets
+from .config.sections import eval_set_key, eval_sets, test_set_key, test_sets
 from .errors import ConfigError, CsfError, DataError, DataTimeoutError, ExitCode
 from .rng import seed_everything
 from .sampling import MAX_DATASET_LEN, IterableShards, ResumableSampler, WorkerSeeded, dataset_size
@@ -324,16 +324,31 @@ def build_loader(data: DataConfig, role: str, seed: int, *, rank: int = 0, world
         dataset = build(data.train, "data.train")
         return make_loader(dataset, data.batch_size, shuffle=data.shuffle, drop_last=data.drop_last,
                            role="data.train", **options), dataset
-    spec = eval_sets(data).get(role)
-    key = eval_set_key(data, role)
-    if spec is None:
-        raise ConfigError(f"{key}: no such evaluation set (sets: {', '.join(eval_sets(data)) or 'none'}); set it")
+    spec, key = set_spec(data, role)
     dataset = build(spec, key)
     batch_size = data.eval_batch_size or data.batch_size
     sample = eval_steps * batch_size * world_size if eval_steps else None
     first = getattr(data.eval_sample, "value", data.eval_sample) == "sequential"
     return make_loader(dataset, batch_size, shuffle=False, drop_last=False, role=key, pad=True, sample=sample,
                        first=first, **options), dataset
+
+
+#: The role of ``data.predict``'s loader (no set's name has a '/').
+PREDICT = "/predict"
+
+
+def set_spec(data: DataConfig, role: str) -> tuple[Any, str]:
+    """The ``_target_`` spec and config key of the set ``role`` names: an evaluation set, a test set
+    (``data.test`` ...) or ``PREDICT``; a ``ConfigError`` naming the key when there is none."""
+    if role == PREDICT:
+        if data.predict is None:
+            raise ConfigError("data.predict: mode=predict needs a dataset to predict; set data.predict._target_")
+        return data.predict, "data.predict"
+    for sets, key_of in ((eval_sets(data), eval_set_key), (test_sets(data), test_set_key)):
+        if sets.get(role) is not None:
+            return sets[role], key_of(data, role)
+    raise ConfigError(f"{eval_set_key(data, role)}: no such evaluation set "
+                      f"(sets: {', '.join(eval_sets(data)) or 'none'}); set it")
 
 
 def stage_loaders(cfg: RunConfig, rank: int = 0, world_size: int = 1

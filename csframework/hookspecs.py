@@ -47,7 +47,9 @@ Around the steps: ``on_fit_start`` > (per stage: ``on_train_start`` > (per epoch
 steps > ``on_train_epoch_end``) > ``on_train_end``) > ``on_fit_end``. Evaluation: ``on_eval_start`` >
 ``on_eval_epoch_start`` > (``on_eval_batch_start`` > ``on_eval_batch_end``)* > ``on_eval_epoch_end`` >
 ``on_eval_end``. ``run.validate()`` (``mode=validate``): ``on_fit_start`` > one evaluation > ``on_fit_end``,
-with ``run.status == "validating"`` until it ends. On an error: ``on_exception`` then the error propagates.
+with ``run.status == "validating"`` until it ends; ``run.test()`` and ``run.predict()`` likewise. A fit's test
+sets (``data.test``) are tested after its last stage, before ``on_fit_end``, with the per-set hooks
+(``on_eval_epoch_start`` ... ``on_eval_epoch_end``) only. On an error: ``on_exception`` then the error propagates.
 
 Within one hook, the built-ins run before user and third-party plugins (pluggy calls the last registered
 first; built-ins are registered last), except where a built-in marks itself ``tryfirst``/``trylast``: in
@@ -157,8 +159,9 @@ def csframework_validate(config: RunConfig) -> list[str] | None:
 # -- fit ------------------------------------------------------------------------------------------------
 @hookspec
 def on_fit_start(run: RunProtocol) -> None:
-    """Once, when ``run.fit()`` or ``run.validate()`` starts (``run.mode`` is ``"fit"`` or ``"validate"``,
-    ``run.status`` ``"running"`` or ``"validating"``), after the model, data and optimizer are built. The
+    """Once, when ``run.fit()``, ``run.validate()``, ``run.test()`` or ``run.predict()`` starts (``run.mode`` is
+    ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``, ``run.status`` ``"running"``, ``"validating"``,
+    ``"testing"`` or ``"predicting"``), after the model, data and optimizer are built. The
     built-in checkpoint plugin loads ``checkpoint.resume`` first, so ``run.global_step`` already tells where
     training resumes.
 

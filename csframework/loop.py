@@ -245,8 +245,7 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
 
 def evaluate(run: RunProtocol) -> dict:
     """One pass over each evaluation set (``data.val``, ``data.eval``: at most ``loop.eval_steps`` batches
-    each); returns ``<set>/*`` (``val/*``): the mean over
-    samples of every scalar output (each batch's value weighted by its samples, so a short last batch
+    each); returns ``<set>/*`` (``val/*``): the mean over samples of every scalar output (each batch's value weighted by its samples, so a short last batch
     counts for what it holds; an output that only some batches return is averaged over those).
 
     The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
@@ -268,6 +267,8 @@ def evaluate(run: RunProtocol) -> dict:
         # its compilation (the evaluation's own function) counts as compiling, the rest as evaluating
         run.state.eval_seconds += time.perf_counter() - started - (compile_seconds(run) - compiled)
     run.state.last_eval_step = run.global_step
+    if run.mode == "fit" and hasattr(run.scheduler, "evaluated"):  # plateau: with what plugins reported too
+        run.scheduler.evaluated({**run.metrics, **metrics})
     return metrics
 
 
@@ -308,11 +309,11 @@ def _evaluate(run: RunProtocol) -> dict:
     return metrics
 
 
-def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None) -> dict[str, float]:
-    """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches: drawn over the whole set,
-    ``data.eval_sample``); returns ``<name>/*``, the mean over samples of every scalar output."""
+def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None, whole: bool = False) -> dict:
+    """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches drawn over the whole set,
+    ``data.eval_sample``; ``whole``: all, a test set's); returns ``<name>/*``, per-sample means of scalars."""
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
-    limit = loop.eval_steps
+    limit = None if whole else loop.eval_steps
     sampler = getattr(loader, "position", None)
     if sampler is not None and getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
         fresh = getattr(run.stage_config.data.eval_sample, "value", run.stage_config.data.eval_sample) == "fresh"

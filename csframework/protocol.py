@@ -43,7 +43,7 @@ class RunProtocol(Protocol):
     device_type: str
     """``"CPU"``, ``"GPU"``, ``"CSX"``, or a plugin's device type."""
     mode: str
-    """``"fit"`` or ``"validate"``."""
+    """``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``."""
     status: str
     summary_extra: dict[str, Any]
     """Entries a plugin adds to ``summary.json``."""
@@ -107,6 +107,9 @@ class RunProtocol(Protocol):
 
     def report(self, metrics: dict[str, float]) -> None:
         """Report metrics (``on_log_metrics``) at the current step."""
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every learning rate by ``factor`` for the rest of the stage, as the schedule respects."""
 
     def summary(self) -> dict: ...
 

@@ -13,7 +13,7 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import carried, failures, loop, resume
+from . import carried, failures, loop, modes, resume, testset
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
@@ -28,6 +28,7 @@ from .plugins import Hooks, backend_specs, build_manager, check_sections, named_
 from .protocol import Backend
 from .fresh_run import writing
 from .rundir import default_output_dir
+from .schedule import scale_run_lr
 from .rng import seed_everything
 from .signals import stop_on_signals
 from .stage import Stage, backend_spec, build_stage
@@ -41,8 +42,8 @@ class Run:
     once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
     too), ``model``, ``module`` (what the steps call: a DDP wrapper under
     DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type`` (``"CPU"|"GPU"|"CSX"|...``),
-    ``output_dir``, ``log`` (a structlog logger), ``mode`` (``"fit"`` or ``"validate"``: what the run
-    is doing), ``status``, ``rank`` / ``world_size``, and ``state``
+    ``output_dir``, ``log`` (a structlog logger), ``mode`` (``"fit"``, ``"validate"``, ``"test"`` or
+    ``"predict"``: what the run is doing), ``status``, ``rank`` / ``world_size``, and ``state``
     (``RunState``: the position, the stop request and the metrics, written by the loop), whose fields are
     also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
     ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
@@ -93,7 +94,7 @@ class Run:
         self.state = RunState()
         self._pid = os.getpid()  # the run's process: request_stop anywhere else could not reach the run
         self.eval_outputs: dict[str, torch.Tensor] = {}  # loop.collect's outputs, during on_eval_end
-        self.mode = "fit"  # what the run is doing: "fit" or "validate"
+        self.mode = "fit"  # what the run is doing: "fit", "validate", "test" or "predict"
         # checked as set: a value JSON cannot hold is the setting plugin's error, naming its key
         self.summary_extra: dict[str, Any] = JsonDict("summary_extra")
         self.already_complete = False  # fit found the run at its end (resumed there): nothing was trained
@@ -223,6 +224,8 @@ class Run:
                 self.log.info("already_complete")
             else:
                 self.status = loop.fit(self)
+                if self.status == "completed" and testset.has_test_sets(self):
+                    testset.test_after_fit(self)
             failures.leave_if_forked(owner)
             self.hooks.on_fit_end(run=self)
             return self.summary()
@@ -232,28 +235,16 @@ class Run:
             return self._guarded(body)
 
     def validate(self) -> dict:
-        """Evaluate on ``data.val`` once (``mode=validate``); returns the run's summary (see ``summary``),
-        as ``fit`` does, whose ``metrics`` hold the ``val/*`` results.
+        """``mode=validate``: evaluate ``data.val`` once (``modes.validate``); returns the run's summary."""
+        return modes.validate(self)
 
-        Set up and torn down as ``fit`` is (``on_fit_start``, the evaluation's hooks, ``on_fit_end``), with
-        ``mode == "validate"`` and ``status == "validating"`` meanwhile: logging, metrics and ``summary.json``
-        work as in a fit, and the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a
-        trained run's weights). After ``fit`` on the same ``Run``, it evaluates the trained weights.
-        """
-        if self.val_loader is None:
-            raise ConfigError("data.val: mode=validate needs a validation dataset")
+    def test(self) -> dict:
+        """``mode=test``: evaluate the test sets once (``modes.test``); returns the run's summary."""
+        return modes.test(self)
 
-        def body():
-            self.mode, self.status = "validate", "validating"
-            self.hooks.on_fit_start(run=self)
-            loop.evaluate(self)
-            self.status = "completed"
-            self.hooks.on_fit_end(run=self)
-            return self.summary()
-
-        with writing(self, first=not self._started):
-            self._started = True  # what it writes is this run's: a fit after it goes on in the directory
-            return self._guarded(body)
+    def predict(self) -> dict:
+        """``mode=predict``: write ``predictions.jsonl`` (``modes.predict``); returns the run's summary."""
+        return modes.predict(self)
 
     def check(self) -> dict:
         """``mode=check``: everything is composed, validated and built; nothing is trained."""
@@ -299,6 +290,12 @@ class Run:
         checkpoint holds the state of a run that has gone non-finite."""
         loop.check_finite(self)
         loop.check_parameters_finite(self)
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every learning rate by ``factor`` from the next step to the end of the stage, as every
+        schedule respects and checkpoints keep (``schedule.scale_run_lr``), where writing
+        ``optimizer.param_groups[i]["lr"]`` would be undone by the schedule's next rate."""
+        scale_run_lr(self, factor)
 
     def report(self, metrics: dict[str, float]) -> None:
         """Record metrics (name -> number) at the current step and pass them to ``on_log_metrics``; during an

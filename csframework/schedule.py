@@ -10,13 +10,19 @@ import warnings
 import torch
 
 from .config import OptimizerConfig, plain
-from .config.optimizer import ScheduleName, final_lr, min_lr_factor
+from .config.optimizer import PlateauMode, ScheduleName, ThresholdMode, final_lr, min_lr_factor
 from .errors import ConfigError
 from .param_groups import ParamGroup, optimizer_params, parameter_groups
+from .plateau import Plateau, monitored_value
 from .targets import call, find_target
 
 #: Settings of the ``optimizer`` group a ``_target_`` optimizer receives when its constructor takes them.
 SHARED_SETTINGS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps")
+#: ``plateau``'s settings, as the schedule's plan saves them, with the type each is read back as.
+PLATEAU_SETTINGS = {"factor": float, "patience": int, "threshold": float, "threshold_mode": ThresholdMode,
+                    "cooldown": int, "monitor": str, "mode": PlateauMode}
+#: The settings only the built-in schedules use (an error beside a ``_target_`` scheduler).
+BUILTIN_SCHEDULE_SETTINGS = ("name", "warmup_steps", "warmup_epochs", "min_lr", "min_lr_ratio", *PLATEAU_SETTINGS)
 
 
 def lr_factor(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
@@ -30,7 +36,7 @@ def lr_factor(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
     name = getattr(sched.name, "value", sched.name)
-    if name == "constant" or cfg.lr == 0:
+    if name in ("constant", "plateau") or cfg.lr == 0:  # plateau: its reductions multiply this
         return 1.0
     floor = min_lr_factor(cfg)
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup - 1))
@@ -57,6 +63,7 @@ class Schedule:
         self.optimizer = optimizer
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         self.last_epoch = 0
+        self.scale = 1.0  # run.scale_lr's multiplier of every rate (a plugin's)
         self._plan(cfg, total_steps)
         self._apply()
 
@@ -66,7 +73,8 @@ class Schedule:
         # from this step on the factor no longer changes: the rates set then stay (no per-step work)
         name = getattr(cfg.schedule.name, "value", cfg.schedule.name)
         warmup = cfg.schedule.warmup_steps
-        self._settled = warmup if name == "constant" or cfg.lr == 0 else max(warmup + 1, total_steps - 1)
+        self._settled = warmup if name in ("constant", "plateau") or cfg.lr == 0 else max(warmup + 1, total_steps - 1)
+        self.plateau = Plateau(cfg.schedule, cfg.lr) if name == "plateau" else None
 
     def step(self) -> None:
         """Called once after each optimizer step: set the rate of the next one."""
@@ -74,8 +82,23 @@ class Schedule:
         if self.last_epoch <= self._settled:
             self._apply()
 
+    def evaluated(self, metrics: dict) -> None:
+        """Called after each evaluation of a fit with its metrics: ``plateau`` takes the monitored value and
+        may reduce the rate of the next steps; the other schedules count steps only."""
+        if self.plateau is not None and self.plateau.observe(monitored_value(self.cfg.schedule, metrics)):
+            self._factor = None
+            self._apply()
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every rate by ``factor`` from the next step on, for the rest of the run (``run.scale_lr``)."""
+        self.scale *= factor
+        self._factor = None
+        self._apply()
+
     def _apply(self) -> None:
-        factor = lr_factor(self.last_epoch, self.cfg, self.total_steps)
+        factor = lr_factor(self.last_epoch, self.cfg, self.total_steps) * self.scale
+        if self.plateau is not None:
+            factor *= self.plateau.scale
         if factor == self._factor:  # a constant rate: the groups already have it
             return
         self._factor = factor
@@ -100,7 +123,11 @@ class Schedule:
         plan = {"name": getattr(sched.name, "value", sched.name), "warmup_steps": sched.warmup_steps,
                 "lr": self.cfg.lr, "min_lr": final_lr(self.cfg), "min_lr_ratio": ratio,
                 "total_steps": self.total_steps}
-        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "plan": plan}
+        state = {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "plan": plan, "scale": self.scale}
+        if self.plateau is not None:
+            plan.update({key: getattr(getattr(sched, key), "value", getattr(sched, key)) for key in PLATEAU_SETTINGS})
+            state["plateau"] = self.plateau.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the saved schedule: its plan replaces this one's (a state without one, from a torch
@@ -112,13 +139,17 @@ class Schedule:
                 ratio = plan.get("min_lr_ratio")  # absent from older checkpoints: their min_lr is absolute
                 floor = dict(min_lr=None, min_lr_ratio=float(ratio)) if ratio is not None else dict(
                     min_lr=float(plan["min_lr"]), min_lr_ratio=0.0)
+                plateau = {key: kind(plan[key]) for key, kind in PLATEAU_SETTINGS.items() if key in plan}
                 schedule = dataclasses.replace(self.cfg.schedule, name=ScheduleName(plan["name"]),
-                                               warmup_steps=int(plan["warmup_steps"]), **floor)
+                                               warmup_steps=int(plan["warmup_steps"]), **floor, **plateau)
                 cfg = dataclasses.replace(self.cfg, lr=float(plan["lr"]), schedule=schedule)
                 total_steps = int(plan["total_steps"])
             except (TypeError, ValueError, KeyError) as e:
                 raise ValueError(f"its learning-rate schedule's plan is unreadable ({type(e).__name__}: {e})") from e
             self._plan(cfg, total_steps)
+        self.scale = float(state.get("scale", 1.0))
+        if self.plateau is not None and "plateau" in state:
+            self.plateau.load_state_dict(state["plateau"])
         self._factor = None  # new base rates: write them whatever the factor
         self._apply()
 
@@ -134,6 +165,20 @@ class TargetSchedule:
     def step(self) -> None:
         if not self.per_epoch:
             self._step()
+
+    def evaluated(self, metrics: dict) -> None:
+        """A ``_target_`` scheduler steps on steps or epochs only (``ReduceLROnPlateau`` is refused)."""
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every rate by ``factor`` (``run.scale_lr``): the param groups' rates and the scheduler's
+        ``base_lrs``, from which torch's schedulers compute theirs (both are in its checkpoints)."""
+        for group in self.scheduler.optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].mul_(factor)
+            else:
+                group["lr"] = group["lr"] * factor
+        if hasattr(self.scheduler, "base_lrs"):
+            self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
 
     def epoch_end(self) -> None:
         if self.per_epoch:
@@ -157,6 +202,19 @@ class TargetSchedule:
 
     def __getattr__(self, name):
         return getattr(self.scheduler, name)
+
+
+def scale_run_lr(run, factor: float) -> None:
+    """``run.scale_lr``: multiply the stage's every rate by ``factor`` (a finite number above 0) through its
+    schedule (``Schedule.scale_lr``, ``TargetSchedule.scale_lr``)."""
+    factor = float(factor)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"run.scale_lr({factor!r}): the factor must be a finite number above 0")
+    if not hasattr(run.scheduler, "scale_lr"):  # a backend's own schedule (attach may replace it)
+        raise ConfigError(f"run.scale_lr: this stage's schedule ({type(run.scheduler).__name__}, the backend's) "
+                          "cannot scale its rates; set them through the backend's schedule")
+    run.scheduler.scale_lr(factor)
+    run.log.info("lr_scaled", factor=factor, lr=float(run.optimizer.param_groups[0]["lr"]))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int,
@@ -280,12 +338,17 @@ def optimizer_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
 
 def schedule_spec(cfg: OptimizerConfig) -> tuple[type, dict]:
     """The class of ``optimizer.schedule._target_`` and its keyword arguments (``optimizer.schedule.args``).
-    The built-in schedules' settings (``name``, ``warmup_steps``, ``min_lr``, ``min_lr_ratio``) are errors when
-    the user set them (``OptimizerConfig.is_set``)."""
+    The built-in schedules' settings (``name``, ``warmup_steps``, ``warmup_epochs``, ``min_lr``,
+    ``min_lr_ratio``, ``plateau``'s) are errors when the user set them (``OptimizerConfig.is_set``); torch's
+    ``ReduceLROnPlateau`` is refused for ``name=plateau``."""
     sched = cfg.schedule
     path = _target_of(sched._target_, "optimizer.schedule._target_")
     cls = locate_class(path, "optimizer.schedule._target_")
-    for key in ("name", "warmup_steps", "warmup_epochs", "min_lr", "min_lr_ratio"):
+    if issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ConfigError(f"optimizer.schedule._target_: {path} steps on a metric, which a _target_ scheduler is "
+                          "never given; use optimizer.schedule.name=plateau (factor, patience, threshold, "
+                          "cooldown, min_lr, monitor, mode), stepped at each evaluation and resumed exactly")
+    for key in BUILTIN_SCHEDULE_SETTINGS:
         if cfg.is_set(f"schedule.{key}"):
             raise ConfigError(f"optimizer.schedule.{key}: only the built-in schedules use it, and "
                               f"optimizer.schedule._target_ is {path}; remove it")

@@ -122,7 +122,8 @@ class CsfRunner:
                 config = csf.compose([*TINY_RUN, *overrides], config_dir=config_dir)
                 run = csf.Run(config, plugins=list(plugins), output_dir=output_dir)
                 mode = config.mode.value
-                returned = run.check() if mode == "check" else run.validate() if mode == "validate" else run.fit()
+                returned = {"check": run.check, "validate": run.validate, "test": run.test,
+                            "predict": run.predict}.get(mode, run.fit)()
                 result = RunResult.read(csf.ExitCode.OK, output_dir)
                 result.summary = result.summary or returned  # mode=check, or the metrics plugin disabled
                 return result

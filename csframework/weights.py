@@ -88,6 +88,91 @@ def load_checkpoint(path: str | os.PathLike[str], which: str = "newest") -> Chec
                                 "(load one with which='step-<N>')") from e
 
 
+def load_model(path: str | os.PathLike[str], which: str = "newest") -> torch.nn.Module:
+    """The model of a run's checkpoint, rebuilt from the checkpoint's own config (its ``model`` section:
+    ``_target_`` and arguments) and loaded with its weights, in evaluation mode::
+
+        model = csf.load_model("outputs/my-run", which="best")
+        preds = model((inputs, targets))["preds"]
+
+    ``path`` and ``which`` as ``load_checkpoint``. The config is read as untrusted data: the model's
+    ``_target_`` must name a ``torch.nn.Module`` class, and every nested one such a class or a class or
+    function of the user's own code (``fixtures.mlp``), never one of Python's library or an installed
+    package (``os.system``, ``subprocess.Popen``, ``torch.hub.load``); Hydra's ``_partial_``, ``_args_``,
+    ``_recursive_``, ``_convert_`` and ``${...}`` interpolations are refused. The modules named are imported
+    and the user's own functions called, so load only run directories whose code you trust. Raises
+    ``DamagedCheckpoint`` naming the key of a config that is refused, ``ConfigError`` when its classes cannot
+    be imported or built here, and what ``load_checkpoint`` raises."""
+    from .targets import build
+
+    checkpoint = load_checkpoint(path, which)
+    spec = checkpoint.config.get("model")
+    problem = _model_spec_problem(spec, "model")
+    if problem:
+        raise DamagedCheckpoint(f"checkpoint {checkpoint.path}: config.yaml's {problem}")
+    model = build(spec, "model")
+    if not isinstance(model, torch.nn.Module):  # the class said so; its constructor may return anything
+        raise DamagedCheckpoint(f"checkpoint {checkpoint.path}: config.yaml's model built a {type(model).__name__}")
+    try:
+        model.load_state_dict(checkpoint.model)
+    except RuntimeError as e:  # the weights are not the config's model's
+        raise DamagedCheckpoint(f"checkpoint {checkpoint.path}: its weights do not fit the model its config "
+                                f"builds ({_first_line(e)})") from e
+    return model.eval()
+
+
+#: A dotted name of Python identifiers (``torch.nn.Linear``).
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+#: Hydra's keys that would change what a ``_target_`` does (a partial function, positional arguments ...).
+_HYDRA_KEYS = ("_partial_", "_args_", "_recursive_", "_convert_")
+
+
+def _model_spec_problem(node: Any, key: str, top: bool = True) -> str | None:
+    """Why ``node`` (a checkpoint's ``model`` config, untrusted) must not be built, or ``None``."""
+    from .targets import find_target
+
+    if top and not (isinstance(node, dict) and isinstance(node.get("_target_"), str)):
+        return f"{key} has no _target_ (a class to build)"
+    if isinstance(node, str) and "${" in node:  # OmegaConf would resolve it (oc.env reads the environment)
+        return f"{key} holds an interpolation ({node!r:.60}), which is not rebuilt"
+    if isinstance(node, list):
+        return next(filter(None, (_model_spec_problem(v, f"{key}[{i}]", False) for i, v in enumerate(node))), None)
+    if not isinstance(node, dict):
+        return None
+    for name in _HYDRA_KEYS:
+        if name in node:
+            return f"{key}.{name} is refused (only _target_ and arguments are rebuilt)"
+    target = node.get("_target_")
+    if target is not None:
+        if not isinstance(target, str) or not _DOTTED.fullmatch(target):
+            return f"{key}._target_ {str(target)!r:.60} is no dotted name of a class"
+        found = find_target(target, f"{key}._target_")
+        module_class = isinstance(found, type) and issubclass(found, torch.nn.Module)
+        if top and not module_class:
+            return f"{key}._target_ {target} is no torch.nn.Module class"
+        if not module_class and not _users_own(found):
+            return (f"{key}._target_ {target} is neither a torch.nn.Module class nor a class or function of your "
+                    "own code (Python's library and installed packages are refused)")
+    return next(filter(None, (_model_spec_problem(v, f"{key}.{k}", False) for k, v in node.items()
+                              if k != "_target_")), None)
+
+
+def _users_own(found: Any) -> bool:
+    """Whether ``found`` (a class or function) is defined in a file of the user's own code: not Python's
+    library, a builtin or an installed package (where ``subprocess.Popen`` or ``torch.hub.load`` live)."""
+    import inspect
+
+    from .targets import internal_file
+
+    if not (isinstance(found, type) or inspect.isfunction(found)):
+        return False
+    try:
+        filename = inspect.getfile(found)
+    except TypeError:  # a builtin
+        return False
+    return not internal_file(filename) and "-packages" + os.sep not in os.path.realpath(filename)
+
+
 def _choose(root: Path, names: list[str], which: str) -> str:
     """The checkpoint of ``root`` (a checkpoints/ directory holding ``names``) that ``which`` names."""
     name = _step_name(which)

@@ -94,7 +94,7 @@ class MetricsPlugin:
         if error is not None:
             summary["error"] = error_record(run, error)  # one line, as the console's
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
-        if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
+        if run.mode == "fit":  # curves are training's; an evaluation alone has none to draw
             write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
 
     @staticmethod

@@ -14,7 +14,7 @@ from ..config import FIELDS_BY_OPTIMIZER, PRECISIONS, RunConfig, for_each_stage,
 from ..config.ranges import (MAX_COUNT, MAX_FLOAT32, MAX_GROWTH_INTERVAL, MAX_PARALLEL, MAX_SCALE,  # noqa: F401
                              MAX_SEED, MAX_MEMORY_MB, MAX_TIMEOUT_S, check_range)
 from ..config.optimizer import param_group_configs
-from ..config.sections import eval_sets
+from ..config.sections import eval_sets, test_set_key, test_sets
 from ..console_once import first_time
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
@@ -166,7 +166,7 @@ def optimizer_rules(cfg: RunConfig) -> list[str]:
                                  hint=IN_FLOAT32)
                      + check_range(f"optimizer.groups.{group_name}.weight_decay", group.weight_decay, 0.0,
                                    MAX_FLOAT32, hint=IN_FLOAT32))
-    return problems + rate_rules(cfg, groups) + schedule_rules(cfg)
+    return problems + rate_rules(cfg, groups) + schedule_rules(cfg) + plateau_rules(cfg)
 
 
 def rate_rules(cfg: RunConfig, groups: dict) -> list[str]:
@@ -218,6 +218,20 @@ def schedule_rules(cfg: RunConfig) -> list[str]:
 
 
 
+def plateau_rules(cfg: RunConfig) -> list[str]:
+    """``schedule.name=plateau``'s settings in range (whatever the schedule: every number is checked), and
+    evaluations to step on."""
+    s = cfg.optimizer.schedule
+    problems = (check_range("optimizer.schedule.factor", s.factor, 0.0, 1.0, open_low=True, open_high=True)
+                + check_range("optimizer.schedule.patience", s.patience, 0, MAX_COUNT)
+                + check_range("optimizer.schedule.cooldown", s.cooldown, 0, MAX_COUNT)
+                + check_range("optimizer.schedule.threshold", s.threshold, 0.0))
+    if getattr(s.name, "value", s.name) == "plateau" and not s._target_ and not eval_sets(cfg.data):
+        problems.append("optimizer.schedule.name=plateau: it steps on evaluations, and this run has none; set "
+                        "data.val (and loop.eval_every), or choose another schedule")
+    return problems
+
+
 def target_rules(cfg: RunConfig) -> list[str]:
     """An optimizer or schedule by ``_target_``: importable and taking the arguments given (whether a
     backend can run the class is its own rule: CSX needs state it can preinitialise)."""
@@ -264,7 +278,7 @@ def data_rules(cfg: RunConfig) -> list[str]:
         problems.append("data.train: needs a _target_ that builds a torch Dataset")
     if d.val is not None and (not isinstance(d.val, dict) or "_target_" not in d.val):
         problems.append("data.val: needs a _target_ that builds a torch Dataset, or null")
-    problems += eval_set_rules(d)
+    problems += eval_set_rules(d) + test_set_rules(d)
     problems += (check_range("data.batch_size", d.batch_size, 1, MAX_COUNT)
                  + check_range("data.eval_batch_size", d.eval_batch_size, 1, MAX_COUNT)
                  + check_range("data.num_workers", d.num_workers, 0, MAX_PARALLEL)
@@ -294,6 +308,27 @@ def eval_set_rules(d) -> list[str]:
                             + "; name it otherwise (e.g. data.eval.train_sample)")
         elif spec is not None and (not isinstance(spec, dict) or "_target_" not in spec):
             problems.append(f"data.eval.{name}: needs a _target_ that builds a torch Dataset, or null")
+    return problems
+
+
+def test_set_rules(d) -> list[str]:
+    """``data.test``, ``data.test_sets``, ``data.predict``: datasets; a test set's name is its metrics'
+    prefix, which no evaluation set or training may have."""
+    problems = []
+    if d.test is not None and d.test_sets.get("test") is not None:
+        problems.append("data.test_sets.test: data.test is set too, and it is the short form of "
+                        "data.test_sets.test; keep one")
+    taken = {"train", *eval_sets(d)}
+    for name, spec in test_sets(d).items():
+        key = test_set_key(d, name)
+        if name in taken or "/" in name or not name:
+            problems.append(f"{key}: the metrics of a set are <name>/loss ..., and "
+                            + (f"'{name}' is taken (by training or an evaluation set)" if name in taken
+                               else "a name needs no '/'") + f"; name it otherwise (e.g. data.test_sets.{name}_test)")
+        elif not isinstance(spec, dict) or "_target_" not in spec:
+            problems.append(f"{key}: needs a _target_ that builds a torch Dataset, or null")
+    if d.predict is not None and (not isinstance(d.predict, dict) or "_target_" not in d.predict):
+        problems.append("data.predict: needs a _target_ that builds a torch Dataset, or null")
     return problems
 
 

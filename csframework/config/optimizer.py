@@ -19,6 +19,17 @@ class ScheduleName(str, Enum):
     constant = "constant"
     linear = "linear"
     cosine = "cosine"
+    plateau = "plateau"
+
+
+class PlateauMode(str, Enum):
+    min = "min"
+    max = "max"
+
+
+class ThresholdMode(str, Enum):
+    rel = "rel"
+    abs = "abs"
 
 
 class Interval(str, Enum):
@@ -36,8 +47,9 @@ class ScheduleConfig(ReadOnly):
     interval: Interval = Interval.step
     """When a ``_target_`` scheduler steps: after every optimizer ``step``, or at the end of every ``epoch``."""
     name: ScheduleName = ScheduleName.constant
-    """``constant``, ``linear`` or ``cosine`` (decaying to ``min_lr_ratio`` of the rate, or to ``min_lr``),
-    after the warm-up."""
+    """``constant``, ``linear`` (decay to ``min_lr``) or ``cosine`` (to ``min_lr``), after the warm-up;
+    ``plateau``: constant, multiplied by ``factor`` whenever ``monitor`` has not improved for more than
+    ``patience`` evaluations (the rule of torch's ``ReduceLROnPlateau``, stepped at each evaluation)."""
     warmup_steps: int = 0
     """Steps of linear warm-up from 0 to ``optimizer.lr``."""
     warmup_epochs: Optional[float] = None
@@ -51,8 +63,24 @@ class ScheduleConfig(ReadOnly):
     min_lr: Optional[float] = None
     """The learning rate at the last step for ``linear`` and ``cosine`` as an absolute rate (``0 <= min_lr <=
     optimizer.lr``) instead of ``min_lr_ratio``; ``null``: ``min_lr_ratio`` of the rate. Setting both is
-    refused, except that ``min_lr`` replaces the ratio the optimizer's group file sets (adamw's 0.1)."""
-
+    refused, except that ``min_lr`` replaces the ratio the optimizer's group file sets (adamw's 0.1). The
+    floor ``plateau`` lowers the rate to, likewise (a group with ``lr_scale`` keeps its ratio)."""
+    factor: float = 0.1
+    """``plateau``: what the rate is multiplied by at each reduction (below 1)."""
+    patience: int = 10
+    """``plateau``: evaluations without improvement that are tolerated; the next one reduces the rate."""
+    threshold: float = 1e-4
+    """``plateau``: how much better than the best a value must be to count as an improvement."""
+    threshold_mode: ThresholdMode = ThresholdMode.rel
+    """``plateau``: ``rel`` (better than ``best * (1 - threshold)`` for ``min``, ``best * (1 + threshold)``
+    for ``max``) or ``abs`` (better than ``best - threshold`` / ``best + threshold``)."""
+    cooldown: int = 0
+    """``plateau``: evaluations after a reduction during which none is counted as bad."""
+    monitor: str = "val/loss"
+    """``plateau``: the metric an evaluation reports (``val/loss``, ``val/accuracy``, a plugin's) that it
+    watches."""
+    mode: PlateauMode = PlateauMode.min
+    """``plateau``: ``min`` (lower ``monitor`` is better) or ``max``."""
 
 def min_lr_factor(cfg: "OptimizerConfig") -> float:
     """The fraction of ``cfg.lr`` the ``linear`` and ``cosine`` schedules decay to: ``schedule.min_lr / lr``

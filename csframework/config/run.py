@@ -21,6 +21,8 @@ class Mode(str, Enum):
     fit = "fit"
     validate = "validate"
     check = "check"
+    test = "test"
+    predict = "predict"
 
 
 @dataclass
@@ -59,8 +61,11 @@ class RunConfig(ReadOnly):
     range of NumPy's seed); another value is refused at ``mode=check``. The seeds derived from it (each
     epoch's data order, each evaluation's draw) stay within ``torch.Generator``'s 64 bits for every seed."""
     mode: Mode = Mode.fit
-    """``fit`` (train), ``validate`` (evaluate ``data.val`` once, the weights of ``checkpoint.resume`` when set) or
-    ``check`` (compose, validate, build; train nothing)."""
+    """``fit`` (train), ``validate`` (evaluate ``data.val`` once, the weights of ``checkpoint.resume`` when set),
+    ``test`` (evaluate the test sets once, ``data.test``, with the best checkpoint of the run directory
+    ``checkpoint.resume`` names, else its newest), ``predict`` (write the model's outputs for
+    ``data.predict`` to ``predictions.jsonl``, with those weights too) or ``check`` (compose, validate,
+    build; train nothing)."""
     debug: bool = False
     """Show Python tracebacks for errors that are otherwise reported in one line per problem."""
     selected: ClassVar[Tuple[str, ...]] = ()

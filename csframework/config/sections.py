@@ -27,6 +27,16 @@ class DataConfig(ReadOnly):
     eval: Dict[str, Any] = field(default_factory=dict)
     """Named evaluation sets, each a ``_target_`` building a dataset, evaluated in this order at every
     evaluation; the metrics of set ``<name>`` are ``<name>/loss`` ... (``data.eval.holdout._target_=...``)."""
+    test: Any = None
+    """A ``_target_`` building the test dataset, evaluated whole once after training, with the weights of
+    the best checkpoint when ``checkpoint.keep_best`` keeps one, else the last (and by ``mode=test``); its
+    metrics are ``test/loss`` ... The short form of ``data.test_sets.test``."""
+    test_sets: Dict[str, Any] = field(default_factory=dict)
+    """Named test sets, each a ``_target_`` building a dataset, tested in this order after ``data.test``;
+    the metrics of set ``<name>`` are ``<name>/loss`` ... (a name no evaluation set has)."""
+    predict: Any = None
+    """A ``_target_`` building the dataset ``mode=predict`` writes the model's per-sample outputs for
+    (``predictions.jsonl`` in the run directory); its samples need no targets."""
     eval_sample: EvalSample = EvalSample.fixed
     """With ``loop.eval_steps``, which samples an evaluation reads: ``fixed``, the same ones drawn from
     ``seed`` over the whole set at every evaluation (a curve compares like with like); ``fresh``, new ones
@@ -108,8 +118,9 @@ class BestMode(str, Enum):
 @dataclass
 class KeepBestConfig:
     monitor: Optional[str] = None
-    """A metric name (e.g. ``val/loss``): keep the checkpoint where it was best, besides ``keep_last``;
-    ``null`` keeps none. A checkpoint counts when the metric was reported at its step."""
+    """A metric name (e.g. ``val/loss``): every evaluation that improves on its best value is saved at once
+    (whatever ``every_steps`` says) and kept as the best checkpoint besides ``keep_last``, replacing the
+    previous best; a ``train/*`` metric chooses among the checkpoints saved anyway; ``null`` keeps none."""
     mode: BestMode = BestMode.min
     """``min`` or ``max``: which value is best."""
 
@@ -171,3 +182,16 @@ def eval_sets(data: DataConfig) -> dict[str, Any]:
 def eval_set_key(data: DataConfig, name: str) -> str:
     """The config key of evaluation set ``name`` (``data.val`` for its short form)."""
     return "data.val" if name == "val" and data.val is not None else f"data.eval.{name}"
+
+
+def test_sets(data: DataConfig) -> dict[str, Any]:
+    """The test sets of ``data`` by name, in testing order: ``data.test`` (as ``test``) first, then
+    ``data.test_sets``'."""
+    sets = {"test": data.test} if data.test is not None else {}
+    sets.update((name, spec) for name, spec in data.test_sets.items() if spec is not None)
+    return sets
+
+
+def test_set_key(data: DataConfig, name: str) -> str:
+    """The config key of test set ``name`` (``data.test`` for its short form)."""
+    return "data.test" if name == "test" and data.test is not None else f"data.test_sets.{name}"

@@ -311,3 +311,27 @@ def test_importing_and_running_configures_no_logging(tmp_path, cli_env):
     ''')
     r = subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_test_and_predict_modes_use_a_trained_run_s_best_checkpoint(tmp_path, cli_env):
+    trained = tmp_path / "trained"
+    best = ["loop.max_steps=6", "loop.eval_every=2", "checkpoint.keep_best.monitor=val/loss",
+            "checkpoint.keep_best.mode=max"]  # val/loss falls: under max the best is step 2's
+    r = cli(*best, "+data.test._target_=fixtures.Blobs", "+data.test.n=24", f"hydra.run.dir={trained}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    fitted = json.loads((trained / "summary.json").read_text())
+    assert fitted["tested_weights"] == "checkpoints/step-00000002" and "test/loss=" in r.stderr
+
+    r = cli("mode=test", "+data.test._target_=fixtures.Blobs", "+data.test.n=24", f"checkpoint.resume={trained}",
+            f"hydra.run.dir={tmp_path / 'test'}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    tested = json.loads((tmp_path / "test" / "summary.json").read_text())
+    assert tested["mode"] == "test" and tested["global_step"] == 2
+    assert tested["metrics"]["test/loss"] == pytest.approx(fitted["metrics"]["test/loss"], rel=1e-6)
+
+    r = cli("mode=predict", "+data.predict._target_=fixtures.Blobs", "+data.predict.n=5",
+            f"checkpoint.resume={trained}", f"hydra.run.dir={tmp_path / 'predict'}", env=cli_env)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in (tmp_path / "predict" / "predictions.jsonl").read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(5)) and all(0 <= row["preds"] < 4 for row in rows)

@@ -106,6 +106,15 @@ csf.Run(cfg, plugins=[BestAccuracy], output_dir="outputs/best").fit()
 saved = json.loads(next(Path("outputs/best/checkpoints").glob("step-*/meta.json")).read_text())
 print("best", saved["plugins"]["best_accuracy"]["best"])
 """
+HALVE = """
+cfg = csf.compose(["model=tiny_linear", "data=tiny_clusters", "loop.max_steps=2", "optimizer=sgd",
+                   "optimizer.schedule.name=cosine", "optimizer.schedule.min_lr=0.01"])
+run = csf.Run(cfg, output_dir="outputs/halve")
+run.fit()
+before = run.optimizer.param_groups[0]["lr"]
+HalveOnSpike().on_eval_end(run, {"val/loss": 11.0})
+print("halved", before, run.optimizer.param_groups[0]["lr"])
+"""
 CSX_GIVEN = """
 import torch
 torch.manual_seed(0)
@@ -186,6 +195,15 @@ BLOCKS: dict[tuple[str, str], object] = {
         "tests/e2e/test_user_code_errors.py", "the CLI prints these lines (checked against the page there)"),
     ("docs/guides/configs.md", "python -m csframework optimizer._target_=torch.optim.RMSprop"): Run(),
     ("docs/guides/configs.md", "stages:"): Config(("stages.warmup.loop.max_steps=2", "stages.main.loop.max_steps=3")),
+    ("docs/guides/configs.md", "# plain SGD, its rate divided by 4"): Run(),
+    ("docs/guides/configs.md", "import csframework as csf\n\n\nclass HalveOnSpike"): Python(after=HALVE),
+    ("docs/guides/configs.md", "python -m csframework model=tiny_linear data=tiny_clusters checkpoint.keep_best"): Run(),
+    ("docs/guides/regression.md", "csframework: error: model.loss=mse"): Elsewhere(
+        "tests/unit/test_models.py", "the run's error line, checked against the page there"),
+    ("docs/guides/regression.md", "# conf/model/linear_regression.yaml"): Elsewhere(
+        "tests/unit/test_models.py", "composed as the page's model group file and trained there"),
+    ("docs/guides/regression.md", "import csframework as csf\n\n\nclass RegressionMetrics"): Elsewhere(
+        "tests/unit/test_models.py", "registered in a run there, its R² checked by hand"),
     ("docs/guides/writing-plugins.md", "import csframework as csf\n\nclass BestAccuracy"): Python(
         prelude="import json\nfrom pathlib import Path\n", after=TINY_FIT),
     ("docs/guides/writing-plugins.md", "csframework-target/"): NotARecipe(
@@ -200,6 +218,12 @@ BLOCKS: dict[tuple[str, str], object] = {
         "tests/e2e/test_weights_out.py", "trained as written"),
     ("docs/guides/checkpoints.md", "import torch"): Elsewhere(
         "tests/e2e/test_weights_out.py", "run as written after that training"),
+    ("docs/guides/checkpoints.md", "model = csf.load_model("): Elsewhere(
+        "tests/e2e/test_weights_out.py", "run as written after the recipe before it"),
+    ("docs/guides/checkpoints.md", "python -m csframework --config-dir conf +experiment=spirals mode=predict"): Elsewhere(
+        "tests/e2e/test_weights_out.py", "run as written after that training"),
+    ("docs/guides/checkpoints.md", '{"index": 0,'): Elsewhere(
+        "tests/e2e/test_weights_out.py", "its keys are those of the file the block before it writes"),
     ("docs/guides/compiling.md", "python -m csframework backend.compile=true "): Run(skip={"device=gpu": GPU}),
     ("docs/architecture.md", "10 the command line"): NotARecipe("the floors, their modules and what each does"),
     ("docs/architecture.md", "for each micro-batch"): NotARecipe("pseudo-code of one optimizer step"),
@@ -402,6 +426,9 @@ def test_a_python_recipe_runs_as_written(block, tmp_path, cli_env):
     assert done.returncode == 0, done.stderr[-3000:]
     if block.text.startswith("import csframework as csf\n\ncfg"):  # the Python API of getting started
         assert done.stdout.splitlines()[-1].startswith("completed ") and "MyPlugin: fit ended at step 50" in done.stdout
+    elif "HalveOnSpike" in block.text:  # run.scale_lr through the schedule: half the cosine rate
+        before, after = map(float, done.stdout.split()[-2:])
+        assert after == before / 2 and before > 0, done.stdout
     elif "BestAccuracy" in block.text:
         assert 0 < float(done.stdout.split()[-1]) <= 1, done.stdout
     elif "WordLSTM" in block.text:  # trained, and resumed in the middle of its epoch to the same weights

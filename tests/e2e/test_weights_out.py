@@ -59,7 +59,7 @@ def section_blocks(title: str) -> list[str]:
 def test_the_documented_inference_recipe_runs_as_written(tmp_path):
     """The two blocks run as a user runs them: the shell block from the checkout's root (a copy of
     ``examples/classify`` here), the Python block from the example's directory."""
-    train, predict = section_blocks("Using the trained weights")
+    train, predict, rebuilt = section_blocks("Using the trained weights")
     assert train.startswith("cd examples/classify\npython -m csframework ") and "load_checkpoint" in predict
     example = tmp_path / "examples" / "classify"
     shutil.copytree(ROOT / "examples" / "classify", example, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
@@ -79,3 +79,24 @@ def test_the_documented_inference_recipe_runs_as_written(tmp_path):
     assert f"checkpoints/{name}" == best["path"] and float(loss) == pytest.approx(best["value"], abs=5e-4)
     right = sum(a == t for a, t in zip(json.loads(arms), json.loads(truth)))
     assert right >= 6, predicted.stdout  # the trained classifier (val/accuracy ~0.97), not fresh weights
+
+    # csf.load_model's block, after the recipe's (which defines points): the same predictions
+    again = subprocess.run([sys.executable, "-c", predict + rebuilt + "\nprint('rebuilt', arms.tolist())\n"],
+                           cwd=example, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.stdout.splitlines()[-1] == f"rebuilt {arms}"
+
+    # mode=predict's block, from the example's directory: one row per sample, the best checkpoint's
+    command, line = section_blocks("Predictions for a dataset")
+    written = subprocess.run(["bash", "-euc", command], cwd=example, env=env, capture_output=True, text=True,
+                             timeout=600)
+    assert written.returncode == 0, written.stderr[-4000:]
+    rows = [json.loads(r) for r in (example / "outputs" / "spirals-predictions" / "predictions.jsonl").open()]
+    assert [r["index"] for r in rows] == list(range(100)) and rows[0].keys() == json.loads(line).keys()
+    sys.path.insert(0, str(example))
+    try:
+        from spirals import Spirals
+    finally:
+        sys.path.remove(str(example))
+    truth_100 = Spirals(n=100, seed=7).y.tolist()
+    assert sum(r["preds"] == t for r, t in zip(rows, truth_100)) >= 85  # val/accuracy ~0.97

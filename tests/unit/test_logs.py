@@ -68,7 +68,7 @@ def test_the_doc_names_every_event_the_code_logs():
     logged = set()
     for path in (ROOT / "csframework").rglob("*.py"):
         for name in re.findall(r"\blog\.(?:info|warning|error)\(\s*f?\"([\w{}.]+)\"", path.read_text()):
-            for mode in ("fit", "validate"):
+            for mode in ("fit", "validate", "test", "predict"):  # run.mode's values
                 logged.add(name.replace("{run.mode}", mode))
     assert logged, "no log calls found"
     assert logged <= set(SCHEMA), f"undocumented: {sorted(logged - set(SCHEMA))}"
@@ -86,6 +86,18 @@ def test_every_event_of_fit_validate_csx_failure_and_interrupt_matches_the_schem
     validate = tmp_path / "validate"
     csf.Run(fixtures.compose("mode=validate", f"checkpoint.resume={fit}"), output_dir=validate).validate()
     runs["validate"] = events(validate)
+    test_set = ["+data.test._target_=fixtures.Blobs", "+data.test.n=16"]
+    tested = tmp_path / "tested"
+    csf.Run(fixtures.compose(*test_set, "loop.max_steps=2", "loop.eval_every=1",
+                             "checkpoint.keep_best.monitor=val/loss"), output_dir=tested).fit()
+    runs["tested"] = events(tested)
+    test = tmp_path / "test"
+    csf.Run(fixtures.compose(*test_set, "mode=test", f"checkpoint.resume={tested}"), output_dir=test).test()
+    runs["test"] = events(test)
+    predict = tmp_path / "predict"
+    csf.Run(fixtures.compose("+data.predict._target_=fixtures.Blobs", "+data.predict.n=8", "mode=predict",
+                             f"checkpoint.resume={tested}"), output_dir=predict).predict()
+    runs["predict"] = events(predict)
     csx = tmp_path / "csx"
     csf.Run(fixtures.compose("device=csx", "loop.max_steps=2"), output_dir=csx).fit()
     runs["csx"] = events(csx)
@@ -107,6 +119,9 @@ def test_every_event_of_fit_validate_csx_failure_and_interrupt_matches_the_schem
     assert names["resumed"][:2] == ["fit_start", "resumed"]
     assert names["validate"][:2] == ["validate_start", "resumed"] and names["validate"][-1] == "validate_end"
     assert not any(n.startswith("fit_") for n in names["validate"])
+    assert names["tested"][-2:] == ["tested", "fit_end"]
+    assert names["test"][:2] == ["test_start", "resumed"] and names["test"][-1] == "test_end"
+    assert names["predict"][-2:] == ["predictions_written", "predict_end"]
     assert "compiled" in names["csx"] and "compile_only" in names["compile_only"]
     assert names["interrupted"][-1] == "fit_interrupted" and runs["interrupted"][-1]["level"] == "warning"
     assert names["failed"][-1] == "fit_failed" and runs["failed"][-1]["level"] == "error"

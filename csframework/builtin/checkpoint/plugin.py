@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import cast
 
@@ -23,6 +22,7 @@ from ...files import SafeDir
 from ...hookspecs import hookimpl
 from ...schedule import Schedule, lr_factor
 from . import store
+from .best import BestTracker
 from .format import (MAX_CONFIG_BYTES, MAX_META_BYTES, SHARDED, read_checkpoint, read_config_yaml, temporary_dir,
                      write_checkpoint)
 from .readback import state_problem
@@ -134,7 +134,7 @@ class CheckpointPlugin:
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
-        self.reported: dict[str, int] = {}  # metric name -> the step it was last reported at
+        self.best = BestTracker()  # keep_best: the best so far, and what was reported when
         self.shards: SafeDir | None = None  # a sharded backend: the temporary directory the ranks write into
         self.monitor_checked = False  # keep_best.monitor compared with what the first evaluation reported
 
@@ -173,16 +173,16 @@ class CheckpointPlugin:
         # tens of ms to make: only for a config whose repr is near the limit, else at the first save)
         if run.rank == 0 and run.mode == "fit" and len(repr(run.config)) > MAX_CONFIG_BYTES // 16:
             self._config_yaml(run)
-        if not self.restore(run) and run.mode == "validate" and run.global_step == 0:  # not after a fit
+        if not self.restore(run) and run.mode != "fit" and run.global_step == 0:  # not after a fit
             run.log.warning("validating_initial_weights", resume=run.config.checkpoint.resume,
                             fix="set checkpoint.resume=<a run directory or checkpoint> to evaluate trained weights")
+        self.best.forget()  # the index as the restored run left it
         if run.rank == 0:
             self._name_best(run, read_best(self._root(run)))
 
     @hookimpl
     def on_log_metrics(self, metrics, step):
-        for name in metrics:
-            self.reported[name] = step
+        self.best.note_reported(metrics, step)
 
     @hookimpl
     def on_eval_end(self, run, metrics):
@@ -195,24 +195,6 @@ class CheckpointPlugin:
                                 reported=sorted({*metrics, *run.metrics}),
                                 fix="set checkpoint.keep_best.monitor to one of the reported metrics; "
                                     "until then no best checkpoint is kept")
-
-    def _best(self, run, root: Path, name: str) -> dict | None:
-        """The best checkpoint after saving ``name``: it, if ``keep_best.monitor`` was reported at this
-        step with a better value than the previous best, else the previous best (``None``: keep none)."""
-        keep_best = run.stage_config.checkpoint.keep_best
-        monitor = keep_best.monitor
-        if not monitor:
-            return None
-        previous = read_best(root)
-        if previous is not None and previous["metric"] != monitor:
-            previous = None
-        value = run.metrics.get(monitor)
-        if self.reported.get(monitor) != run.global_step or value is None or not math.isfinite(value):
-            return previous
-        if previous is not None and (value >= previous["value"] if keep_best.mode.value == "min"
-                                     else value <= previous["value"]):
-            return previous
-        return {"name": name, "metric": monitor, "value": value}
 
     @staticmethod
     def _name_best(run, best: dict | None) -> None:
@@ -246,6 +228,9 @@ class CheckpointPlugin:
                                         "training starts at step 0; to continue an earlier run, give its directory "
                                         "(hydra.run.dir=<its run directory>)")
             candidates = [source / name for name in reversed(names)]
+            best = read_best(source) if run.mode in ("test", "predict") else None
+            if best is not None:  # test or predict with the best weights a run kept, else its newest
+                candidates.sort(key=lambda path: path.name != best["name"])
         damaged = []
         shard_check = run.backend.read_shard_metadata if run.backend.sharded else None
         for path in candidates:
@@ -338,7 +323,10 @@ class CheckpointPlugin:
     @hookimpl(trylast=True)
     def on_train_step_end(self, run, step):
         by_epochs = run.state.closes_epochs(self.every_epochs)  # checkpoint.every_epochs
-        if run.state.stopping or (self.every and step % self.every == 0) or by_epochs:
+        # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
+        # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
+        if run.state.stopping or (self.every and step % self.every == 0) or by_epochs \
+                or (run.state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run))):
             self.save(run)
 
     @hookimpl
@@ -373,6 +361,7 @@ class CheckpointPlugin:
                 error = run.backend.broadcast(None)
                 if error:
                     raise CheckpointWriteError(f"checkpoint: rank 0 failed to complete it: {error}")
+                self.best.recorded(self.best.best_after_saving(run, root, name))  # as rank 0 indexed it
                 self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
                 return None
             try:
@@ -409,7 +398,7 @@ class CheckpointPlugin:
         self.shards = None
         kept = [n for n in self._checkpoints(run, root, rewrite=False) if n != name] + [name]
         retained = kept[-run.stage_config.checkpoint.keep_last:]
-        best = self._best(run, root, name)
+        best = self.best.best_after_saving(run, root, name)
         index: dict = {"checkpoints": retained}
         if best:  # kept besides keep_last
             index["checkpoints"] = retained = sorted(set(retained) | {best["name"]}, key=step_of)
@@ -423,6 +412,7 @@ class CheckpointPlugin:
         for old in kept:
             if old not in retained:
                 store.remove_checkpoint(root, old)
+        self.best.recorded(best)
         self._name_best(run, best)
         self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
         run.log.info("checkpoint_saved", path=str(path))

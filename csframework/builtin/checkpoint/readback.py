@@ -6,10 +6,13 @@ damaged, so resume falls back to an older one, naming it, instead of training on
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...config.optimizer import ScheduleName
 from ...config.ranges import MAX_COUNT, MAX_FLOAT32, MAX_GROWTH_INTERVAL, MAX_SCALE, check_range
+from ...plateau import plateau_state_problems
 
 
 def _number(value) -> bool:
@@ -121,6 +124,28 @@ def schedule_problems(scheduler, groups: int) -> list[str]:
                   else [f"scheduler.plan.min_lr_ratio: {type(ratio).__name__} is not a number"])
     found += _count("scheduler.plan.total_steps", plan.get("total_steps"), 0, MAX_COUNT)
     found += _count("scheduler.plan.warmup_steps", plan.get("warmup_steps"), 0, MAX_COUNT)
+    scale = scheduler.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        found.append("scheduler.scale: it must be a finite number above 0 (run.scale_lr's multiplier)")
+    if plan.get("name") == "plateau":
+        found += plateau_plan_problems(plan) + plateau_state_problems(scheduler.get("plateau"))
+    return found
+
+
+def plateau_plan_problems(plan: dict) -> list[str]:
+    """``plateau``'s settings in a schedule's plan, as its config would accept them."""
+    factor = plan.get("factor")
+    found = [] if isinstance(factor, float) and 0 < factor < 1 else ["scheduler.plan.factor: it must be above 0 and below 1"]
+    found += _count("scheduler.plan.patience", plan.get("patience"), 0, MAX_COUNT)
+    found += _count("scheduler.plan.cooldown", plan.get("cooldown"), 0, MAX_COUNT)
+    threshold = plan.get("threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (math.isfinite(threshold)
+                                                                                       and threshold >= 0):
+        found.append("scheduler.plan.threshold: it must be a finite number from 0")
+    if plan.get("threshold_mode") not in ("rel", "abs") or plan.get("mode") not in ("min", "max"):
+        found.append("scheduler.plan.threshold_mode/mode: rel or abs / min or max")
+    if not isinstance(plan.get("monitor"), str):
+        found.append("scheduler.plan.monitor: it must be a metric's name")
     return found
 
 

@@ -1,0 +1,87 @@
+"""The test sets (issue 49 item 6): ``data.test`` (and ``data.test_sets``) evaluated whole once after
+training, with the best checkpoint's weights when ``checkpoint.keep_best`` keeps one, else the last;
+``test/*`` in ``summary.json``, ``metrics.csv`` and the end line; ``mode=test`` on a finished run."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import csframework as csf
+from csframework.models import Supervised
+import fixtures
+
+TEST = ["+data.test._target_=fixtures.Blobs", "+data.test.n=48", "+data.test.seed=7"]
+BEST_FIRST = ["loop.max_steps=8", "loop.eval_every=2", "checkpoint.keep_best.monitor=val/loss",
+              "checkpoint.keep_best.mode=max"]  # val/loss falls: under max the best is step 2's
+
+
+def hand_tested_loss(weights: dict, n: int = 48, seed: int = 7) -> float:
+    """The test set's mean cross-entropy with ``weights``, computed by hand over the whole set at once."""
+    model = Supervised(fixtures.mlp())
+    model.load_state_dict(weights)
+    blobs = fixtures.Blobs(n=n, seed=seed)
+    with torch.no_grad():
+        return float(nn.functional.cross_entropy(model.net(blobs.x), blobs.y))
+
+
+def csv_rows(run_dir, name: str) -> list[tuple[int, float]]:
+    with open(run_dir / "metrics.csv") as f:
+        return [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["name"] == name]
+
+
+def test_the_test_set_is_tested_once_after_training_with_the_best_checkpoint_s_weights(tmp_path):
+    run, summary = fixtures.fit(tmp_path, *TEST, *BEST_FIRST)
+    best = csf.load_checkpoint(tmp_path, which="best")
+    assert best.step == 2 and summary["tested_weights"] == "checkpoints/step-00000002"
+    tested = summary["metrics"]["test/loss"]
+    assert tested == pytest.approx(hand_tested_loss(best.model), rel=1e-5)
+    assert tested != pytest.approx(hand_tested_loss(csf.load_checkpoint(tmp_path).model), rel=1e-3)
+    assert csv_rows(tmp_path, "test/loss") == [(8, tested)]  # once, at the end
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["metrics"]["test/loss"] == tested and "test/accuracy" in on_disk["metrics"]
+    end = [e for e in fixtures.events(tmp_path) if e["event"] == "fit_end"][-1]
+    assert end["test/loss"] == round(tested, 5)
+    assert all(torch.equal(v, best.model[k]) for k, v in run.model.state_dict().items())  # left loaded
+
+
+def test_without_keep_best_the_last_weights_are_tested(tmp_path):
+    run, summary = fixtures.fit(tmp_path, *TEST, "loop.max_steps=6")
+    assert summary["tested_weights"] == "last"
+    assert summary["metrics"]["test/loss"] == pytest.approx(hand_tested_loss(run.model.state_dict()), rel=1e-5)
+
+
+def test_named_test_sets_have_metrics_of_their_own(tmp_path):
+    _, summary = fixtures.fit(tmp_path, *TEST, "loop.max_steps=4", "+data.test_sets.shifted._target_=fixtures.Blobs",
+                              "+data.test_sets.shifted.n=32", "+data.test_sets.shifted.seed=9")
+    assert {"test/loss", "shifted/loss", "shifted/accuracy"} <= set(summary["metrics"])
+    assert summary["metrics"]["shifted/loss"] != summary["metrics"]["test/loss"]
+
+
+def test_mode_test_on_a_finished_run_tests_its_best_checkpoint(tmp_path):
+    fixtures.fit(tmp_path / "trained", *BEST_FIRST)  # trained without a test set
+    best = csf.load_checkpoint(tmp_path / "trained", which="best")
+    run = csf.Run(fixtures.compose(*TEST, "mode=test", f"checkpoint.resume={tmp_path / 'trained'}"),
+                  output_dir=tmp_path / "tested")
+    summary = run.test()
+    assert summary["mode"] == "test" and summary["status"] == "completed" and summary["global_step"] == 2
+    assert summary["metrics"]["test/loss"] == pytest.approx(hand_tested_loss(best.model), rel=1e-5)
+    assert csv_rows(tmp_path / "tested", "test/loss") == [(2, summary["metrics"]["test/loss"])]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+data.test_sets.val._target_=fixtures.Blobs"], "data.test_sets.val: .*'val' is taken"),
+    (["+data.test_sets.train._target_=fixtures.Blobs"], "data.test_sets.train: .*'train' is taken"),
+    (["+data.test.n=3"], "data.test: needs a _target_"),
+])
+def test_test_sets_that_cannot_be_named_or_built_are_refused(tmp_path, overrides, message):
+    with pytest.raises(csf.ValidationError, match=message):
+        csf.Run(fixtures.compose(*overrides), output_dir=tmp_path)
+
+
+def test_mode_test_without_a_test_set_says_what_to_set(tmp_path):
+    with pytest.raises(csf.ConfigError, match="data.test: mode=test needs a test set"):
+        csf.Run(fixtures.compose("mode=test"), output_dir=tmp_path).test()
