@@ -26,6 +26,7 @@ from csframework.api import to_run_config
 from csframework.backends.csx.plugin import CsxPlugin
 from csframework.backends.eager import EagerPlugin
 from csframework.config import FIELDS_BY_OPTIMIZER, RunConfig
+from csframework.config.optimizer import mark_user_set
 from csframework.errors import ConfigError, ValidationError
 import fixtures
 from fixtures import CONF, TINY
@@ -47,7 +48,10 @@ def config(groups: tuple[str, ...], values: dict) -> RunConfig:
     base = OmegaConf.structured(run_config)
     for key, value in values.items():
         OmegaConf.update(base, key, value, force_add=key.startswith("stages."))
-    return to_run_config(base, run_config.selected)  # not a config key: set on the instance
+    cfg = to_run_config(base, run_config.selected)  # not a config key: set on the instance
+    # the values count as the user's, as the overrides that name them do (OptimizerConfig.is_set)
+    mark_user_set(cfg.optimizer, True, cfg.optimizer.overridden | set(values))  # composed from our group files
+    return cfg
 
 
 def problems(groups: tuple[str, ...], values: dict) -> list[str]:
