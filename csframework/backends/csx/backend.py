@@ -35,6 +35,8 @@ class CsxBackend(BackendBase):
         cfg = run.stage_config
         b = cfg.backend
         self.device = device_for_host()
+        if b.threads:
+            torch.set_num_threads(b.threads)
         self.retrace = b.retrace_every_iteration
         self.compile_only, self.validate_only = b.compile_only, b.validate_only
         self.dry_run = "compiled" if b.compile_only else "validated" if b.validate_only else None
