@@ -86,10 +86,16 @@ class MetricsPlugin:
             return
         if error is not None and self.started is None and getattr(error, "exit_code", 1) == 2:
             return  # refused before it began (exit 2: nothing trained): an earlier run's summary.json stays
-        if error is None and run.already_complete and self._completed_before(run):
+        if error is None and run.already_complete and (kept := self._completed_before(run)) is not None:
+            if type(kept["metrics"].get("steps_per_sec")) is float and "steps_per_sec" in run.metrics:
+                run.metrics["steps_per_sec"] = kept["metrics"]["steps_per_sec"]  # the fit's, as that summary says
             return  # resumed at its end, nothing done: the summary of the run that got there stays
+        figures = self._figures(run)
+        if figures.get("steps_per_sec") is not None and "steps_per_sec" in run.metrics:
+            # one figure: the fit's training rate, also what the fit_end line and summary.json's metrics say
+            run.metrics["steps_per_sec"] = figures["steps_per_sec"]
         summary = run.summary()
-        summary.update(self._figures(run))
+        summary.update(figures)
         if error is not None:
             summary["error"] = error_record(run, error)  # one line, as the console's
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
@@ -97,12 +103,15 @@ class MetricsPlugin:
             write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
 
     @staticmethod
-    def _completed_before(run) -> bool:
-        """Whether the run directory's ``summary.json`` (read as untrusted) says completed at this step, with
-        the metrics the checkpoint resumed holds (derived, not believed: an edited summary is rewritten)."""
+    def _completed_before(run) -> dict | None:
+        """The run directory's ``summary.json`` (read as untrusted) when it says completed at this step, with the
+        metrics the checkpoint resumed holds (derived, not believed: an edited summary is rewritten);
+        not its ``steps_per_sec``, the fit's rate where the checkpoint holds the last log's."""
         summary, _ = read_summary(run.files)
-        return (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
-                and summary["metrics"] == json.loads(dumps(dict(run.metrics))))
+        ours = json.loads(dumps({k: v for k, v in run.metrics.items() if k != "steps_per_sec"}))
+        same = (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
+                and {k: v for k, v in summary["metrics"].items() if k != "steps_per_sec"} == ours)
+        return summary if same else None
 
     def _figures(self, run) -> dict:
         """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's
