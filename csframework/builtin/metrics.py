@@ -100,7 +100,7 @@ class MetricsPlugin:
             summary["error"] = error_record(run, error)  # one line, as the console's
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         if run.mode != "validate":  # curves are training's; an evaluation alone has none to draw
-            write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
+            write_curves(run.files, title=curves_title(run, summary["status"]))
 
     @staticmethod
     def _completed_before(run) -> dict | None:
@@ -129,6 +129,30 @@ class MetricsPlugin:
                        compile_seconds=round(compiles, 3),
                        steps_per_sec=round(steps / seconds, 3) if seconds > 0 else None)
         return out
+
+
+def curves_title(run, status: str) -> str:
+    """``curves.png``'s title: the run's name (the last two parts of its directory: a date and a time, or a
+    sweep and a job), its status and id; then the settings that differ from the defaults (the overrides Hydra
+    composed it with, when it did: the command line's, a sweep job's), or ``default settings``."""
+    where = run.output_dir.resolve()
+    name = f"{where.parent.name}/{where.name}" if where.parent.name else where.name
+    overrides = composed_overrides()
+    settings = " ".join(overrides) if overrides else "default settings" if overrides is not None else ""
+    return f"{name} ({status}, run {run.run_id})" + (f"\n{settings}" if settings else "")
+
+
+def composed_overrides() -> list[str] | None:
+    """The overrides of the run Hydra is running (``hydra.*`` left out), or ``None`` outside Hydra (a run
+    from Python: what differs from the defaults is not recorded)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:  # pragma: no cover - Hydra is a dependency
+        return None
+    if not HydraConfig.initialized():
+        return None
+    task = HydraConfig.get().overrides.task
+    return [str(o) for o in task if not str(o).lstrip("+~").startswith("hydra.")]
 
 
 def _timings(state) -> tuple[float, float, float, int]:

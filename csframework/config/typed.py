@@ -155,7 +155,7 @@ def _left_unset(value: Any, owners: Sequence[type], key: str) -> bool:
 
 
 def _same(value: Any, default: Any) -> bool:
-    """``value`` as composed equals ``default`` (an enum's default equals its name, ``single`` for ``Strategy.single``)."""
+    """``value`` as composed equals ``default`` (an enum's default equals its name: ``single``)."""
     if isinstance(default, Enum):
         return value == default.name or value == default.value
     return type(value) is type(default) and value == default or (
