@@ -261,7 +261,8 @@ class EagerBackend(BackendBase):
         timed = self.device.type == "cpu" and not self.distributed and self.accum == 1
         self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                      sharded=self.sharded, whole=self.whole_step is not False and refused is None,
-                                     payoff=Payoff(run.stage_config.loop.log_every) if timed else None,
+                                     payoff=Payoff(run.stage_config.loop.log_every,
+                                                   run.stage_config.loop.max_steps) if timed else None,
                                      **self.compile_settings)
         self.whole_graph = self.compiled if self.compiled.whole is not None else None
         if refused is not None:
