@@ -118,7 +118,7 @@ def _unknown_argument(key: str, target: str | None, error: BaseException) -> str
 
     try:
         obj = import_object(target)
-        called = obj.__init__ if isinstance(obj, type) else obj
+        called = getattr(obj, "__init__") if isinstance(obj, type) else obj  # (a class: its constructor)
         accepted = list(inspect.signature(called).parameters)
     except Exception:  # noqa: BLE001 - no signature to read: the general line
         return None

@@ -157,9 +157,9 @@ def _left_unset(value: Any, owners: Sequence[type], key: str) -> bool:
 def _same(value: Any, default: Any) -> bool:
     """``value`` as composed equals ``default`` (an enum's default equals its name: ``single``)."""
     if isinstance(default, Enum):
-        return value == default.name or value == default.value
-    return type(value) is type(default) and value == default or (
-        isinstance(default, float) and type(value) is int and value == default)
+        return bool(value == default.name or value == default.value)
+    return bool(type(value) is type(default) and value == default or (
+        isinstance(default, float) and type(value) is int and value == default))
 
 
 def _numbers_for_booleans(values: Any, schema: type) -> list[str]:
