@@ -222,7 +222,7 @@ class CsxBackend(BackendBase):
 
 def graph_seconds(report: dict) -> float:
     """The seconds this process spent making one graph, from its compile report: the trace, the analysis
-    (``compile_seconds``; read from the cache on a hit) and the graph compiler's compile or load."""
+    (``analysis_seconds``: read from the cache on a hit) and the graph compiler's compile or load."""
     compiler = report.get("graph_compiler") or {}
-    return float(report.get("trace_seconds") or 0.0) + float(report.get("compile_seconds") or 0.0) + \
+    return float(report.get("trace_seconds") or 0.0) + float(report.get("analysis_seconds") or 0.0) + \
         float(compiler.get("seconds") or 0.0)
