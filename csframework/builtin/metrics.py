@@ -143,7 +143,7 @@ def curves_title(run, status: str) -> str:
 
 
 def composed_overrides() -> list[str] | None:
-    """The overrides of the run Hydra is running (``hydra.*`` left out), or ``None`` outside Hydra (a run
+    """The overrides of the run Hydra is running (Hydra's own, ``hydra.*`` and ``hydra/*``, left out), or ``None`` outside Hydra (a run
     from Python: what differs from the defaults is not recorded)."""
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -152,7 +152,7 @@ def composed_overrides() -> list[str] | None:
     if not HydraConfig.initialized():
         return None
     task = HydraConfig.get().overrides.task
-    return [str(o) for o in task if not str(o).lstrip("+~").startswith("hydra.")]
+    return [str(o) for o in task if not str(o).lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
 def _timings(state) -> tuple[float, float, float, int]:
