@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from ..builtin import plot as run_plot
@@ -107,7 +108,7 @@ def _png(sweep_dir: Path, found: list[Panel], curves: dict, title: str, objectiv
     import matplotlib.pyplot as plt
 
     # names and values as plain text (no TeX: issue 47 item 9), matplotlib's warnings off the console
-    plain = {"text.parse_math": False} if "text.parse_math" in matplotlib.rcParams else {}
+    plain: Any = {"text.parse_math": False} if "text.parse_math" in matplotlib.rcParams else {}
     with matplotlib.rc_context(plain), warnings.catch_warnings(), quiet_logger("matplotlib"):
         warnings.simplefilter("ignore")
         return _draw_png(plt, sweep_dir, found, curves, title, objective, curve, labels)
