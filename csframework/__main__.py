@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import api, command, failures, hydra_session
 from .config import RunConfig, check_config_files, describe_error, explicit_groups, user_config_dirs
+from .config.backend import backend_settings_help
 from .errors import ConfigError, CsfError, ExitCode, ValidationError, clipped_words, one_line, printable
 from .plugins import hookimpl
 from .rundir import check_run_dir
@@ -278,7 +279,9 @@ def main() -> None:
             check_sweep(args, api.command_line_composition(args.overrides))
         elif mode == HYDRA and args is not None:
             config_path = args.config_path if args.config_path and os.path.isabs(args.config_path) else None
-            api.command_line_composition(args.overrides)  # the plugins' configs, for Hydra's help and --cfg
+            found = api.command_line_composition(args.overrides)  # the plugins' configs, for Hydra's help and --cfg
+            if args.help:
+                sys.argv.append(help_footer(found))
             check_config_files(user_config_dirs(args.overrides, args.config_dir, config_path))
     except CsfError as e:
         if "debug=true" in sys.argv[1:]:
@@ -291,6 +294,14 @@ def main() -> None:
         run_multirun()
     else:
         finish(hydra_main, None)
+
+
+def help_footer(found: api.Composition) -> str:
+    """The override that ends ``--help`` with every device's backend settings (its ``Config`` section shows
+    only this device's), before Hydra's own footer."""
+    text = (f"{backend_settings_help(found.schemas, found.named)}\n\nPowered by Hydra (https://hydra.cc)\n"
+            "Use --hydra-help to view Hydra specific help\n")
+    return "hydra.help.footer='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def run_composed(single: SingleRun) -> None:

@@ -21,12 +21,13 @@ primitives, as a ``PrecisionOps``.
 """
 from __future__ import annotations
 
+import re
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import torch
 
-from .errors import ModelError
+from .errors import ModelError, one_line
 
 if TYPE_CHECKING:
     from .protocol import RunProtocol
@@ -78,7 +79,13 @@ def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any
     ``module``: what computes the model's outputs from a batch (the module, or its compiled forward)."""
     hooks, carried = run.hooks, run.state.carried
     with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
-        outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
+        try:
+            outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
+        except RuntimeError as e:  # free until it fails: then say which setting to change, if it is the data's
+            problem = integer_batch_problem(run, batch, e)
+            if problem is None:
+                raise
+            raise ModelError(problem) from e
     loss = outputs["loss"]
     hooks.on_before_backward(run=run, loss=loss)
     try:
@@ -92,6 +99,35 @@ def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any
             from e
     hooks.on_after_backward(run=run)
     return outputs
+
+
+_FLOAT_AND_INTEGER = re.compile(r"(?is)(?=.*\b(long|int)\b)(?=.*\b(float|half|bfloat16|double)\b)")
+
+
+def integer_batch_problem(run: RunProtocol, batch: Any, error: RuntimeError) -> str | None:
+    """When ``forward`` failed on a dtype mismatch and every tensor of ``batch`` is integer (token ids: the
+    default ``data=stdlib_text`` with a model of float inputs), the refusal naming the data setting; else ``None``."""
+    tensors = [t for t in _tensors(batch) if isinstance(t, torch.Tensor)]
+    if not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors) \
+            or not _FLOAT_AND_INTEGER.search(str(error)):
+        return None
+    model = type(run.model)
+    data = getattr(run.stage_config.data.train, "get", lambda *_: None)("_target_") or "data.train"
+    first = tensors[0]
+    return (f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) got integer inputs "
+            f"({str(first.dtype).removeprefix('torch.')} {list(first.shape)} from data.train, {data}: token ids) and "
+            f"computes in floating point ({one_line(error)}); choose data of your model's inputs (data=<yours>, a "
+            "conf/data/<yours>.yaml with data.train and data.val; the default data=stdlib_text is token ids for a "
+            "language model) or convert them in forward (inputs.float())")
+
+
+def _tensors(batch: Any) -> list:
+    """The leaves of a batch (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(batch, (tuple, list)):
+        return [t for item in batch for t in _tensors(item)]
+    if isinstance(batch, dict):
+        return [t for item in batch.values() for t in _tensors(item)]
+    return [batch]
 
 
 def loss_problem(loss: Any) -> str | None:

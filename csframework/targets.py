@@ -15,11 +15,13 @@ Hydra's, OmegaConf's, torch's or csframework's machinery), or a syntax error's o
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import sys
 import sysconfig
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from .config.describe import closest
@@ -95,12 +97,39 @@ def target_error(key: str, target: str | None, error: BaseException, calling: bo
     cause = _cause(error)
     what = target or "the target"
     if calling:
-        return ConfigError(f"{key}: {what}(...) raised {describe(cause)}; {DEBUG_HINT}")
+        unknown = _unknown_argument(key, target, cause)
+        return ConfigError(unknown or f"{key}: {what}(...) raised {describe(cause)}; {DEBUG_HINT}")
     key = key if key.endswith("._target_") else f"{key}._target_"
     missing = _missing(what, cause)
     if missing is not None:
         return ConfigError(f"{key}: {what}: {missing}")
     return ConfigError(f"{key}: importing {what} failed: {describe(cause)}; {DEBUG_HINT}")
+
+
+def _unknown_argument(key: str, target: str | None, error: BaseException) -> str | None:
+    """``model.hiden: my_models.Net takes no argument 'hiden' (did you mean 'hidden'?), set in
+    conf/model/my_model.yaml; ...``: when ``error`` is the call of ``target`` itself refusing a keyword the
+    config gave it (not a call inside the user's constructor), naming the file or command line that set it."""
+    found = re.match(r"(\S+)\(\) got an unexpected keyword argument '([^']+)'", str(error))
+    if target is None or not isinstance(error, TypeError) or found is None:
+        return None
+    from .config.source import where_set
+    from .hydra_session import import_object
+
+    try:
+        obj = import_object(target)
+        called = getattr(obj, "__init__") if isinstance(obj, type) else obj  # (a class: its constructor)
+        accepted = list(inspect.signature(called).parameters)
+    except Exception:  # noqa: BLE001 - no signature to read: the general line
+        return None
+    if found.group(1).split(".")[-2:] != getattr(called, "__qualname__", "").split(".")[-2:]:
+        return None
+    name = found.group(2)
+    where = where_set(f"{key}.{name}")
+    arguments = [a for a in accepted if a not in ("self", "args", "kwargs")]
+    return (f"{key}.{name}: {target} takes no argument '{name}'{_hint(name, arguments)}"
+            + (f", set in {shown_path(str(where))}" if isinstance(where, Path) else f", set {where}" if where else "")
+            + f"; remove it or use one of its arguments ({', '.join(arguments) or 'none'})")
 
 
 def describe(error: BaseException) -> str:

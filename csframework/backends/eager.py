@@ -55,8 +55,9 @@ class CpuConfig(ReadOnly):
     timeout_s: float = DEFAULT_TIMEOUT_S
     """Under torchrun: seconds a rank waits for the others in a collective (and at start-up) before it
     fails; a dead or stopped rank then ends the run instead of hanging it."""
-    threads: int = 0
-    """torch intra-op threads on the host; 0 keeps torch's default."""
+    threads: Optional[int] = 0
+    """torch intra-op threads on the host; 0 or ``null`` keeps torch's default. The same setting on every
+    device type (CSX too), so a config that sets it runs anywhere."""
     compile: bool = False
     """Compile the training step (forward, loss and their backward; clipping and the optimizer update) and
     evaluation: in one CPU process the whole step as one traced graph (``backends/compile/whole_step.py``),
@@ -78,6 +79,11 @@ class CpuConfig(ReadOnly):
     model) and ``true`` otherwise. In the whole step the Python values the step reads (a counter or flag of the
     model's that changes between steps) are fixed at the trace, as on CSX; compiled per function they are
     checked at every step, and a change recompiles once."""
+    float32_matmul_precision: Optional[MatmulPrecision] = None
+    """float32 matrix products: ``highest`` (true float32), ``high`` (TensorFloat-32 on GPUs that have it,
+    Ampere and newer: a 10-bit mantissa, several times faster) or ``medium`` (bfloat16 inside: on a GPU, and
+    on a CPU whose oneDNN kernels have it); set with ``torch.set_float32_matmul_precision`` when the run
+    starts. ``null`` leaves the process's setting (torch's default is ``highest``)."""
 
 
 @dataclass
@@ -87,11 +93,6 @@ class GpuConfig(CpuConfig):
     """The device type this backend runs (``device=gpu`` and ``backend=gpu`` set it)."""
     device_index: int = 0
     """The CUDA device index for single-process runs (DDP uses LOCAL_RANK)."""
-    float32_matmul_precision: Optional[MatmulPrecision] = None
-    """float32 matrix products: ``highest`` (true float32), ``high`` (TensorFloat-32 on GPUs that have it,
-    Ampere and newer: a 10-bit mantissa, several times faster) or ``medium`` (bfloat16 inside); set with
-    ``torch.set_float32_matmul_precision`` when the run starts. ``null`` leaves the process's setting
-    (torch's default is ``highest``)."""
 
 
 def missing_cuda(what: str, fix: str = "use device=cpu (or device=csx to emulate a Cerebras system)") -> str | None:
@@ -122,10 +123,10 @@ class EagerBackend(BackendBase):
             index = int(os.environ.get("LOCAL_RANK", 0)) if self.distributed else backend.device_index
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
-            if backend.float32_matmul_precision is not None:  # process-wide; a sweep's jobs restore it
-                torch.set_float32_matmul_precision(backend.float32_matmul_precision.value)
         else:
             self.device = torch.device("cpu")
+        if backend.float32_matmul_precision is not None:  # process-wide; a sweep's jobs restore it
+            torch.set_float32_matmul_precision(backend.float32_matmul_precision.value)
         if backend.threads:
             torch.set_num_threads(backend.threads)
         self.precision = policy(cfg.precision, self.device.type)
@@ -260,7 +261,8 @@ class EagerBackend(BackendBase):
         timed = self.device.type == "cpu" and not self.distributed and self.accum == 1
         self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
                                      sharded=self.sharded, whole=self.whole_step is not False and refused is None,
-                                     payoff=Payoff(run.stage_config.loop.log_every) if timed else None,
+                                     payoff=Payoff(run.stage_config.loop.log_every,
+                                                   run.stage_config.loop.max_steps) if timed else None,
                                      **self.compile_settings)
         self.whole_graph = self.compiled if self.compiled.whole is not None else None
         if refused is not None:

@@ -114,12 +114,14 @@ class LoggingPlugin:
 
     @hookimpl(trylast=True)
     def on_exception(self, run, error):
-        """A failure at error level; an interruption (a signal, Ctrl-C) is expected: warning level."""
+        """A failure at error level; an interruption (a signal, Ctrl-C) is expected: warning level. In
+        ``events.jsonl`` only: the exception goes on to whoever called the run, which reports it in one line
+        (the CLI's ``csframework: error:``, a sweep's ``job N failed``) or raises it (Python)."""
         error = error_record(run, error)
         if run.status == "failed":
-            run.log.error(f"{run.mode}_failed", error=error)
+            run.log.error(f"{run.mode}_failed", error=error, console=False)
         else:
-            run.log.warning(f"{run.mode}_interrupted", error=error)
+            run.log.warning(f"{run.mode}_interrupted", error=error, console=False)
         self._close()
 
     def _close(self):

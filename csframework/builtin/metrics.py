@@ -87,23 +87,32 @@ class MetricsPlugin:
             return
         if error is not None and self.started is None and getattr(error, "exit_code", None) == ExitCode.CONFIG_ERROR:
             return  # refused before it began (nothing trained): an earlier run's summary.json stays
-        if error is None and run.already_complete and self._completed_before(run):
+        if error is None and run.already_complete and (kept := self._completed_before(run)) is not None:
+            if type(kept["metrics"].get("steps_per_sec")) is float and "steps_per_sec" in run.metrics:
+                run.metrics["steps_per_sec"] = kept["metrics"]["steps_per_sec"]  # the fit's, as that summary says
             return  # resumed at its end, nothing done: the summary of the run that got there stays
+        figures = self._figures(run)
+        if figures.get("steps_per_sec") is not None and "steps_per_sec" in run.metrics:
+            # one figure: the fit's training rate, also what the fit_end line and summary.json's metrics say
+            run.metrics["steps_per_sec"] = figures["steps_per_sec"]
         summary = run.summary()
-        summary.update(self._figures(run))
+        summary.update(figures)
         if error is not None:
             summary["error"] = error_record(run, error)  # one line, as the console's
         run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
         if run.mode == "fit":  # curves are training's; an evaluation alone has none to draw
-            write_curves(run.files, title=f"{run.run_id} ({summary['status']})")
+            write_curves(run.files, title=curves_title(run, summary["status"]))
 
     @staticmethod
-    def _completed_before(run) -> bool:
-        """Whether the run directory's ``summary.json`` (read as untrusted) says completed at this step, with
-        the metrics the checkpoint resumed holds (derived, not believed: an edited summary is rewritten)."""
+    def _completed_before(run) -> dict | None:
+        """The run directory's ``summary.json`` (read as untrusted) when it says completed at this step, with the
+        metrics the checkpoint resumed holds (derived, not believed: an edited summary is rewritten);
+        not its ``steps_per_sec``, the fit's rate where the checkpoint holds the last log's."""
         summary, _ = read_summary(run.files)
-        return (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
-                and summary["metrics"] == json.loads(dumps(dict(run.metrics))))
+        ours = json.loads(dumps({k: v for k, v in run.metrics.items() if k != "steps_per_sec"}))
+        same = (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
+                and {k: v for k, v in summary["metrics"].items() if k != "steps_per_sec"} == ours)
+        return summary if same else None
 
     def _figures(self, run) -> dict:
         """What summary.json adds to ``run.summary()``. On CSX ``model.compile`` holds the compile report's
@@ -121,6 +130,30 @@ class MetricsPlugin:
                        compile_seconds=round(compiles, 3),
                        steps_per_sec=round(steps / seconds, 3) if seconds > 0 else None)
         return out
+
+
+def curves_title(run, status: str) -> str:
+    """``curves.png``'s title: the run's name (the last two parts of its directory: a date and a time, or a
+    sweep and a job), its status and id; then the settings that differ from the defaults (the overrides Hydra
+    composed it with, when it did: the command line's, a sweep job's), or ``default settings``."""
+    where = run.output_dir.resolve()
+    name = f"{where.parent.name}/{where.name}" if where.parent.name else where.name
+    overrides = composed_overrides()
+    settings = " ".join(overrides) if overrides else "default settings" if overrides is not None else ""
+    return f"{name} ({status}, run {run.run_id})" + (f"\n{settings}" if settings else "")
+
+
+def composed_overrides() -> list[str] | None:
+    """The overrides of the run Hydra is running (Hydra's own, ``hydra.*`` and ``hydra/*``, left out), or ``None`` outside Hydra (a run
+    from Python: what differs from the defaults is not recorded)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:  # pragma: no cover - Hydra is a dependency
+        return None
+    if not HydraConfig.initialized():
+        return None
+    task = HydraConfig.get().overrides.task
+    return [str(o) for o in task if not str(o).lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
 def _timings(state) -> tuple[float, float, float, int]:

@@ -4,10 +4,13 @@ matplotlib when it is installed (``pip install csframework[plot]``), else ``curv
 without dependencies. A series of one point (a one-step run) is drawn as a marker."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import io
+import logging
 import math
+import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -60,12 +63,12 @@ def _tick(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e6 else f"{value:.3g}"
 
 
-def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "", *, x: int = 0,
+def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "", *, x: int = 0, y: int = 0,
               x_label: str = "step", y_label: str = "", lines: bool = True, log_x: bool = False,
               categories: list[str] | None = None, order: Sequence[str] | None = None) -> str:
     """The one SVG writer (curves.svg, sweep.svg): a chart of each series (``{name: [(x, value), ...]}``) as an
-    ``<svg>`` element ``x`` pixels from the left of its document (alone, a document itself), with axis ranges,
-    labels and a legend. ``lines=False`` draws markers only (a scatter); ``log_x`` a log10 x axis (positive
+    ``<svg>`` element ``x`` pixels from the left and ``y`` from the top of its document (alone, a document
+    itself), with axis ranges, labels and a legend. ``lines=False`` draws markers only (a scatter); ``log_x`` a log10 x axis (positive
     x only); ``categories`` names the x positions 0, 1, ... (a key whose values are not numbers). A series of
     one point is drawn as a marker. ``order``: the names in the order their colours are given (the same in
     every chart of a figure); sorted by name when not given. Text is escaped by the caller (``escape``)."""
@@ -85,7 +88,7 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = 
     def label(px):
         return _tick(10 ** px if log_x else px)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" x="{x}" width="{WIDTH}" height="{HEIGHT}" '
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" x="{x}" y="{y}" width="{WIDTH}" height="{HEIGHT}" '
              f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
              f'<text x="{PAD}" y="20">{title}</text>',
              f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="black"/>',
@@ -120,10 +123,34 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], title: str = 
     return "\n".join(parts)
 
 
-def svg_figure(charts: list[str]) -> str:
-    """``svg_chart`` elements, made with ``x=`` 0, ``WIDTH``, ``2 * WIDTH`` ..., side by side in one document."""
-    return "\n".join([f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH * len(charts)}" height="{HEIGHT}">',
-                      *charts, "</svg>"])
+def svg_figure(charts: list[str], columns: int | None = None, title: str = "") -> str:
+    """``svg_chart`` elements in one document: side by side (made with ``x=`` 0, ``WIDTH``, ``2 * WIDTH`` ...),
+    or in a grid of ``columns`` (made at ``grid_place``), under ``title`` (escaped by the caller)."""
+    columns = columns or max(len(charts), 1)
+    rows = -(-len(charts) // columns)
+    top = TITLE_HEIGHT if title else 0
+    head = [f'<text x="{PAD}" y="{16 + 18 * k}" font-family="sans-serif" font-size="14">{line}</text>'
+            for k, line in enumerate(title.splitlines()[:2])]
+    return "\n".join([f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH * min(columns, len(charts) or 1)}" '
+                      f'height="{HEIGHT * rows + top}">', *head, *charts, "</svg>"])
+
+
+#: The most panels a row of ``curves.png`` / ``curves.svg`` holds: a grid a person reads, not a strip.
+GRID_COLUMNS = 3
+TITLE_HEIGHT = 40
+
+
+def grid_place(i: int, title: bool = True) -> tuple[int, int]:
+    """The ``(x, y)`` of the ``i``-th panel of a curves grid (``GRID_COLUMNS`` a row, under the title)."""
+    return (i % GRID_COLUMNS) * WIDTH, (i // GRID_COLUMNS) * HEIGHT + (TITLE_HEIGHT if title else 0)
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """``text`` for a label: no control character (``printable``: none reaches the font), at most ``limit``
+    characters. matplotlib draws it with ``parse_math=False`` (``png_curves``): a set named ``$\\undefined$``
+    is text, not TeX."""
+    text = printable(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 Series = Sequence[tuple[float, float]]
@@ -141,10 +168,12 @@ def families(series: Mapping[str, Series]) -> dict[str, dict[str, Series]]:
 
 
 def svg_curves(series: Mapping[str, Sequence[tuple[float, float]]], title: str = "") -> str:
-    """A line plot per metric family (step on x, value on y), side by side, with axis ranges and legends."""
-    return svg_figure([svg_chart(group, f"{title}: {family}" if i == 0 and title else family, x=i * WIDTH,
-                                 y_label=family)
-                       for i, (family, group) in enumerate(families(series).items())])
+    """A line plot per metric family (step on x, value on y), ``GRID_COLUMNS`` a row, with axis ranges and
+    legends, under ``title`` (escaped by the caller)."""
+    grouped = families(series)
+    charts = [svg_chart(group, family, x=grid_place(i)[0], y=grid_place(i)[1], y_label=family)
+              for i, (family, group) in enumerate(grouped.items())]
+    return svg_figure(charts, min(GRID_COLUMNS, len(charts)), title or " ")
 
 
 def have_matplotlib() -> bool:
@@ -162,25 +191,49 @@ def have_matplotlib() -> bool:
 
 def png_curves(series: dict[str, list[tuple[int, float]]], out, title: str = "") -> None:
     """``series`` drawn with matplotlib's object API (no pyplot: the user's backend and figures are left
-    alone) into ``out`` (a binary file), a panel per metric family (``families``)."""
+    alone) into ``out`` (a binary file), a panel per metric family (``families``), ``GRID_COLUMNS`` a row,
+    under ``title`` (its lines). Every name is drawn as plain text (no TeX: ``short_text``), and matplotlib's own
+    warnings (a layout it cannot fit) stay off the console: the figure is drawn as well as it can be."""
+    import warnings
+
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     grouped = families(series)
-    fig = Figure(figsize=(WIDTH / 100 * len(grouped), HEIGHT / 100), dpi=100)
-    for i, (family, group) in enumerate(grouped.items()):
-        ax = fig.add_subplot(1, len(grouped), i + 1)
-        for j, (name, values) in enumerate(sorted(group.items())):
-            ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[j % len(COLOURS)],
-                    label=printable(name), marker="o" if len(values) == 1 else None)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("step")
-        ax.set_ylabel(printable(family))  # a plugin's metric names: no control character reaches the font
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, format="png")
+    columns = min(GRID_COLUMNS, len(grouped))
+    rows = -(-len(grouped) // columns)
+    # the title wrapped to the figure's width (about 90 characters a panel), 4 lines at most
+    lines = [wrapped for line in title.splitlines() for wrapped in textwrap.wrap(
+        short_text(line, 1000), 90 * columns, break_long_words=False, break_on_hyphens=False) or [""]][:4]
+    fig = Figure(figsize=(WIDTH / 100 * columns, HEIGHT / 100 * rows + 0.2 * len(lines)), dpi=100)
+    with warnings.catch_warnings(), quiet_logger("matplotlib"):
+        warnings.simplefilter("ignore")
+        for i, (family, group) in enumerate(grouped.items()):
+            ax = fig.add_subplot(rows, columns, i + 1)
+            for j, (name, values) in enumerate(sorted(group.items())):
+                ax.plot([s for s, _ in values], [v for _, v in values], color=COLOURS[j % len(COLOURS)],
+                        label=short_text(name), marker="o" if len(values) == 1 else None)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("step")
+            ax.set_ylabel(short_text(family, 40), parse_math=False)
+            ax.grid(alpha=0.3)
+            for text in ax.legend(fontsize="small").get_texts():
+                text.set_parse_math(False)
+        fig.suptitle("\n".join(lines), fontsize=10, parse_math=False)
+        fig.tight_layout()
+        fig.savefig(out, format="png")
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str):
+    """The logger ``name`` (a library's: matplotlib's font lookups) says nothing below ERROR meanwhile."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def write_curves(run_dir: SafeDir, title: str = "") -> Path | None:

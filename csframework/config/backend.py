@@ -6,7 +6,8 @@ it (``to_run_config``), so the core knows no backend's settings.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Mapping
 
 from .readonly import ReadOnly
 
@@ -23,3 +24,15 @@ class BackendConfig(ReadOnly):
     """What every backend schema has (a backend's schema need not derive from it, only have ``type``)."""
     type: str = "CPU"
     """The backend's device type; must agree with ``device.type``."""
+
+
+def backend_settings_help(schemas: Mapping[str, type], named: Mapping[str, tuple[str, type]]) -> str:
+    """``--help``'s list of every backend's settings (the ``Config`` section shows only this device's): one line
+    per device type and named backend. On another device such a key is accepted as ``null`` or its default."""
+    lines = ["== Backend settings of every device (backend.<key>=...) ==",
+             "A key of another device's backend is accepted as null or its default, so a config moves between devices.",
+             ""]
+    for label, schema in [*((f"device={t.lower()}", s) for t, s in schemas.items()),
+                          *((f"backend={n}", s) for n, (_, s) in named.items())]:
+        lines.append(f"{label}: {', '.join(f.name for f in fields(schema) if f.name != 'type')}")
+    return "\n".join(lines)

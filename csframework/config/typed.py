@@ -3,7 +3,8 @@ device type (or its named backend)."""
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
+from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
@@ -124,6 +125,8 @@ def _typed_backend(values: Any, device_type: str, backends: Mapping[str, type],
     schemas = {**backends, **{n: s for n, (_, s) in named.items()}}
     for key in sorted(set(values) - own):
         owners = [t for t, other in schemas.items() if key in {f.name for f in fields(other)}]
+        if owners and _left_unset(values.get(key), [schemas[t] for t in owners], key):
+            continue  # another device's setting left as it is: a config moves between devices (dropped below)
         instead = getattr(schema, "INSTEAD", {}).get(key)  # the schema's own way to the same end
         if owners and instead:
             problems.append(f"backend.{key}: only {'/'.join(owners)} understands it, and this run's device is "
@@ -138,10 +141,32 @@ def _typed_backend(values: Any, device_type: str, backends: Mapping[str, type],
     problems += loose_values(values, schema, "backend.")
     if problems:
         raise ValidationError(problems)
+    values = {key: value for key, value in values.items() if key in own}
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), _literal(values)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"backend.{describe_error(e)}") from e
+
+
+def _left_unset(value: Any, owners: Sequence[type], key: str) -> bool:
+    """Whether ``value`` of another backend's setting ``key`` is ``null`` or that backend's default: a config
+    written for one device (``backend.threads: 4`` -> ``null``, ``backend.compile: false``) then runs on any."""
+    if value is None:
+        return True
+    for schema in owners:
+        field = next(f for f in fields(schema) if f.name == key)
+        default = field.default_factory() if field.default_factory is not MISSING else field.default
+        if default is not MISSING and _same(value, default):
+            return True
+    return False
+
+
+def _same(value: Any, default: Any) -> bool:
+    """``value`` as composed equals ``default`` (an enum's default equals its name: ``single``)."""
+    if isinstance(default, Enum):
+        return bool(value == default.name or value == default.value)
+    return bool(type(value) is type(default) and value == default or (
+        isinstance(default, float) and type(value) is int and value == default))
 
 
 _INTERPOLATION = re.compile(r"(\\*)\$\{")

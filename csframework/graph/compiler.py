@@ -151,7 +151,8 @@ def compile_traced(traced: Traced, cache: CompileCache | None, name: str, extra:
         report["compile_seconds"] = round(time.perf_counter() - start, 6)
         if cache is not None:
             cache.store(fp, report, traced.gm.code)
-    report = {**report, **(extra or {})}  # this run's context, also on a cache hit
+    # this run's context, also on a cache hit, and its own time analysing the graph or reading the analysis
+    report = {**report, **(extra or {}), "analysis_seconds": round(time.perf_counter() - start, 6)}
     report["cache"] = {"status": "hit" if hit else "miss",
                        "entry": str(cache.entry(fp)) if cache is not None else None}
     report["trace_seconds"] = round(traced.seconds, 6)

@@ -6,11 +6,13 @@ installed (``pip install "csframework[plot]"``), else as ``sweep.svg`` by the SV
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from ..builtin import plot as run_plot
-from ..builtin.plot import COLOURS, WIDTH, escape, read_series, svg_chart, svg_figure
+from ..builtin.plot import COLOURS, WIDTH, escape, quiet_logger, read_series, svg_chart, svg_figure
 from ..errors import CsfError, printable
 from ..files import SafeDir
 from .table import columns, job_files, row_overrides
@@ -105,6 +107,15 @@ def _png(sweep_dir: Path, found: list[Panel], curves: dict, title: str, objectiv
     matplotlib.use("Agg")  # files only: no display needed, none opened
     import matplotlib.pyplot as plt
 
+    # names and values as plain text (no TeX: issue 47 item 9), matplotlib's warnings off the console
+    plain: Any = {"text.parse_math": False} if "text.parse_math" in matplotlib.rcParams else {}
+    with matplotlib.rc_context(plain), warnings.catch_warnings(), quiet_logger("matplotlib"):
+        warnings.simplefilter("ignore")
+        return _draw_png(plt, sweep_dir, found, curves, title, objective, curve, labels)
+
+
+def _draw_png(plt, sweep_dir: Path, found: list[Panel], curves: dict, title: str, objective: str, curve: str,
+              labels: list[str]) -> Path:
     colour = {label: COLOURS[i % len(COLOURS)] for i, label in enumerate(labels)}
     fig, axes = plt.subplots(1, len(found) + 1, figsize=(4.2 * (len(found) + 1), 3.6 + 0.2 * len(labels)),
                              squeeze=False)

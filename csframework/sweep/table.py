@@ -190,9 +190,21 @@ def csv_cell(value) -> str:
     return text
 
 
-def write_table(sweep_dir: Path, rows: list[dict]) -> None:
-    """Replace ``sweep.csv`` and ``sweep.json`` (strict JSON, ``jsonout``) with ``rows``."""
+def varying_columns(rows: list[dict]) -> list[str]:
+    """``columns(rows)`` without the overridden keys every job set to the same value (``loop.max_steps=100``
+    given to the whole sweep): ``sweep.csv`` shows what the jobs differ in. A table of one row keeps them all."""
     names = columns(rows)
+    if len(rows) < 2:
+        return names
+    overridden = names[len(HEAD):names.index("status")]
+    constant = {name for name in overridden if len({json.dumps(row.get(name)) for row in rows}) == 1}
+    return [name for name in names if name not in constant]
+
+
+def write_table(sweep_dir: Path, rows: list[dict]) -> None:
+    """Replace ``sweep.csv`` (the columns that vary, ``varying_columns``) and ``sweep.json`` (every column,
+    strict JSON, ``jsonout``) with ``rows``."""
+    names = varying_columns(rows)
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow([csv_cell(name) for name in names])

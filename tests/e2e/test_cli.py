@@ -189,9 +189,14 @@ def test_help_and_cfg_job_list_every_backend_key_with_its_default(tmp_path, cli_
     r = cli(*overrides, flags=flags, env=cli_env, cwd=tmp_path, tiny=False)
     assert r.returncode == 0, r.stderr
     text = r.stdout if flags != ["--help"] else r.stdout.split("Override anything in the config")[1].split("\n", 1)[1]
-    shown = yaml.safe_load(text.split("Powered by Hydra")[0])["backend"]
+    shown = yaml.safe_load(text.split("== Backend settings of every device")[0].split("Powered by Hydra")[0])["backend"]
     # before: type, strategy and threads only (compile, compile_mode, timeout_s ... were accepted, never shown)
     assert shown == _schema_defaults(getattr(eager, schema))
+    assert "float32_matmul_precision" in shown  # issue 50 item 6: it was GPU's alone, in neither
+    if flags == ["--help"]:  # every device's settings, the others' too (issue 50 item 6)
+        listed = dict(line.split(": ", 1) for line in r.stdout.split("== Backend settings of every device")[1]
+                      .split("Powered by Hydra")[0].splitlines() if line.startswith("device="))
+        assert "device_index" in listed["device=gpu"] and "threads" in listed["device=csx"].split(", ")
 
 
 def test_check_mode_from_the_cli_trains_nothing(tmp_path, cli_env):

@@ -454,15 +454,18 @@ def test_a_config_recipe_runs_as_written(block, tmp_path, cli_env):
 
 
 def test_the_readme_primary_config_recipe_composes_with_a_model_of_the_users_own(tmp_path):
-    """The own-model page's template (defaults: [config, {override model: my_model}, _self_]) with a model that is not
+    """The own-model page's template (defaults: [config, {override model: my_model}, {override data: my_data},
+    _self_]) with a model that is not
     the transformer composes, the built-in data included (it failed: data.train.block_size: Interpolation key
     'model.block_size' not found)."""
     import csframework as csf
 
     user_project(tmp_path)
     cfg = csf.compose([], config_dir=str(tmp_path / "conf"), config_name="my_run")
-    assert cfg.model["_target_"] == "my_models.Bigram" and cfg.data.train["block_size"] == 64
+    assert cfg.model["_target_"] == "my_models.Bigram" and cfg.data.train["block_size"] == 32  # the user's data
     assert (cfg.optimizer.lr, cfg.loop.max_steps) == (1e-3, 1000)
+    cfg = csf.compose(["data=stdlib_text"], config_dir=str(tmp_path / "conf"), config_name="my_run")
+    assert cfg.data.train["block_size"] == 64  # the built-in data composes with it too
 
 
 def test_the_run_directory_section_names_everything_a_run_leaves(tmp_path):

@@ -85,6 +85,12 @@ CASES = [
     ("raises-in-init", ["model._target_=raisingmod.MLP", "~model.net", "~model.loss"],
      "csframework: error: model: raisingmod.MLP(...) raised ValueError: hidden must be positive, got 0 "
      f"(raisingmod.py:8); {HINT}"),
+    ("argument-typo", ["model=typo"],
+     "csframework: error: model.hiden: raisingmod.MLP takes no argument 'hiden' (did you mean 'hidden'?), set in "
+     "conf/model/typo.yaml; remove it or use one of its arguments (hidden)"),
+    ("argument-typo-command-line", ["model=typo", "~model.hiden", "+model.hidn=3"],
+     "csframework: error: model.hidn: raisingmod.MLP takes no argument 'hidn' (did you mean 'hidden'?), set on the "
+     "command line (+model.hidn=3); remove it or use one of its arguments (hidden)"),
     ("dataset-raises", ["data.train._target_=raisingmod.Data", "~data.train.n"],
      "csframework: error: data.train: raisingmod.Data(...) raised IndexError: list index out of range "
      f"(raisingmod.py:13); {HINT}"),
@@ -117,6 +123,8 @@ def project(tmp_path_factory):
         (root / name).write_text(textwrap.dedent(text))
     shutil.copytree(fixtures.CONF, root / "conf")
     (root / "conf" / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\n")
+    # a model argument misspelt in the user's config file (issue 50 item 7: the error names the file)
+    (root / "conf" / "model" / "typo.yaml").write_text("_target_: raisingmod.MLP\nhiden: 16\n")
     return root
 
 

@@ -127,6 +127,8 @@ def test_an_error_in_the_user_s_code_at_a_step_is_one_line_and_its_traceback_is_
     assert result["returncode"] == 1, result["stderr"][-3000:]
     [shown] = error_lines(result)
     assert re.fullmatch("csframework: error: " + line + SAVED.format(case=case), shown), shown
+    # one line: not also the run's fit_failed event (issue 50 item 6); that is in events.jsonl
+    assert [x for x in result["stderr"].splitlines() if "Error" in x] == [shown], result["stderr"][-3000:]
     assert "Traceback" not in result["stderr"], result["stderr"][-3000:]
     saved = (project / "runs" / case / "error.txt").read_text()
     assert saved.startswith(shown.removeprefix("csframework: error: ").split("; the traceback")[0])

@@ -42,20 +42,43 @@ def test_a_setting_of_another_backend_names_its_owner_and_an_unknown_one_the_set
     assert e.value.problems == [
         "backend.compile_only: only CSX understands it, and this run's device is CPU; remove it or use device=csx",
         "backend.turbo: the CPU backend has no such setting (its settings: compile, compile_fullgraph, compile_mode, "
-        "compile_whole_step, fsdp_wrap, strategy, threads, timeout_s)"]
+        "compile_whole_step, float32_matmul_precision, fsdp_wrap, strategy, threads, timeout_s)"]
     with pytest.raises(ConfigError, match="backend.num_csx: Value 'x' of type 'str' could not be converted"):
         compose(["device=csx", "backend.num_csx=x"], backends=BACKENDS, config_files=CSX_CONF)
 
 
-def test_the_gpu_float32_matmul_precision_is_one_of_torchs_levels_and_gpu_only():
+def test_the_float32_matmul_precision_is_one_of_torchs_levels_on_cpu_and_gpu():
     cfg = compose(["device=gpu", "backend.float32_matmul_precision=high"], backends=BACKENDS)
     assert cfg.backend.float32_matmul_precision.value == "high"
     assert compose(["device=gpu"], backends=BACKENDS).backend.float32_matmul_precision is None  # torch's own
+    assert compose(["backend.float32_matmul_precision=medium"], backends=BACKENDS).backend.float32_matmul_precision.value == "medium"
     with pytest.raises(ConfigError, match=r"backend.float32_matmul_precision: Invalid value 'tf32', expected one "
                                           r"of \[highest, high, medium\]"):
         compose(["device=gpu", "backend.float32_matmul_precision=tf32"], backends=BACKENDS)
-    with pytest.raises(ValidationError, match="backend.float32_matmul_precision: only GPU understands it"):
-        compose(["backend.float32_matmul_precision=high"], backends=BACKENDS)
+    with pytest.raises(ValidationError, match="backend.float32_matmul_precision: only CPU/GPU understands it"):
+        compose(["device=csx", "backend.float32_matmul_precision=high"], backends=BACKENDS, config_files=CSX_CONF)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["device=csx", "backend.threads=null"], ["device=csx", "backend.threads=2"],
+    ["device=csx", "backend.compile=false", "backend.strategy=single", "backend.fsdp_wrap=[]",
+     "backend.timeout_s=600", "backend.float32_matmul_precision=null", "+backend.device_index=0"],
+    ["backend.num_csx=1", "backend.compile_dir=null", "backend.retrace_every_iteration=false", "backend.threads=null"],
+])
+def test_another_devices_setting_left_null_or_at_its_default_moves_between_devices(overrides):
+    """A config written for one device runs on another: a key only another backend has is dropped when it is
+    ``null`` or that backend's default; ``threads`` is every device's."""
+    cfg = compose(overrides, backends=BACKENDS, config_files=CSX_CONF)
+    expected = CsxConfig if "device=csx" in overrides else CpuConfig
+    assert type(cfg.backend) is expected
+    assert cfg.backend.threads == (2 if "backend.threads=2" in overrides else None if "backend.threads=null" in overrides else 0)
+
+
+def test_another_devices_setting_changed_from_its_default_is_still_refused():
+    with pytest.raises(ValidationError, match="backend.num_csx: only CSX understands it"):
+        compose(["backend.num_csx=2"], backends=BACKENDS, config_files=CSX_CONF)
+    with pytest.raises(ValidationError, match="backend.device_index: only GPU understands it"):
+        compose(["device=csx", "+backend.device_index=1"], backends=BACKENDS, config_files=CSX_CONF)
 
 
 def test_a_new_backend_schema_is_all_composition_needs():

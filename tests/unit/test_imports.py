@@ -98,3 +98,55 @@ def test_the_version_comes_from_the_package_metadata():
     from importlib.metadata import version
 
     assert csf.__version__ == version("csframework")
+
+
+#: Runs ``python -m csframework`` with the arguments after ``--``, then prints the modules it imported.
+MODULES_AFTER = """
+import json, runpy, sys
+sys.argv = ["csframework", *sys.argv[1:]]
+try:
+    runpy.run_module("csframework", run_name="__main__")
+except SystemExit:
+    pass
+print("MODULES " + json.dumps(sorted(sys.modules)))
+"""
+HEAVY = ("torch._dynamo", "torch._inductor")
+
+
+def modules_after(*argv: str, script: str = MODULES_AFTER, cwd: Path | None = None) -> set[str]:
+    support = Path(__file__).parents[1] / "support"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]),
+           "CSFRAMEWORK_PLUGINS_AUTOLOAD": "0"}
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env, cwd=cwd)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("MODULES ")), None)
+    assert line is not None, done.stderr[-3000:]
+    return set(json.loads(line.removeprefix("MODULES ")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["--help"], ["--cfg", "job"], ["device=csx", "--cfg", "job"]])
+def test_help_and_cfg_import_neither_dynamo_nor_inductor(argv):
+    """Issue 50 item 1: what only prints the config imports none of torch's compiler stack (seconds of imports)."""
+    found = modules_after(*argv)
+    assert "csframework" in found
+    assert [m for m in found if m.startswith(HEAVY)] == []
+
+
+#: The hand-written script of benchmarks/startup.py: the same MLP, data and optimizer, one step.
+HAND = """
+import json, runpy, sys
+sys.argv = [sys.argv[1], "mlp"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print("MODULES " + json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_an_eager_run_imports_no_torch_module_the_plain_script_does_not(tmp_path):
+    """Issue 50 item 1: a 1-step eager run imports no part of torch beyond what torch's own model and optimizer
+    construction and step import (the hand-written script's), but for writing its checkpoint."""
+    run = modules_after("--config-dir", str(Path(__file__).parents[1] / "support" / "conf"), "model=blobs_mlp",
+                        "data=blobs", "loop.max_steps=1", "backend.threads=1", f"hydra.run.dir={tmp_path}/run")
+    hand = modules_after(str(Path(__file__).parents[2] / "benchmarks" / "startup_hand.py"), script=HAND)
+    extra = {m for m in run - hand if m == "torch" or m.startswith("torch.")}
+    assert extra <= {"torch.utils.serialization", "torch.utils.serialization.config"}, sorted(extra)

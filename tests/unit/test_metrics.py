@@ -96,3 +96,63 @@ def test_steps_per_sec_is_training_alone_in_every_log_and_in_the_summary(tmp_pat
     # the summary's rate is the logs' over the whole fit: 6 steps in the sum of the windows' training time
     assert summary["steps_per_sec"] == pytest.approx(6 / sum(2 / rate for rate in logged), rel=1e-2)
     assert summary["steps_per_sec"] > 6 / (summary["wall_seconds"] - summary["eval_seconds"])
+
+
+class ThreadsSeen:
+    """Records torch's intra-op thread count when training starts."""
+
+    name = "threads_seen"
+
+    def __init__(self):
+        self.threads = None
+
+    @csf.hookimpl
+    def on_train_start(self):
+        self.threads = torch.get_num_threads()
+
+
+@pytest.fixture
+def slow_graph_compiler(monkeypatch):
+    """The CSX graph compiler takes 3 s and then gives up (the interpreted graph runs): a slow compile."""
+    from csframework.graph import inductor
+
+    def slow(*args, **kwargs):
+        time.sleep(3.0)
+        return None, {"status": "fallback", "seconds": 3.0, "reason": "a test's slow compiler"}
+
+    monkeypatch.setattr(inductor, "compile_graph", slow)
+
+
+@pytest.mark.slow
+def test_on_csx_one_steps_per_sec_leaves_out_the_graphs_making(tmp_path, slow_graph_compiler):
+    """Issue 50 item 3: on CSX the first log's rate leaves the graphs' trace and compile out, and the fit_end
+    line, summary.json's metrics and its top say one steps_per_sec; ``backend.threads=null`` runs there."""
+    before = torch.get_num_threads()
+    seen = ThreadsSeen()
+    try:
+        cfg = fixtures.compose("device=csx", "backend.threads=null", f"backend.compile_dir={tmp_path / 'cache'}",
+                               "backend.graph_compiler=inductor", "loop.max_steps=20", "loop.log_every=10",
+                               "loop.eval_every=10", "loop.eval_steps=1")
+        csf.Run(cfg, output_dir=tmp_path / "run", plugins=[seen]).fit()
+    finally:
+        torch.set_num_threads(before)
+    assert seen.threads == before  # null keeps torch's default
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    logged = [e for e in events(tmp_path / "run") if e["event"] in ("train", "fit_end")]
+    first, end = logged[0], logged[-1]
+    assert summary["compile_seconds"] >= 3.0  # the train graph's compile
+    assert 10 / first["steps_per_sec"] < 3.0, first  # the first 10 steps' training time, without the compile
+    assert end["event"] == "fit_end" and end["steps_per_sec"] == summary["metrics"]["steps_per_sec"] \
+        == summary["steps_per_sec"]
+
+
+def test_backend_threads_is_honoured_on_csx(tmp_path):
+    before = torch.get_num_threads()
+    seen = ThreadsSeen()
+    try:
+        cfg = fixtures.compose("device=csx", "backend.threads=1", f"backend.compile_dir={tmp_path / 'cache'}",
+                               "backend.graph_compiler=none", "loop.max_steps=1")
+        csf.Run(cfg, output_dir=tmp_path / "run", plugins=[seen]).fit()
+    finally:
+        torch.set_num_threads(before)
+    assert seen.threads == 1

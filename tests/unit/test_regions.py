@@ -109,7 +109,7 @@ def test_the_payoff_check_times_the_first_window_then_three_eager_steps(monkeypa
     assert [check.eager_step(g) for g in range(8)] == [False] * 4 + [True] * 3 + [False]
     verdicts = _steps(check, 10, compile_at={0})
     assert len(check.compiled) == 3 and len(check.eager) == 3  # the step that compiled is not timed
-    assert verdicts == [None] * 6 + [(0.5, 0.5)] + [None] * 3  # once, after the last eager step
+    assert verdicts == [None] * 6 + [(0.5, 0.5, None)] + [None] * 3  # once, after the last eager step
     assert not any(check.eager_step(g) for g in range(10))
 
 
@@ -119,6 +119,27 @@ def test_a_faster_compiled_step_gives_no_verdict(monkeypatch):
     _steps(check, 2)
     monkeypatch.setattr(payoff, "perf_counter", Clock(0.3))  # the eager steps are slower
     assert _steps_from(check, 2, 6) == [None] * 4
+
+
+@pytest.mark.parametrize("steps, compile_seconds, said", [(300, 40.0, True), (300, 0.01, False), (None, 40.0, False)])
+def test_a_faster_compiled_step_that_cannot_win_back_the_compile_is_said(monkeypatch, steps, compile_seconds, said):
+    """Issue 50 item 4: a small MLP's compiled step is a little faster (0.1 ms here), and compiling took 40 s:
+    300 steps save 0.03 s, so compiling does not pay; said with the medians and how to turn compile off."""
+    check = payoff.Payoff(window=2, steps=steps)
+    monkeypatch.setattr(payoff, "perf_counter", Clock(0.1e-3))
+    _steps(check, 2)
+    monkeypatch.setattr(payoff, "perf_counter", Clock(0.2e-3))  # the eager steps take 0.1 ms more
+    verdicts = []
+    for global_step in range(2, 6):
+        check.step(global_step, lambda: {}, lambda: 0.0)
+        verdicts.append(check.verdict(compile_seconds))
+    found = [v for v in verdicts if v is not None]
+    assert len(found) == int(said)
+    if said:
+        event = found[0].event(compile_seconds, steps)
+        assert (event["compiled_ms"], event["eager_ms"], event["compile_seconds"]) == (0.1, 0.2, 40.0)
+        assert event["problem"].endswith("over the stage's 300 steps it saves 0.03 s, and compiling took 40.0 s")
+        assert "backend.compile=false" in event["result"]
 
 
 def _steps_from(check: payoff.Payoff, start: int, stop: int) -> list:

@@ -122,3 +122,36 @@ def test_float32_is_a_null_policy_doing_only_the_plain_thing():
     assert outputs["autocast"] is False
     assert torch.allclose(run.model.weight, torch.full((1, 2), 1 - 0.1))
     assert run.model.weight.grad is None
+
+
+class FloatModel(torch.nn.Module):
+    """A user's regression model: float inputs of 64 features."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 1)
+
+    def forward(self, batch):
+        inputs, targets = batch
+        return torch.nn.functional.mse_loss(self.linear(inputs).squeeze(-1), targets[:, 0])
+
+
+def test_a_float_model_on_the_default_token_data_is_refused_naming_the_data_setting(tmp_path):
+    """Issue 50 item 6: the docs' primary-config recipe (an own float model, the default data) failed at step 1
+    with torch's ``mat1 and mat2 must have the same dtype, but got Long and Float``; now refused, before any
+    update, naming the data setting to change."""
+    import csframework as csf
+    import fixtures
+
+    cfg = fixtures.compose(f"model={{_target_:{__name__}.FloatModel}}", "~model.net", "~model.loss",
+                           "data=stdlib_text", "data.train.num_chars=20000", "data.val.num_chars=20000",
+                           "loop.max_steps=2")
+    run = csf.Run(cfg, output_dir=tmp_path)
+    before = [p.detach().clone() for p in run.model.parameters()]
+    with pytest.raises(ModelError) as e:
+        run.fit()
+    assert str(e.value).startswith(f"model.forward: {__name__}.FloatModel.forward(batch) got integer inputs "
+                                   "(int64 [32, 64] from data.train, csframework.defaults.StdlibText: token ids)")
+    assert "Long and Float" in str(e.value) and "data=<yours>" in str(e.value) and "data=stdlib_text" in str(e.value)
+    assert e.value.exit_code == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))

@@ -84,3 +84,20 @@ def test_the_curves_panel_falls_back_to_training_when_the_objective_was_evaluate
     svg = write_sweep_plot(tmp_path, rows, "val/loss").read_text()
     curves = svg.split("<svg")[-1]
     assert "curves: train/loss" in curves and curves.count("<polyline") == 3
+
+
+def test_sweep_png_draws_names_and_values_as_plain_text_without_warnings(tmp_path):
+    """Issue 47 item 9: a swept value and an objective with TeX in them (``$\\undefined$``) are text, not a
+    failing mathtext parse; matplotlib's warnings stay off the console."""
+    import warnings
+
+    pytest.importorskip("matplotlib", reason="the plot extra (pip install csframework[plot]) is not installed")
+    rows = three_jobs(tmp_path)
+    for row in rows:
+        row["$\\undefined$"] = row.pop("val/loss")
+        row["optimizer"] = "$\\undefined$ " + row["optimizer"] + "x" * 300
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = write_sweep_plot(tmp_path, rows, "$\\undefined$")
+    assert path == tmp_path / "sweep.png"
+    assert [str(w.message) for w in caught if "matplotlib" in w.filename] == []

@@ -48,3 +48,15 @@ def test_a_summary_older_than_the_job_is_not_its_result(tmp_path):
     d = fake_job(tmp_path, 0, GOOD)
     assert read_summary(SafeDir(tmp_path, "0"), since=time.time() + 60) == (None, None)
     assert read_summary(SafeDir(tmp_path, "0"))[0]["global_step"] == 8
+
+
+def test_sweep_csv_leaves_out_the_settings_every_job_shares(tmp_path):
+    """Issue 50 item 5: ``loop.max_steps=5`` given to the whole sweep is no column of ``sweep.csv`` (what the
+    jobs differ in is); ``sweep.json`` keeps every setting."""
+    for job, lr in enumerate(("0.1", "0.2")):
+        rows = record_row(tmp_path, make_row(job, [f"optimizer.lr={lr}", "loop.max_steps=5"], "completed",
+                                             {"metrics": {"val/loss": 0.5}, "global_step": 5}, 1.0, tmp_path / str(job)))
+    with open(tmp_path / "sweep.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert header == ["job", "optimizer.lr", "status", "val/loss", "global_step", "wall_time_s", "run_dir"]
+    assert [row["loop.max_steps"] for row in read_rows(tmp_path)] == ["5", "5"] == [r["loop.max_steps"] for r in rows]

@@ -6,25 +6,49 @@ one process: the compiled steps of the first ``loop.log_every`` window (those th
 then the next ``EAGER_STEPS`` steps train eagerly (the same step without its compiled code: the eager estimate;
 where the step's functions are compiled, the update stays compiled, as torch's capturable update must on a CPU),
 and if the compiled step's median is not below the eager ones', one ``compile_not_faster`` warning gives both.
+So does a compiled step that is faster, but by too little to win back the compile's seconds over the stage's
+steps (a small model's step saves a fraction of a millisecond; its compile takes tens of seconds).
 The eager steps are at fixed global steps, so a resumed run trains exactly as the uninterrupted one.
 """
 from __future__ import annotations
 
 import statistics
 from time import perf_counter
-from typing import Callable
+from typing import Callable, NamedTuple
 
 #: Steps trained eagerly after the first log window, for the eager estimate (their median: one slow first call
 #: does not decide).
 EAGER_STEPS = 3
 
 
+class Verdict(NamedTuple):
+    """Why compiling does not pay: the median seconds of a compiled and an eager step, and (when the compiled one
+    is faster) the seconds it saves over the stage's steps, fewer than the compile took."""
+
+    compiled: float
+    eager: float
+    saved: float | None = None
+
+    def event(self, compile_seconds: float, steps: int | None) -> dict:
+        """The ``compile_not_faster`` warning's fields: the medians, what compiling took, and how to stop it."""
+        compiled, eager = round(1e3 * self.compiled, 3), round(1e3 * self.eager, 3)
+        medians = (f"the compiled step took {compiled} ms, the same step run eagerly {eager} ms (medians, after the "
+                   "first loop.log_every window)")
+        problem = (f"{medians}: compiling does not pay for this model on this machine" if self.saved is None else
+                   f"{medians}: over the stage's {steps} steps it saves {self.saved:.2f} s, and compiling took "
+                   f"{compile_seconds:.1f} s")
+        return {"compiled_ms": compiled, "eager_ms": eager, "compile_seconds": round(compile_seconds, 3),
+                "problem": problem, "result": "the run goes on compiled; backend.compile=false (the default) trains "
+                                              "eagerly and saves the compile time"}
+
+
 class Payoff:
     """The timing of one stage's steps: compiled ones in ``[0, window)``, eager ones in ``[window, window + 3)``
-    (global steps before the step), then one verdict."""
+    (global steps before the step), then one verdict; ``steps``: the stage's steps (``None``: not known, as with
+    ``loop.max_epochs``)."""
 
-    def __init__(self, window: int):
-        self.window = window
+    def __init__(self, window: int, steps: int | None = None):
+        self.window, self.steps = window, steps
         self.compiled: list[float] = []
         self.eager: list[float] = []
         self.done = False
@@ -49,13 +73,16 @@ class Payoff:
             self.compiled.append(seconds)
         return outputs
 
-    def verdict(self) -> tuple[float, float] | None:
-        """Once, after the last eager step: ``(compiled, eager)`` median seconds a step when the compiled step is
-        not faster, else ``None``."""
+    def verdict(self, compile_seconds: float = 0.0) -> Verdict | None:
+        """Once, after the last eager step: a ``Verdict`` when the compiled step is not faster, or saves over the
+        stage's steps less than ``compile_seconds`` (what compiling took); else ``None``."""
         if self.done or len(self.eager) < EAGER_STEPS:
             return None
         self.done = True
         if not self.compiled:  # (a run resumed after the window: nothing compiled was timed)
             return None
         compiled, eager = statistics.median(self.compiled), statistics.median(self.eager)
-        return (compiled, eager) if compiled >= eager else None
+        if compiled >= eager:
+            return Verdict(compiled, eager)
+        saved = (eager - compiled) * self.steps if self.steps is not None else None
+        return Verdict(compiled, eager, saved) if saved is not None and saved < compile_seconds else None

@@ -284,15 +284,10 @@ class CompiledStep:
             outputs = payoff.step(global_step, train, lambda: self.seconds)
         finally:
             self._eager_now = False
-        found = payoff.verdict()
+        found = payoff.verdict(self.seconds)
         # (a graph break, or a function that runs eagerly, has had its own warning: the step is not all compiled)
         if found is not None and not self.recorder.breaks and not self.eager and not self.recorder.state_changes:
-            compiled, eager = (round(1e3 * s, 3) for s in found)
-            self.run.log.warning("compile_not_faster", compiled_ms=compiled, eager_ms=eager,
-                                 problem=f"the compiled step took {compiled} ms, the same step run eagerly {eager} ms "
-                                         "(medians, after the first loop.log_every window): compiling does not pay "
-                                         "for this model on this machine",
-                                 result="the run goes on compiled; backend.compile=false saves the compile time")
+            self.run.log.warning("compile_not_faster", **found.event(self.seconds, payoff.steps))
         return outputs
 
     def prepare_optimizer(self) -> None:

@@ -27,6 +27,9 @@ class CsxConfig(ReadOnly):
     """Input workers per system; global across stages (0: the default)."""
     compile_dir: Optional[str] = None
     """Where compiled graphs are cached by fingerprint (``null``: ``~/.cache/csframework/csx``)."""
+    threads: Optional[int] = 0
+    """torch intra-op threads on the host that emulates the system (the same setting as on CPU/GPU); 0 or
+    ``null`` keeps torch's default. Compiled graphs are cached per thread count."""
     graph_compiler: str = "inductor"
     """How the train step's static graph runs: ``inductor`` compiles it once to host code with TorchInductor
     (cached in ``compile_dir``; without a C++ compiler, or when Inductor fails, the interpreted graph runs,
@@ -92,6 +95,7 @@ def stage_rules(cfg) -> list[str]:
                             hint=" (data.batch_size): each system needs at least one sample")
     problems += check_range("backend.num_workers_per_csx", b.num_workers_per_csx, 0, MAX_PARALLEL,
                             hint=" (0: the default)")
+    problems += check_range("backend.threads", b.threads, 0, MAX_PARALLEL, hint=" (0 keeps torch's default)")
     if (problem := graph_compiler_problem(b.graph_compiler, "backend.graph_compiler")) is not None:
         problems.append(problem)
     if b.compile_only and b.validate_only:
