@@ -27,6 +27,7 @@ from ..jsonout import dumps
 from .cachedir import trusted_root
 from . import passes as graphs
 from . import inductor
+from .replay import Recording
 from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
 REPORT_VERSION = 1
@@ -223,6 +224,8 @@ class StaticStep:
         if known is None and self.first is not None and self.max_graphs is not None \
                 and len(self.graphs) >= self.max_graphs:
             return None
+        if known is not None and known[0].values == sig.values and known[1].traced.recording is not None:
+            return self._replayed(known[1], args, kwargs, state, leaves, iteration)
         traced = self.tracer.trace(args, kwargs, state)
         self.traces += 1
         self.trace_seconds += traced.seconds
@@ -238,17 +241,37 @@ class StaticStep:
         old_sig, compiled = known
         lines = graphs.canonical(traced.gm)
         if lines != compiled.raw_lines:
-            difference = graphs.first_difference(compiled.raw_lines, compiled.raw_wheres, lines,
-                                                 graphs.wheres(traced.gm))
-            raise CompileError(
-                f"{self.name}: the graph traced at iteration {iteration} differs from the first trace, and a second "
-                f"compile is not allowed; {difference}. "
-                "Python branches, loops and values in the step must resolve the same way every iteration; "
-                "use torch.where for choices that depend on tensor values.")
-        # identical graph: run the compiled one, with this trace's Python results (step closures to call,
-        # non-tensor return values); the graph's outputs are the same
+            self._differs(iteration, graphs.first_difference(compiled.raw_lines, compiled.raw_wheres, lines,
+                                                             graphs.wheres(traced.gm)))
+        return self._same_graph(compiled, traced, state, leaves)
+
+    def _replayed(self, compiled: Compiled, args: tuple, kwargs: dict, state: State, leaves: list,
+                  iteration: int) -> Prepared:
+        """A retrace over the inputs the graph was traced with: the step's Python replayed, its operation
+        stream compared with the first trace's (``replay.py``); the same stream is the same graph."""
+        recording = self.tracer.replay(args, kwargs, state)
+        self.traces += 1
+        self.trace_seconds += recording.seconds
+        first = compiled.traced.recording
+        assert first is not None  # prepare replays only a graph whose first trace was recorded
+        difference = recording.first_difference(first)
+        if difference is not None:
+            self._differs(iteration, difference)
+        return self._same_graph(compiled, recording, state, leaves)
+
+    def _differs(self, iteration: int, difference: str) -> None:
+        raise CompileError(
+            f"{self.name}: the graph traced at iteration {iteration} differs from the first trace, and a second "
+            f"compile is not allowed; {difference}. "
+            "Python branches, loops and values in the step must resolve the same way every iteration; "
+            "use torch.where for choices that depend on tensor values.")
+
+    @staticmethod
+    def _same_graph(compiled: Compiled, retraced: Traced | Recording, state: State, leaves: list) -> Prepared:
+        """Run the compiled graph, with this retrace's Python results (step closures to call, non-tensor return
+        values); the graph's outputs are the same."""
         for attr in ("closures", "out_spec", "out_leaves", "out_tensor_positions"):
-            setattr(compiled.traced, attr, getattr(traced, attr))
+            setattr(compiled.traced, attr, getattr(retraced, attr))
         return compiled, state, leaves
 
     def execute(self, prepared: Prepared, global_step: int) -> Any:
