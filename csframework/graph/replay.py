@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .passes import _const_desc, op_name
 
@@ -46,6 +46,8 @@ class OpRecorder(TorchDispatchMode):
         if isinstance(func, HigherOrderOperator):
             self.opaque = True
             return func(*args, **kwargs)
+        if func.namespace == "prim":  # metadata queries (prim.device): no graph node; what they decide shows later
+            return func(*args, **kwargs)
         entry = (func, self.describe(args), self.describe(kwargs) if kwargs else None)
         out = func(*args, **kwargs)
         index = len(self.ops)
@@ -65,8 +67,9 @@ class OpRecorder(TorchDispatchMode):
             return known
         if isinstance(t, FakeTensor):  # made without an operation seen here (e.g. by autograd): by its metadata
             known = ("tensor", len(self.keep), tuple(t.shape), t.dtype)
-        else:
-            known = ("constant", _const_desc(t))
+        else:  # read its bytes with no mode of the trace in the way (they would make the copy fake)
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                known = ("constant", _const_desc(t))
         self.labels[id(t)] = known
         self.keep.append(t)
         return known
