@@ -27,7 +27,7 @@ from ..jsonout import dumps
 from .cachedir import trusted_root
 from . import passes as graphs
 from . import inductor
-from .replay import Recording
+from .replay import Diverged, Recording
 from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
 REPORT_VERSION = 1
@@ -192,6 +192,7 @@ class StaticStep:
         self.traces = 0
         self.executions = 0
         self.trace_seconds = 0.0
+        self.checked_seconds = 0.0  # retraces run as the step itself (``_run_checked``): training time
 
     @property
     def modules(self):
@@ -283,7 +284,35 @@ class StaticStep:
 
     def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int) -> Any:
         """Prepare and execute (a step without ``max_graphs``: every call has its graph)."""
+        if self.retrace:
+            done = self._run_checked(args, kwargs, iteration, global_step)
+            if done is not None:
+                return done[0]
         return self.execute(self._prepared(args, kwargs, iteration), global_step)
+
+    def _run_checked(self, args: tuple, kwargs: dict, iteration: int, global_step: int) -> tuple[Any] | None:
+        """A retrace of an interpreted graph over the inputs it was traced with: the step's Python runs on the
+        live tensors, each operation checked against the first trace's before it runs, which executes the
+        graph's operations in its order with its kernels (``StepTracer.run_checked``); returns ``(outputs,)``,
+        or ``None`` where this does not apply (a compiled graph, new inputs, a stream not recorded)."""
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        state, sig = self.tracer.collect(leaves)
+        known = self._lookup(sig)
+        if known is None or known[0].values != sig.values:
+            return None
+        compiled = known[1]
+        recording = compiled.traced.recording
+        if recording is None or compiled.runner != compiled.gm.forward:
+            return None
+        start = time.perf_counter()
+        try:
+            out = self.tracer.run_checked(args, kwargs, state, recording, global_step)
+        except Diverged as e:
+            self._differs(iteration, e.difference)
+        self.traces += 1
+        self.executions += 1
+        self.checked_seconds += time.perf_counter() - start
+        return (out,)
 
     def compile_only(self, args: tuple, kwargs: dict, iteration: int = 1) -> Compiled:
         return self._prepared(args, kwargs, iteration)[0]
@@ -307,7 +336,8 @@ class StaticStep:
 
     def stats(self) -> dict:
         return {"traces": self.traces, "executions": self.executions,
-                "trace_seconds": round(self.trace_seconds, 4), "graphs": len(self.graphs)}
+                "trace_seconds": round(self.trace_seconds, 4), "graphs": len(self.graphs),
+                "checked_seconds": round(self.checked_seconds, 4)}
 
 
 def device_for_host() -> torch.device:

@@ -43,12 +43,13 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if isinstance(func, HigherOrderOperator):
+        if isinstance(func, HigherOrderOperator):  # in the stream by name only: its body is not seen
             self.opaque = True
+            entry: tuple = (func, ("higher-order operator",), None)
+        elif func.namespace == "prim":  # metadata queries (prim.device): no graph node; what they decide shows
             return func(*args, **kwargs)
-        if func.namespace == "prim":  # metadata queries (prim.device): no graph node; what they decide shows later
-            return func(*args, **kwargs)
-        entry = (func, self.describe(args), self.describe(kwargs) if kwargs else None)
+        else:
+            entry = (func, self.describe(args), self.describe(kwargs) if kwargs else None)
         out = func(*args, **kwargs)
         index = len(self.ops)
         self.ops.append(entry)
@@ -99,6 +100,7 @@ class Recording:
     ops: list[tuple]
     wheres: list
     results: tuple = ()
+    opaque: bool = False  # a higher-order operator ran: equal streams do not prove equal graphs
     closures: list = field(default_factory=list)
     out_spec: Any = None
     out_leaves: list = field(default_factory=list)
@@ -121,12 +123,75 @@ class Recording:
 
 
 def finish(recorder: OpRecorder, outputs: Sequence[torch.Tensor], closure_tensors: Sequence[torch.Tensor],
-           writebacks: Sequence[tuple[int, torch.Tensor]]) -> Recording | None:
+           writebacks: Sequence[tuple[int, torch.Tensor]]) -> Recording:
     """The recording of a step whose Python has run: its operations, and which tensors it returns, hands to
-    step closures and writes back into the state (by position); ``None`` when a higher-order operator hid
-    part of the step (its retraces are then whole traces)."""
+    step closures and writes back into the state (by position)."""
     results = (tuple(recorder.label(t) for t in outputs), tuple(recorder.label(t) for t in closure_tensors),
                tuple((pos, recorder.label(t)) for pos, t in writebacks))
-    if recorder.opaque:
-        return None
-    return Recording(recorder.ops, recorder.wheres, results)
+    return Recording(recorder.ops, recorder.wheres, results, opaque=recorder.opaque)
+
+
+class Diverged(Exception):
+    """The live step left the first trace's stream (``CheckingRecorder``); ``difference`` says where."""
+
+    def __init__(self, difference: str):
+        super().__init__(difference)
+        self.difference = difference
+
+
+class CheckingRecorder(OpRecorder):
+    """Records a step that runs on the live tensors, checking each operation against the first trace's stream
+    *before* it runs: an equal operation is the graph's operation (same kernel, same inputs, same order), so
+    running the step this way executes the graph; the first differing one stops the step (``diverged``).
+    Before an operation writes into a state tensor, that tensor is saved once (``restore`` puts it back)."""
+
+    def __init__(self, inputs: Sequence[torch.Tensor], n_state: int, expected: Recording):
+        super().__init__(inputs)
+        self.expected = expected
+        self.diverged: str | None = None
+        self.state_of_storage = {t.untyped_storage()._cdata: t for t in inputs[:n_state]}
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator) or func.namespace == "prim":
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        entry = (func, self.describe(args), self.describe(kwargs) if kwargs else None)
+        index = len(self.ops)
+        expected = self.expected.ops
+        if index >= len(expected) or expected[index] != entry:
+            self.ops.append(entry)
+            self.wheres.append(self.where)
+            self.diverged = Recording(self.ops, self.wheres).first_difference(self.expected) or "the traces differ"
+            raise Diverged(self.diverged)
+        if func._schema.is_mutable:
+            with torch._C.DisableTorchFunction():  # the tracer's guard sees none of this
+                self._save_written(func, args, kwargs)
+        out = func(*args, **kwargs)
+        self.ops.append(entry)
+        self.wheres.append(self.where)
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        for j, t in enumerate(outputs):
+            if isinstance(t, _PRODUCED):
+                self.labels[id(t)] = (index, j)
+                self.keep.append(t)
+        return out
+
+    def _save_written(self, func, args, kwargs) -> None:
+        """Save (once) every state tensor whose storage this operation writes into."""
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    state = self.state_of_storage.get(t.untyped_storage()._cdata)
+                    if state is not None and id(state) not in self.saved:
+                        self.saved[id(state)] = (state, state.detach().clone())
+
+    def restore(self) -> None:
+        """Put back the state tensors the stopped step wrote into."""
+        with torch.no_grad():
+            for state, copy in self.saved.values():
+                state.copy_(copy)
+        self.saved.clear()

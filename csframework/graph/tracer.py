@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
-from .replay import OpRecorder, Recording, finish
+from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
 from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
 
 # -- the active trace ---------------------------------------------------------------------------------------
@@ -468,7 +468,8 @@ class Traced:
     n_closure_tensors: int
     writebacks: list[int]      # input positions written back after each execution
     seconds: float
-    recording: Recording | None = None  # the operation stream (what retraces replay and compare)
+    recording: Recording | None = None  # the operation stream (what retraces replay and compare); None: a
+    # higher-order operator hid part of it, and every retrace is a whole trace
 
 
 @dataclass
@@ -574,7 +575,8 @@ class StepTracer:
                       out_spec=result["out_spec"], out_leaves=result["out_leaves"],
                       out_tensor_positions=result["tensor_positions"], closures=ctx.closures,
                       n_closure_tensors=len(ctx.closure_tensors), writebacks=result["writebacks"],
-                      seconds=time.perf_counter() - start, recording=result["recording"])
+                      seconds=time.perf_counter() - start,
+                      recording=None if result["recording"].opaque else result["recording"])
 
     def replay(self, args: tuple, kwargs: dict, state: State) -> Recording:
         """Run the step's Python again as ``trace`` does, on fake tensors, but record only its operation stream
@@ -603,7 +605,8 @@ class StepTracer:
         recording.seconds = time.perf_counter() - start
         return recording
 
-    def _run(self, inputs, leaves, spec, arg_positions, state: State, ctx: TraceContext, result: dict, graph):
+    def _run(self, inputs, leaves, spec, arg_positions, state: State, ctx: TraceContext, result: dict, graph,
+             recorder: OpRecorder | None = None):
         """The step's Python on the fake ``inputs`` (state, learning rates, global step, the step's tensor
         arguments), with the state swapped for them and ``OpRecorder`` writing down the operations (under
         make_fx, above its graph-building mode); returns the graph's outputs and fills ``result``."""
@@ -615,7 +618,7 @@ class StepTracer:
         for pos, fake in zip(arg_positions, inputs[n_state + n_lr + 1:]):
             new_leaves[pos] = fake
         call_args, call_kwargs = pytree.tree_unflatten(new_leaves, spec)
-        recorder = OpRecorder(inputs)
+        recorder = recorder or OpRecorder(inputs)
         with recorder:
             with _Swap(state, fakes, lr_fakes) as swap:
                 with GuardMode(graph, recorder), self.compute_context():
@@ -662,24 +665,81 @@ class StepTracer:
         inputs = _inputs(state, leaves, traced.arg_positions, global_step)
         with torch.no_grad():
             outs = run_graph(*inputs)
-            n_out = len(traced.out_tensor_positions)
-            n_clo = traced.n_closure_tensors
-            for pos, value in zip(traced.writebacks, outs[n_out + n_clo:]):
-                state.tensors[pos].copy_(value)
-            results = [t.detach().clone() for t in outs[:n_out + n_clo]]
-        for opt in state.optimizers:
-            opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
-        closure_values = iter(results[n_out:])
-        for closure in traced.closures:
-            call_leaves = list(closure.leaves)
-            for pos in closure.positions:
-                call_leaves[pos] = next(closure_values)
-            c_args, c_kwargs = pytree.tree_unflatten(call_leaves, closure.spec)
-            closure.fn(*c_args, **c_kwargs)
-        out_leaves = list(traced.out_leaves)
-        for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
-            out_leaves[pos] = value
-        return pytree.tree_unflatten(out_leaves, traced.out_spec)
+        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks)
+
+    def run_checked(self, args: tuple, kwargs: dict, state: State, expected: Recording, global_step: int):
+        """Run the step's Python on the live tensors, each operation checked against the first trace's stream
+        (``expected``) before it runs (``replay.CheckingRecorder``): the retrace and the execution of an
+        interpreted graph in one. Returns the outputs (copies) as ``execute`` does, after the step closures;
+        raises ``Diverged`` at the first difference, the state written so far put back."""
+        from torch.fx.experimental.proxy_tensor import disable_autocast_cache
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        arg_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        ctx = TraceContext(self.name)
+        result: dict[str, Any] = {}
+        inputs = _inputs(state, leaves, arg_positions, global_step)
+        recorder = CheckingRecorder(inputs, len(state.tensors), expected)
+        try:
+            with self._tracing(ctx), disable_autocast_cache():  # make_fx's autocast setting: the same casts
+                outs = self._run(inputs, leaves, spec, arg_positions, state, ctx, result, None, recorder)
+            recording = result["recording"]
+            difference = recording.first_difference(expected)
+            if difference is not None:  # the same operations, but other results (returned, written back)
+                recorder.diverged = difference
+                raise Diverged(difference)
+        except BaseException as e:
+            # the step stops, as a step that failed to trace: the state it wrote into is put back
+            recorder.restore()
+            for t, kind in zip(state.tensors, state.kinds):
+                if kind == "parameter":
+                    t.grad = None
+            if recorder.diverged is None:
+                raise
+            cause = _first_refusal(e)  # an error that unwinding through a differing operation (a profiler
+            if cause is not None:      # range's exit) would hide
+                raise cause from None
+            raise Diverged(recorder.diverged) from None
+        recording.closures = ctx.closures
+        recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
+        recording.out_tensor_positions = result["tensor_positions"]
+        return _deliver(recording, state, outs, len(ctx.closure_tensors), result["writebacks"])
+
+
+def _first_refusal(error: BaseException) -> BaseException | None:
+    """The emulator's own refusal (``TracingError``, ``CompileError``) that ``error`` was raised while
+    handling, if any."""
+    seen = error.__context__
+    while seen is not None:
+        if isinstance(seen, (TracingError, CompileError)):
+            return seen
+        seen = seen.__context__
+    return None
+
+
+def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tensor], n_closure_tensors: int,
+             writebacks: Sequence[int]):
+    """After a step's graph ran: write the rebound state back, run the step closures with copies of their
+    values, and return copies of the outputs in the step's structure."""
+    with torch.no_grad():
+        n_out = len(traced.out_tensor_positions)
+        n_clo = n_closure_tensors
+        for pos, value in zip(writebacks, outs[n_out + n_clo:]):
+            state.tensors[pos].copy_(value)
+        results = [t.detach().clone() for t in outs[:n_out + n_clo]]
+    for opt in state.optimizers:
+        opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
+    closure_values = iter(results[n_out:])
+    for closure in traced.closures:
+        call_leaves = list(closure.leaves)
+        for pos in closure.positions:
+            call_leaves[pos] = next(closure_values)
+        c_args, c_kwargs = pytree.tree_unflatten(call_leaves, closure.spec)
+        closure.fn(*c_args, **c_kwargs)
+    out_leaves = list(traced.out_leaves)
+    for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
+        out_leaves[pos] = value
+    return pytree.tree_unflatten(out_leaves, traced.out_spec)
 
 
 def _inputs(state: State, leaves: list, arg_positions: list[int], global_step: int = 0) -> list:

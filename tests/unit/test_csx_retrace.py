@@ -8,6 +8,7 @@ created in the step) and check that the change is refused before the changed ste
 that an unchanged step replays (no second ``make_fx``) with the same numbers."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ class Counted(torch.optim.SGD):
                 buf.mul_(0.9).add_(p.grad)
                 p.add_(buf * (2.0 if self.change == "update" else 1.0), alpha=-0.1)  # UPDATE
                 if self.change == "new_state":
-                    self.state[p]["extra"] = buf.clone()  # NEW_STATE
+                    self.state[p]["extra"] = buf  # NEW_STATE
 
 
 def train(steps: int, tmp_path, change: str | None = None, make_optimizer=Counted, retrace: bool = True,
@@ -97,7 +98,7 @@ def train(steps: int, tmp_path, change: str | None = None, make_optimizer=Counte
     iteration = 0
     losses: list = []
     if out is not None:
-        out.update(model=model, backend=backend, losses=losses)
+        out.update(model=model, backend=backend, losses=losses, optimizer=optimizer)
 
     @csf.csx.trace
     def step(x, y):
@@ -149,9 +150,14 @@ def test_a_change_at_a_later_iteration_is_refused_before_it_runs(tmp_path, chang
     assert f"test_csx_retrace.py:{line_of(marker)}" in message, message
     assert len(out["losses"]) == CHANGE_AT - 1
     lowlevel._reset()
-    unchanged, _, _ = train(CHANGE_AT - 1, tmp_path / "unchanged")
-    # the changed step never ran: the parameters are those after the unchanged steps
-    assert all(torch.equal(a, b) for a, b in zip(unchanged.parameters(), out["model"].parameters()))
+    reference: dict = {}
+    train(CHANGE_AT - 1, tmp_path / "unchanged", out=reference)
+    # the changed step never ran: parameters, buffers and optimizer state (written before the difference, in
+    # "update") are those after the unchanged steps
+    assert all(torch.equal(a, b) for a, b in zip(reference["model"].state_dict().values(),
+                                                 out["model"].state_dict().values()))
+    buffers = [[st["momentum_buffer"] for st in run["optimizer"].state.values()] for run in (reference, out)]
+    assert all(torch.equal(a, b) for a, b in zip(*buffers))
 
 
 @pytest.mark.parametrize("change, make_optimizer", [("hyper", momentum_sgd), ("batch", Counted)])
@@ -181,3 +187,42 @@ def test_an_unchanged_step_is_replayed_not_retraced_and_gives_the_same_numbers(t
     assert once_backend.traces == 1
     assert [float(v) for v in losses] == [float(v) for v in once_losses]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), once.state_dict().values()))
+
+
+def test_the_default_run_interprets_its_graph_and_its_summary_gives_the_seconds_apart(tmp_path, monkeypatch):
+    """No Inductor compile unless asked (issue 48 item 1); summary.json's trace, graph compile and training
+    seconds (item 3): compile_seconds is the tracing (replays included) and the graph's compile."""
+    from csx_runs import run_on
+
+    monkeypatch.delenv("CSF_CSX_GRAPH_COMPILER", raising=False)
+    run, summary = run_on("csx", tmp_path, "loop.max_steps=4", "backend.retrace_every_iteration=true",
+                          "data.val=null")
+    assert summary["graph_compiler"] == "interpreted" and summary["traces"] == 4
+    written = json.loads((tmp_path / "csx" / "summary.json").read_text())
+    assert written["trace_seconds"] > 0 and written["graph_compile_seconds"] >= 0 and written["train_seconds"] > 0
+    assert written["compile_seconds"] == pytest.approx(written["trace_seconds"] + written["graph_compile_seconds"],
+                                                       abs=2e-3)
+
+
+def test_a_step_with_a_higher_order_operator_is_traced_whole_at_every_retrace(tmp_path, monkeypatch):
+    """``torch.cond``'s branches are not in the recorded stream: such a step is never replayed."""
+    traces = []
+    real_trace = StepTracer.trace
+    monkeypatch.setattr(StepTracer, "trace", lambda self, *a: traces.append(1) or real_trace(self, *a))
+    backend = csf.csx.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
+    model = Net()
+    compiled = csf.csx.compile(model, backend)
+    optimizer = Counted(model.parameters(), lr=0.1)
+
+    @csf.csx.trace
+    def step(x, y):
+        x = torch.cond(x.sum() > 0, lambda t: t * 2.0, lambda t: t * 0.5, (x,))  # the batch: no autograd
+        loss = nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    for i in range(3):
+        step(*data(i))
+    assert len(traces) == 3 and backend.traces == 3
