@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -639,12 +640,14 @@ class StepTracer:
         global _ACTIVE
         hook = register_optimizer_step_pre_hook(_unknown_optimizer_hook(self.optimizers))
         previous, _ACTIVE = _ACTIVE, ctx
+        collecting = gc.isenabled()
+        gc.disable()  # a trace allocates many small objects: the collections they set off scan the whole heap
         try:
             # outside inference mode (evaluation runs under it), keeping the caller's grad mode: torch 2.4's fake
             # tensors cannot take some views of inference tensors ("Cannot set version_counter for inference
             # tensor"); the graph is the same, and it still executes under the caller's mode
             grad = torch.is_grad_enabled()  # read first: leaving inference mode enables grad mode
-            with torch.inference_mode(False), torch.set_grad_enabled(grad):
+            with torch.inference_mode(False), torch.set_grad_enabled(grad), _fake_tensors_take_foreach():
                 yield
         except (TracingError, CompileError):
             raise
@@ -656,6 +659,8 @@ class StepTracer:
         finally:
             _ACTIVE = previous
             hook.remove()
+            if collecting:
+                gc.enable()
 
     # -- execution --------------------------------------------------------------------------------------
     @staticmethod
@@ -704,6 +709,26 @@ class StepTracer:
         recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
         recording.out_tensor_positions = result["tensor_positions"]
         return _deliver(recording, state, outs, len(ctx.closure_tensors), result["writebacks"])
+
+
+@contextlib.contextmanager
+def _fake_tensors_take_foreach():
+    """torch chooses its foreach kernels (``clip_grad_norm_``, an optimizer's ``foreach=None``) by the exact
+    type of the tensors, which a fake tensor fails: it is added to torch's lists of those types (as torch adds
+    ``DTensor``) while a step is traced, so the trace takes the kernels the live step takes."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    lists = [getattr(module, "_foreach_supported_types", None) for module in (optimizer, _foreach_utils)]
+    added = [types for types in lists if isinstance(types, list) and FakeTensor not in types]
+    for types in added:
+        types.append(FakeTensor)
+    try:
+        yield
+    finally:
+        for types in added:
+            types.remove(FakeTensor)
 
 
 def _first_refusal(error: BaseException) -> BaseException | None:
