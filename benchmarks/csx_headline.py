@@ -68,8 +68,11 @@ def contestant(name: str, steps: int, graph_compiler: str | None) -> dict:
             raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
         run_dir = Path(workdir) / "run"
         summary = json.loads((run_dir / "summary.json").read_text())
-        result = {"contestant": name, "wall_s": wall, "steps": summary["global_step"],
-                  "train_seconds": summary.get("train_seconds"), "compile_seconds": summary.get("compile_seconds")}
+        steps_done = summary["global_step"]
+        train = summary.get("train_seconds")  # (a csframework before issue 48 gives steps_per_sec only)
+        result = {"contestant": name, "wall_s": wall, "steps": steps_done,
+                  "train_seconds": train if train is not None else steps_done / summary["steps_per_sec"],
+                  "compile_seconds": summary["compile_seconds"]}
         if (run_dir / "compile_report.json").exists():
             report = json.loads((run_dir / "compile_report.json").read_text())
             compiler = report.get("graph_compiler", {})
