@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, TypeAlias
+from typing import Any, Callable, NoReturn, TypeAlias
 
 import torch
 from torch.utils import _pytree as pytree
@@ -260,7 +260,7 @@ class StaticStep:
             self._differs(iteration, difference)
         return self._same_graph(compiled, recording, state, leaves)
 
-    def _differs(self, iteration: int, difference: str) -> None:
+    def _differs(self, iteration: int, difference: str) -> NoReturn:
         raise CompileError(
             f"{self.name}: the graph traced at iteration {iteration} differs from the first trace, and a second "
             f"compile is not allowed; {difference}. "

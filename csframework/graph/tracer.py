@@ -18,6 +18,11 @@ How a step is traced (see docs/csx.md for why this route):
 
 Every execution then calls the graph with the real tensors under ``torch.no_grad()`` (the backward pass is
 already in the graph), runs the step closures with copies of their values, and returns copies of the outputs.
+
+5. While the step runs, ``replay.OpRecorder`` writes down the ATen operation stream above ``make_fx``. A retrace
+   (``retrace_every_iteration``) runs the same Python again without building a graph and compares streams:
+   ``replay`` on fake tensors, or ``run_checked`` on the live tensors (an interpreted graph: each operation is
+   checked before it runs, so the step is the graph's execution).
 """
 from __future__ import annotations
 
