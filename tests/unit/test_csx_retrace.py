@@ -17,6 +17,7 @@ from torch import nn
 
 import csframework as csf
 from csframework.backends.csx import lowlevel
+from csframework.graph import inductor
 from csframework.graph.tracer import StepTracer
 
 CHANGE_AT = 3
@@ -27,6 +28,19 @@ def fresh_process_state():
     lowlevel._reset()
     yield
     lowlevel._reset()
+
+
+@pytest.fixture(params=["checked", "replayed"])
+def retrace_path(request, monkeypatch):
+    """``checked``: the interpreted graph, whose retraces run on the live tensors; ``replayed``: a compiled
+    graph (here the interpreted one behind a stand-in for Inductor's code, which costs minutes to compile),
+    whose retraces replay on fake tensors before the compiled code runs."""
+    if request.param == "replayed":
+        def compile_graph(gm, entry, root, patches):
+            return (lambda *inputs: gm.forward(*inputs)), {"status": "compiled", "seconds": 0.0}
+        monkeypatch.setattr(inductor, "compile_graph", compile_graph)
+        monkeypatch.setenv("CSF_CSX_GRAPH_COMPILER", "inductor")
+    return request.param
 
 
 def data(seed=0, n=16):
@@ -141,7 +155,7 @@ CHANGES = [("forward", "aten.tanh", "FORWARD"), ("loss", "aten", "LOSS"), ("cons
 
 
 @pytest.mark.parametrize("change, needle, marker", CHANGES, ids=[c[0] for c in CHANGES])
-def test_a_change_at_a_later_iteration_is_refused_before_it_runs(tmp_path, change, needle, marker):
+def test_a_change_at_a_later_iteration_is_refused_before_it_runs(tmp_path, change, needle, marker, retrace_path):
     out: dict = {}
     with pytest.raises(csf.CompileError, match=f"iteration {CHANGE_AT}") as info:
         train(CHANGE_AT + 1, tmp_path, change, out=out)
@@ -174,7 +188,8 @@ def test_state_created_in_a_later_step_is_a_tracing_error(tmp_path):
     assert f"test_csx_retrace.py:{line_of('NEW_STATE')}" in str(info.value)
 
 
-def test_an_unchanged_step_is_replayed_not_retraced_and_gives_the_same_numbers(tmp_path, monkeypatch):
+def test_an_unchanged_step_is_replayed_not_retraced_and_gives_the_same_numbers(tmp_path, monkeypatch,
+                                                                             retrace_path):
     """One make_fx trace for six iterations (five replays); the losses and parameters are bit for bit those of
     the same loop traced once, and every iteration ran its Python (the replay counts as a trace)."""
     traces = []
