@@ -181,7 +181,7 @@ class StaticStep:
                  graph_compiler: str = "none", max_graphs: int | None = None, config_patches: dict | None = None,
                  key: dict | None = None):
         self.tracer = StepTracer(fn, name, modules=modules, optimizers=optimizers, extras=extras,
-                                 compute_context=compute_context)
+                                 compute_context=compute_context, record=retrace)
         self.name, self.retrace, self.cache, self.keyed = name, retrace, cache, keyed
         self.graph_compiler, self.config_patches, self.max_graphs = graph_compiler, config_patches, max_graphs
         self.key = key  # numerics_key: part of the cache entry's name

@@ -534,8 +534,9 @@ class StepTracer:
     """Traces ``fn`` over the given modules/optimizers/extra state and executes the resulting graph."""
 
     def __init__(self, fn: Callable, name: str, *, modules=(), optimizers=(), extras=(),
-                 compute_context: Callable[[], Any] | None = None):
+                 compute_context: Callable[[], Any] | None = None, record: bool = True):
         self.fn, self.name = fn, name
+        self.record = record  # keep each trace's operation stream (what retraces compare with)
         self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
         self.compute_context = compute_context or contextlib.nullcontext
 
@@ -570,7 +571,8 @@ class StepTracer:
         def flat_fn(*inputs):
             proxy_mode = get_proxy_mode()
             return self._run(inputs, leaves, spec, arg_positions, state, ctx, result,
-                             proxy_mode.tracer.graph if proxy_mode is not None else None)
+                             proxy_mode.tracer.graph if proxy_mode is not None else None,
+                             OpRecorder(inputs) if self.record else None)
 
         inputs = _inputs(state, leaves, arg_positions)
         start = time.perf_counter()
@@ -582,7 +584,7 @@ class StepTracer:
                       out_tensor_positions=result["tensor_positions"], closures=ctx.closures,
                       n_closure_tensors=len(ctx.closure_tensors), writebacks=result["writebacks"],
                       seconds=time.perf_counter() - start,
-                      recording=None if result["recording"].opaque else result["recording"])
+                      recording=result["recording"] if self.record and not result["recording"].opaque else None)
 
     def replay(self, args: tuple, kwargs: dict, state: State) -> Recording:
         """Run the step's Python again as ``trace`` does, on fake tensors, but record only its operation stream
@@ -603,7 +605,7 @@ class StepTracer:
         with self._tracing(ctx):
             fakes = [mode.from_tensor(t) for t in _inputs(state, leaves, arg_positions)]
             with mode, disable_autocast_cache():
-                self._run(fakes, leaves, spec, arg_positions, state, ctx, result, None)
+                self._run(fakes, leaves, spec, arg_positions, state, ctx, result, None, OpRecorder(fakes))
         recording: Recording = result["recording"]
         recording.closures = ctx.closures
         recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
@@ -612,7 +614,7 @@ class StepTracer:
         return recording
 
     def _run(self, inputs, leaves, spec, arg_positions, state: State, ctx: TraceContext, result: dict, graph,
-             recorder: OpRecorder | None = None):
+             recorder: OpRecorder | None):
         """The step's Python on the fake ``inputs`` (state, learning rates, global step, the step's tensor
         arguments), with the state swapped for them and ``OpRecorder`` writing down the operations (under
         make_fx, above its graph-building mode); returns the graph's outputs and fills ``result``."""
@@ -624,8 +626,7 @@ class StepTracer:
         for pos, fake in zip(arg_positions, inputs[n_state + n_lr + 1:]):
             new_leaves[pos] = fake
         call_args, call_kwargs = pytree.tree_unflatten(new_leaves, spec)
-        recorder = recorder or OpRecorder(inputs)
-        with recorder:
+        with recorder if recorder is not None else contextlib.nullcontext():
             with _Swap(state, fakes, lr_fakes) as swap:
                 with GuardMode(graph, recorder), self.compute_context():
                     out = self.fn(*call_args, **call_kwargs)
@@ -635,7 +636,7 @@ class StepTracer:
             outs = [out_leaves[i].detach() for i in tensor_positions]
         result.update(out_spec=out_spec, tensor_positions=tensor_positions, writebacks=[p for p, _ in writebacks],
                       out_leaves=[None if isinstance(x, torch.Tensor) else x for x in out_leaves],
-                      recording=finish(recorder, outs, ctx.closure_tensors, writebacks))
+                      recording=finish(recorder, outs, ctx.closure_tensors, writebacks) if recorder is not None else None)
         return outs + list(ctx.closure_tensors) + [v for _, v in writebacks]
 
     @contextlib.contextmanager
