@@ -241,3 +241,21 @@ def test_a_step_with_a_higher_order_operator_is_traced_whole_at_every_retrace(tm
     for i in range(3):
         step(*data(i))
     assert len(traces) == 3 and backend.traces == 3
+
+
+@pytest.mark.parametrize("overrides", [["precision=cbfloat16"], ["precision=float16", "precision.init_scale=1e30"],
+                                       ["loop.grad_accum_steps=2"]], ids=["cbfloat16", "float16-overflow", "accum"])
+def test_retraced_runs_give_the_traced_once_numbers(tmp_path, overrides):
+    """The checked retrace through Run: CB16 rounding, dynamic loss scaling (with skipped steps: an initial
+    scale of 1e30 overflows), gradient accumulation; parameters, losses and the loss scale bit for bit."""
+    from csx_runs import params_of, run_on
+
+    common = ["loop.max_steps=6", "loop.log_every=1", "data.val=null", *overrides]
+    once, _ = run_on("csx", tmp_path, *common, name="once")
+    again, summary = run_on("csx", tmp_path, *common, "backend.retrace_every_iteration=true", name="again")
+    assert summary["traces"] == 6 and summary["status"] == "completed"
+    assert all(torch.equal(a, b) for a, b in zip(params_of(once).values(), params_of(again).values()))
+    losses = [[row.split(",")[3] for row in (tmp_path / name / "metrics.csv").read_text().splitlines()[1:]
+               if row.split(",")[2] == "train/loss"] for name in ("once", "again")]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    assert once.backend.loss_scale() == again.backend.loss_scale()
