@@ -8,6 +8,11 @@ stream above ``make_fx``; a retrace runs the step's Python again on fake tensors
 (``StepTracer.replay``), which skips the proxy tensors and graph nodes that make most of a trace's cost. Equal
 streams over inputs of equal shapes give the same graph, since the graph is built from nothing else; a
 different stream is a ``CompileError`` naming the first differing operation and its line.
+
+An interpreted graph needs no fake replay: ``CheckingRecorder`` runs the step on the live tensors and checks each
+operation against the first stream before it runs (``StepTracer.run_checked``), so the step executes the
+graph's operations in the graph's order, and one that differs is refused before it runs, the state written
+until then put back.
 """
 from __future__ import annotations
 
