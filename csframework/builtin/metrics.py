@@ -127,7 +127,7 @@ class MetricsPlugin:
         if self.started is not None:
             evals, compiles, seconds, steps = (now - then for now, then in zip(_timings(run.state), self.started[1:]))
             out.update(wall_seconds=round(time.perf_counter() - self.started[0], 3), eval_seconds=round(evals, 3),
-                       compile_seconds=round(compiles, 3),
+                       compile_seconds=round(compiles, 3), train_seconds=round(seconds, 3),
                        steps_per_sec=round(steps / seconds, 3) if seconds > 0 else None)
         return out
 

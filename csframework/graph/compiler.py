@@ -16,7 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, TypeAlias
+from typing import Any, Callable, NoReturn, TypeAlias
 
 import torch
 from torch.utils import _pytree as pytree
@@ -27,6 +27,7 @@ from ..jsonout import dumps
 from .cachedir import trusted_root
 from . import passes as graphs
 from . import inductor
+from .replay import Diverged, Recording
 from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
 REPORT_VERSION = 1
@@ -181,7 +182,7 @@ class StaticStep:
                  graph_compiler: str = "none", max_graphs: int | None = None, config_patches: dict | None = None,
                  key: dict | None = None):
         self.tracer = StepTracer(fn, name, modules=modules, optimizers=optimizers, extras=extras,
-                                 compute_context=compute_context)
+                                 compute_context=compute_context, record=retrace)
         self.name, self.retrace, self.cache, self.keyed = name, retrace, cache, keyed
         self.graph_compiler, self.config_patches, self.max_graphs = graph_compiler, config_patches, max_graphs
         self.key = key  # numerics_key: part of the cache entry's name
@@ -192,6 +193,7 @@ class StaticStep:
         self.traces = 0
         self.executions = 0
         self.trace_seconds = 0.0
+        self.checked_seconds = 0.0  # retraces run as the step itself (``_run_checked``): training time
 
     @property
     def modules(self):
@@ -224,6 +226,8 @@ class StaticStep:
         if known is None and self.first is not None and self.max_graphs is not None \
                 and len(self.graphs) >= self.max_graphs:
             return None
+        if known is not None and known[0].values == sig.values and known[1].traced.recording is not None:
+            return self._replayed(known[1], args, kwargs, state, leaves, iteration)
         traced = self.tracer.trace(args, kwargs, state)
         self.traces += 1
         self.trace_seconds += traced.seconds
@@ -239,17 +243,37 @@ class StaticStep:
         old_sig, compiled = known
         lines = graphs.canonical(traced.gm)
         if lines != compiled.raw_lines:
-            difference = graphs.first_difference(compiled.raw_lines, compiled.raw_wheres, lines,
-                                                 graphs.wheres(traced.gm))
-            raise CompileError(
-                f"{self.name}: the graph traced at iteration {iteration} differs from the first trace, and a second "
-                f"compile is not allowed; {difference}. "
-                "Python branches, loops and values in the step must resolve the same way every iteration; "
-                "use torch.where for choices that depend on tensor values.")
-        # identical graph: run the compiled one, with this trace's Python results (step closures to call,
-        # non-tensor return values); the graph's outputs are the same
+            self._differs(iteration, graphs.first_difference(compiled.raw_lines, compiled.raw_wheres, lines,
+                                                             graphs.wheres(traced.gm)))
+        return self._same_graph(compiled, traced, state, leaves)
+
+    def _replayed(self, compiled: Compiled, args: tuple, kwargs: dict, state: State, leaves: list,
+                  iteration: int) -> Prepared:
+        """A retrace over the inputs the graph was traced with: the step's Python replayed, its operation
+        stream compared with the first trace's (``replay.py``); the same stream is the same graph."""
+        recording = self.tracer.replay(args, kwargs, state)
+        self.traces += 1
+        self.trace_seconds += recording.seconds
+        first = compiled.traced.recording
+        assert first is not None  # prepare replays only a graph whose first trace was recorded
+        difference = recording.first_difference(first)
+        if difference is not None:
+            self._differs(iteration, difference)
+        return self._same_graph(compiled, recording, state, leaves)
+
+    def _differs(self, iteration: int, difference: str) -> NoReturn:
+        raise CompileError(
+            f"{self.name}: the graph traced at iteration {iteration} differs from the first trace, and a second "
+            f"compile is not allowed; {difference}. "
+            "Python branches, loops and values in the step must resolve the same way every iteration; "
+            "use torch.where for choices that depend on tensor values.")
+
+    @staticmethod
+    def _same_graph(compiled: Compiled, retraced: Traced | Recording, state: State, leaves: list) -> Prepared:
+        """Run the compiled graph, with this retrace's Python results (step closures to call, non-tensor return
+        values); the graph's outputs are the same."""
         for attr in ("closures", "out_spec", "out_leaves", "out_tensor_positions"):
-            setattr(compiled.traced, attr, getattr(traced, attr))
+            setattr(compiled.traced, attr, getattr(retraced, attr))
         return compiled, state, leaves
 
     def execute(self, prepared: Prepared, global_step: int) -> Any:
@@ -261,7 +285,35 @@ class StaticStep:
 
     def __call__(self, args: tuple, kwargs: dict, *, iteration: int, global_step: int) -> Any:
         """Prepare and execute (a step without ``max_graphs``: every call has its graph)."""
+        if self.retrace:
+            done = self._run_checked(args, kwargs, iteration, global_step)
+            if done is not None:
+                return done[0]
         return self.execute(self._prepared(args, kwargs, iteration), global_step)
+
+    def _run_checked(self, args: tuple, kwargs: dict, iteration: int, global_step: int) -> tuple[Any] | None:
+        """A retrace of an interpreted graph over the inputs it was traced with: the step's Python runs on the
+        live tensors, each operation checked against the first trace's before it runs, which executes the
+        graph's operations in its order with its kernels (``StepTracer.run_checked``); returns ``(outputs,)``,
+        or ``None`` where this does not apply (a compiled graph, new inputs, a stream not recorded)."""
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        state, sig = self.tracer.collect(leaves)
+        known = self._lookup(sig)
+        if known is None or known[0].values != sig.values:
+            return None
+        compiled = known[1]
+        recording = compiled.traced.recording
+        if recording is None or compiled.runner != compiled.gm.forward:
+            return None
+        start = time.perf_counter()
+        try:
+            out = self.tracer.run_checked(args, kwargs, state, recording, global_step)
+        except Diverged as e:
+            self._differs(iteration, e.difference)
+        self.traces += 1
+        self.executions += 1
+        self.checked_seconds += time.perf_counter() - start
+        return (out,)
 
     def compile_only(self, args: tuple, kwargs: dict, iteration: int = 1) -> Compiled:
         return self._prepared(args, kwargs, iteration)[0]
@@ -285,7 +337,8 @@ class StaticStep:
 
     def stats(self) -> dict:
         return {"traces": self.traces, "executions": self.executions,
-                "trace_seconds": round(self.trace_seconds, 4), "graphs": len(self.graphs)}
+                "trace_seconds": round(self.trace_seconds, 4), "graphs": len(self.graphs),
+                "checked_seconds": round(self.checked_seconds, 4)}
 
 
 def device_for_host() -> torch.device:

@@ -18,11 +18,17 @@ How a step is traced (see docs/csx.md for why this route):
 
 Every execution then calls the graph with the real tensors under ``torch.no_grad()`` (the backward pass is
 already in the graph), runs the step closures with copies of their values, and returns copies of the outputs.
+
+5. While the step runs, ``replay.OpRecorder`` writes down the ATen operation stream above ``make_fx``. A retrace
+   (``retrace_every_iteration``) runs the same Python again without building a graph and compares streams:
+   ``replay`` on fake tensors, or ``run_checked`` on the live tensors (an interpreted graph: each operation is
+   checked before it runs, so the step is the graph's execution).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -34,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
+from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
 from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
 
 # -- the active trace ---------------------------------------------------------------------------------------
@@ -108,12 +115,15 @@ class GuardMode(TorchFunctionMode):
     """Refuses reads of tensor values during the trace, naming the user's line, and tags the graph nodes
     each user-level torch call creates with that call's place (``node.meta["csf_where"]``)."""
 
-    def __init__(self, graph=None):
+    def __init__(self, graph=None, recorder=None):
         super().__init__()
         self.graph = graph
+        self.recorder = recorder  # replay.OpRecorder: told the user's line of each torch call
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.recorder is not None:
+            self.recorder.where = user_location(1)
         kind = _READS.get(func)
         if kind is not None:
             if kind == "item" and called_from("tolist"):
@@ -464,6 +474,8 @@ class Traced:
     n_closure_tensors: int
     writebacks: list[int]      # input positions written back after each execution
     seconds: float
+    recording: Recording | None = None  # the operation stream (what retraces replay and compare); None: a
+    # higher-order operator hid part of it, and every retrace is a whole trace
 
 
 @dataclass
@@ -522,8 +534,9 @@ class StepTracer:
     """Traces ``fn`` over the given modules/optimizers/extra state and executes the resulting graph."""
 
     def __init__(self, fn: Callable, name: str, *, modules=(), optimizers=(), extras=(),
-                 compute_context: Callable[[], Any] | None = None):
+                 compute_context: Callable[[], Any] | None = None, record: bool = True):
         self.fn, self.name = fn, name
+        self.record = record  # keep each trace's operation stream (what retraces compare with)
         self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
         self.compute_context = compute_context or contextlib.nullcontext
 
@@ -550,49 +563,98 @@ class StepTracer:
 
         from ..compat import get_proxy_mode, make_fx_options
 
-        global _ACTIVE
         leaves, spec = pytree.tree_flatten((args, kwargs))
         arg_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        n_state, n_lr = len(state.tensors), len(state.lrs)
         ctx = TraceContext(self.name)
         result: dict[str, Any] = {}
 
         def flat_fn(*inputs):
-            fakes = list(inputs[:n_state])
-            lr_fakes = inputs[n_state:n_state + n_lr]
-            ctx.global_step = inputs[n_state + n_lr]
-            new_leaves = list(leaves)
-            for pos, fake in zip(arg_positions, inputs[n_state + n_lr + 1:]):
-                new_leaves[pos] = fake
-            call_args, call_kwargs = pytree.tree_unflatten(new_leaves, spec)
             proxy_mode = get_proxy_mode()
-            graph = proxy_mode.tracer.graph if proxy_mode is not None else None
+            return self._run(inputs, leaves, spec, arg_positions, state, ctx, result,
+                             proxy_mode.tracer.graph if proxy_mode is not None else None,
+                             OpRecorder(inputs) if self.record else None)
+
+        inputs = _inputs(state, leaves, arg_positions)
+        start = time.perf_counter()
+        with self._tracing(ctx):
+            gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True, **make_fx_options())(*inputs)
+            _refuse_dynamic_shapes(gm)
+        return Traced(gm=gm, state=state, arg_positions=arg_positions, arg_leaves=leaves, arg_spec=spec,
+                      out_spec=result["out_spec"], out_leaves=result["out_leaves"],
+                      out_tensor_positions=result["tensor_positions"], closures=ctx.closures,
+                      n_closure_tensors=len(ctx.closure_tensors), writebacks=result["writebacks"],
+                      seconds=time.perf_counter() - start,
+                      recording=result["recording"] if self.record and not result["recording"].opaque else None)
+
+    def replay(self, args: tuple, kwargs: dict, state: State) -> Recording:
+        """Run the step's Python again as ``trace`` does, on fake tensors, but record only its operation stream
+        (``replay.OpRecorder``) instead of building a graph: the retrace of ``retrace_every_iteration``, which
+        compares the stream with the first trace's (Python side effects happen now)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import disable_autocast_cache
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        arg_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        ctx = TraceContext(self.name)
+        result: dict[str, Any] = {}
+        start = time.perf_counter()
+        # the fake-tensor mode make_fx(tracing_mode="fake") makes, so that the step's Python sees the same tensors
+        mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=ShapeEnv(),
+                              static_shapes=True)
+        with self._tracing(ctx):
+            fakes = [mode.from_tensor(t) for t in _inputs(state, leaves, arg_positions)]
+            with mode, disable_autocast_cache():
+                self._run(fakes, leaves, spec, arg_positions, state, ctx, result, None, OpRecorder(fakes))
+        recording: Recording = result["recording"]
+        recording.closures = ctx.closures
+        recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
+        recording.out_tensor_positions = result["tensor_positions"]
+        recording.seconds = time.perf_counter() - start
+        return recording
+
+    def _run(self, inputs, leaves, spec, arg_positions, state: State, ctx: TraceContext, result: dict, graph,
+             recorder: OpRecorder | None):
+        """The step's Python on the fake ``inputs`` (state, learning rates, global step, the step's tensor
+        arguments), with the state swapped for them and ``OpRecorder`` writing down the operations (under
+        make_fx, above its graph-building mode); returns the graph's outputs and fills ``result``."""
+        n_state, n_lr = len(state.tensors), len(state.lrs)
+        fakes = list(inputs[:n_state])
+        lr_fakes = inputs[n_state:n_state + n_lr]
+        ctx.global_step = inputs[n_state + n_lr]
+        new_leaves = list(leaves)
+        for pos, fake in zip(arg_positions, inputs[n_state + n_lr + 1:]):
+            new_leaves[pos] = fake
+        call_args, call_kwargs = pytree.tree_unflatten(new_leaves, spec)
+        with recorder if recorder is not None else contextlib.nullcontext():
             with _Swap(state, fakes, lr_fakes) as swap:
-                with GuardMode(graph), self.compute_context():
+                with GuardMode(graph, recorder), self.compute_context():
                     out = self.fn(*call_args, **call_kwargs)
                 writebacks = swap.writebacks()
             out_leaves, out_spec = pytree.tree_flatten(out)
             tensor_positions = [i for i, x in enumerate(out_leaves) if isinstance(x, torch.Tensor)]
-            result.update(out_spec=out_spec, tensor_positions=tensor_positions, writebacks=[p for p, _ in writebacks],
-                          out_leaves=[None if isinstance(x, torch.Tensor) else x for x in out_leaves])
             outs = [out_leaves[i].detach() for i in tensor_positions]
-            return outs + list(ctx.closure_tensors) + [v for _, v in writebacks]
+        result.update(out_spec=out_spec, tensor_positions=tensor_positions, writebacks=[p for p, _ in writebacks],
+                      out_leaves=[None if isinstance(x, torch.Tensor) else x for x in out_leaves],
+                      recording=finish(recorder, outs, ctx.closure_tensors, writebacks) if recorder is not None else None)
+        return outs + list(ctx.closure_tensors) + [v for _, v in writebacks]
 
-        lr_inputs = [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
-        step_input = torch.tensor(0, dtype=torch.int64)
-        inputs = list(state.tensors) + lr_inputs + [step_input] + [leaves[i] for i in arg_positions]
+    @contextlib.contextmanager
+    def _tracing(self, ctx: TraceContext):
+        """What surrounds a trace: the active trace context, the unknown-optimizer hook, the grad mode, and
+        torch's errors translated into the emulator's (naming the user's line)."""
+        global _ACTIVE
         hook = register_optimizer_step_pre_hook(_unknown_optimizer_hook(self.optimizers))
         previous, _ACTIVE = _ACTIVE, ctx
-        start = time.perf_counter()
+        collecting = gc.isenabled()
+        gc.disable()  # a trace allocates many small objects: the collections they set off scan the whole heap
         try:
             # outside inference mode (evaluation runs under it), keeping the caller's grad mode: torch 2.4's fake
             # tensors cannot take some views of inference tensors ("Cannot set version_counter for inference
             # tensor"); the graph is the same, and it still executes under the caller's mode
             grad = torch.is_grad_enabled()  # read first: leaving inference mode enables grad mode
-            with torch.inference_mode(False), torch.set_grad_enabled(grad):
-                gm = make_fx(flat_fn, tracing_mode="fake", _allow_non_fake_inputs=True,
-                             **make_fx_options())(*inputs)
-            _refuse_dynamic_shapes(gm)
+            with torch.inference_mode(False), torch.set_grad_enabled(grad), _fake_tensors_take_foreach():
+                yield
         except (TracingError, CompileError):
             raise
         except Exception as e:
@@ -603,41 +665,122 @@ class StepTracer:
         finally:
             _ACTIVE = previous
             hook.remove()
-        return Traced(gm=gm, state=state, arg_positions=arg_positions, arg_leaves=leaves, arg_spec=spec,
-                      out_spec=result["out_spec"], out_leaves=result["out_leaves"],
-                      out_tensor_positions=result["tensor_positions"], closures=ctx.closures,
-                      n_closure_tensors=len(ctx.closure_tensors), writebacks=result["writebacks"],
-                      seconds=time.perf_counter() - start)
+            if collecting:
+                gc.enable()
 
     # -- execution --------------------------------------------------------------------------------------
     @staticmethod
     def execute(run_graph: Callable, traced: Traced, state: State, leaves: list, global_step: int):
         """Run the graph (``run_graph``: the GraphModule's ``forward`` or its compiled code) on the live
         tensors; run the step closures; return the outputs (copies)."""
-        inputs = list(state.tensors)
-        inputs += [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
-        inputs.append(torch.tensor(global_step, dtype=torch.int64))
-        inputs += [leaves[i] for i in traced.arg_positions]
+        inputs = _inputs(state, leaves, traced.arg_positions, global_step)
         with torch.no_grad():
             outs = run_graph(*inputs)
-            n_out = len(traced.out_tensor_positions)
-            n_clo = traced.n_closure_tensors
-            for pos, value in zip(traced.writebacks, outs[n_out + n_clo:]):
-                state.tensors[pos].copy_(value)
-            results = [t.detach().clone() for t in outs[:n_out + n_clo]]
-        for opt in state.optimizers:
-            opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
-        closure_values = iter(results[n_out:])
-        for closure in traced.closures:
-            call_leaves = list(closure.leaves)
-            for pos in closure.positions:
-                call_leaves[pos] = next(closure_values)
-            c_args, c_kwargs = pytree.tree_unflatten(call_leaves, closure.spec)
-            closure.fn(*c_args, **c_kwargs)
-        out_leaves = list(traced.out_leaves)
-        for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
-            out_leaves[pos] = value
-        return pytree.tree_unflatten(out_leaves, traced.out_spec)
+        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks)
+
+    def run_checked(self, args: tuple, kwargs: dict, state: State, expected: Recording, global_step: int):
+        """Run the step's Python on the live tensors, each operation checked against the first trace's stream
+        (``expected``) before it runs (``replay.CheckingRecorder``): the retrace and the execution of an
+        interpreted graph in one. Returns the outputs (copies) as ``execute`` does, after the step closures;
+        raises ``Diverged`` at the first difference, the state written so far put back."""
+        from torch.fx.experimental.proxy_tensor import disable_autocast_cache
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        arg_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        ctx = TraceContext(self.name)
+        result: dict[str, Any] = {}
+        inputs = _inputs(state, leaves, arg_positions, global_step)
+        recorder = CheckingRecorder(inputs, len(state.tensors), expected)
+        try:
+            with self._tracing(ctx), disable_autocast_cache():  # make_fx's autocast setting: the same casts
+                outs = self._run(inputs, leaves, spec, arg_positions, state, ctx, result, None, recorder)
+            recording = result["recording"]
+            difference = recording.first_difference(expected)
+            if difference is not None:  # the same operations, but other results (returned, written back)
+                recorder.diverged = difference
+                raise Diverged(difference)
+        except BaseException as e:
+            # the step stops, as a step that failed to trace: the state it wrote into is put back
+            recorder.restore()
+            for t, kind in zip(state.tensors, state.kinds):
+                if kind == "parameter":
+                    t.grad = None
+            if recorder.diverged is None:
+                raise
+            cause = _first_refusal(e)  # an error that unwinding through a differing operation (a profiler
+            if cause is not None:      # range's exit) would hide
+                raise cause from None
+            raise Diverged(recorder.diverged) from None
+        recording.closures = ctx.closures
+        recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
+        recording.out_tensor_positions = result["tensor_positions"]
+        return _deliver(recording, state, outs, len(ctx.closure_tensors), result["writebacks"])
+
+
+@contextlib.contextmanager
+def _fake_tensors_take_foreach():
+    """torch chooses its foreach kernels (``clip_grad_norm_``, an optimizer's ``foreach=None``) by the exact
+    type of the tensors, which a fake tensor fails: it is added to torch's lists of those types (as torch adds
+    ``DTensor``) while a step is traced, so the trace takes the kernels the live step takes."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    lists = [getattr(module, "_foreach_supported_types", None) for module in (optimizer, _foreach_utils)]
+    added = [types for types in lists if isinstance(types, list) and FakeTensor not in types]
+    for types in added:
+        types.append(FakeTensor)
+    try:
+        yield
+    finally:
+        for types in added:
+            types.remove(FakeTensor)
+
+
+def _first_refusal(error: BaseException) -> BaseException | None:
+    """The emulator's own refusal (``TracingError``, ``CompileError``) that ``error`` was raised while
+    handling, if any."""
+    seen = error.__context__
+    while seen is not None:
+        if isinstance(seen, (TracingError, CompileError)):
+            return seen
+        seen = seen.__context__
+    return None
+
+
+def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tensor], n_closure_tensors: int,
+             writebacks: Sequence[int]):
+    """After a step's graph ran: write the rebound state back, run the step closures with copies of their
+    values, and return copies of the outputs in the step's structure."""
+    with torch.no_grad():
+        n_out = len(traced.out_tensor_positions)
+        n_clo = n_closure_tensors
+        for pos, value in zip(writebacks, outs[n_out + n_clo:]):
+            state.tensors[pos].copy_(value)
+        results = [t.detach().clone() for t in outs[:n_out + n_clo]]
+    for opt in state.optimizers:
+        opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
+    closure_values = iter(results[n_out:])
+    for closure in traced.closures:
+        call_leaves = list(closure.leaves)
+        for pos in closure.positions:
+            call_leaves[pos] = next(closure_values)
+        c_args, c_kwargs = pytree.tree_unflatten(call_leaves, closure.spec)
+        closure.fn(*c_args, **c_kwargs)
+    out_leaves = list(traced.out_leaves)
+    for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
+        out_leaves[pos] = value
+    return pytree.tree_unflatten(out_leaves, traced.out_spec)
+
+
+def _inputs(state: State, leaves: list, arg_positions: list[int], global_step: int = 0) -> list:
+    """A graph's inputs, in order: the state tensors, one learning rate per param group, the global step and
+    the step's tensor arguments."""
+    inputs = list(state.tensors)
+    inputs += [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
+    inputs.append(torch.tensor(global_step, dtype=torch.int64))
+    inputs += [leaves[i] for i in arg_positions]
+    return inputs
 
 
 def step_closure(fn: Callable) -> Callable:

@@ -90,3 +90,19 @@ def test_compile_time_runs_the_nanogpt_shaped_model_and_checks_the_targets(monke
     assert "| gpt-12 | per function (12 x Block compiled once) | 12.0 | 1.0 | 0.90x |" in text
     assert "12 layers' cold compile / 1 layer's: 1.20x (target <= 1.5x)" in text
     assert "default transformer: cold 20.0 s (target <= 30 s), cached 1.0 s (target <= 3 s)" in text
+
+
+def test_csx_headline_figures():
+    """``benchmarks.csx_headline``: each contestant runs the whole command (3 steps, a cold compile directory);
+    the five figures of issue 48 are complete, and every csx run reports the seconds the figures are made of."""
+    from benchmarks import csx_headline
+
+    results = csx_headline.measure(1, steps=3)
+    assert all(rows[0]["steps"] == 3 for rows in results.values())
+    retrace = results["csx-retrace"][0]
+    assert retrace["traces"] == 3 and retrace["graph_compiler"] == "interpreted"
+    assert 0 < retrace["first_trace_s"] <= retrace["trace_seconds"] and retrace["train_seconds"] > 0
+    figures = csx_headline.figures(1, steps=3, results=results)
+    assert len(figures) == 5
+    for figure in figures:
+        check(figure, "csx_headline", baseline=figure.kind == "ratio")

@@ -56,7 +56,6 @@ class CsxBackend(BackendBase):
         self._delivered = None
         self._deliver = step_closure(self._store_outputs)
         self._carried = run.backend.counts() if isinstance(run.backend, CsxBackend) else {}  # earlier stages
-        self._carried_compile = run.backend.compile_seconds() if isinstance(run.backend, CsxBackend) else 0.0
 
     # -- assembly ---------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -114,11 +113,11 @@ class CsxBackend(BackendBase):
         return self.train_step, self.eval_step
 
     def _compiling(self, run) -> None:
-        """Say what the first step is about to do: with Inductor, a graph new to ``compile_dir`` compiles for
-        a long while (about a minute for the embedded default on 2 cores) with nothing else on the console."""
+        """Say what the first step is about to do: with Inductor, a graph new to ``compile_dir`` compiles with
+        nothing else on the console (the ``compiled`` line then gives the seconds it took)."""
         if self.graph_compiler == "inductor":
             run.log.info("csx_compiling", graph="train_step", compile_dir=str(self.cache.directory),
-                         note="a graph new to compile_dir takes up to a minute to compile, a cached one seconds; "
+                         note="a graph new to compile_dir is compiled by Inductor now, a cached one is loaded; "
                               "backend.graph_compiler=none runs the graph interpreted, without compiling")
 
     def eval_batch(self, run, batch) -> dict:
@@ -197,18 +196,24 @@ class CsxBackend(BackendBase):
                "trace_seconds": train.get("trace_seconds", 0.0) + evals.get("trace_seconds", 0.0)}
         return {k: v + self._carried.get(k, 0) for k, v in now.items()}
 
+    def graph_compile_seconds(self) -> float:
+        """Seconds spent analysing the train step's graph and compiling it (or loading it) with Inductor."""
+        if self.compiled is None:
+            return 0.0
+        report = self.compiled.report
+        # analysis_seconds: this process's analysis (a cache hit reads it back: compile_seconds is then the
+        # cached analysis's own, not this run's)
+        compiler = report.get("graph_compiler") or {}
+        return float(report.get("analysis_seconds") or 0.0) + float(compiler.get("seconds") or 0.0)
+
     def compile_seconds(self) -> float:
-        """Seconds spent making the step's and evaluation's graphs, this stage and the earlier ones: each graph's
-        first trace, its analysis and its compile (Inductor's, or loading it from ``compile_dir``). What
-        ``steps_per_sec`` leaves out; a retrace (``retrace_every_iteration``) is part of every step and counts
-        as training."""
-        made = [compiled for static in (self.train_step, self.eval_step) if static is not None
-                for _, compiled in static.graphs.values()]
-        return self._carried_compile + sum(graph_seconds(compiled.report) for compiled in made)
+        """Seconds spent tracing the step and evaluation (retraces included) and compiling their graph."""
+        return float(self.counts()["trace_seconds"]) + self.graph_compile_seconds()
 
     def summary(self) -> dict:
         out = self.counts()
         out["trace_seconds"] = round(out["trace_seconds"], 4)
+        out["graph_compile_seconds"] = round(self.graph_compile_seconds(), 4)
         out.update(num_csx=self.num_csx, retrace_every_iteration=self.retrace, host=str(self.device))
         if self.compile_only or self.validate_only:
             out["backend_mode"] = "compile_only" if self.compile_only else "validate_only"
@@ -219,10 +224,3 @@ class CsxBackend(BackendBase):
                        compile_report=str(self.report_path) if self.report_path else None)
         return out
 
-
-def graph_seconds(report: dict) -> float:
-    """The seconds this process spent making one graph, from its compile report: the trace, the analysis
-    (``analysis_seconds``: read from the cache on a hit) and the graph compiler's compile or load."""
-    compiler = report.get("graph_compiler") or {}
-    return float(report.get("trace_seconds") or 0.0) + float(report.get("analysis_seconds") or 0.0) + \
-        float(compiler.get("seconds") or 0.0)

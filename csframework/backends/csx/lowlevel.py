@@ -206,7 +206,7 @@ def backend(backend_type: str, **settings) -> Backend:
 
     CSX settings: ``retrace_every_iteration``, ``compile_only``, ``validate_only``, ``num_csx``,
     ``num_workers_per_csx``, ``compile_dir``, ``graph_compiler`` (``inductor``/``none``; default
-    ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``). A setting another device type owns is an error, and one process
+    ``$CSF_CSX_GRAPH_COMPILER`` or ``none``). A setting another device type owns is an error, and one process
     holds backends of one device type at a time.
     """
     global _CURRENT

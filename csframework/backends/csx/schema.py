@@ -30,11 +30,12 @@ class CsxConfig(ReadOnly):
     threads: Optional[int] = 0
     """torch intra-op threads on the host that emulates the system (the same setting as on CPU/GPU); 0 or
     ``null`` keeps torch's default. Compiled graphs are cached per thread count."""
-    graph_compiler: str = "inductor"
-    """How the train step's static graph runs: ``inductor`` compiles it once to host code with TorchInductor
-    (cached in ``compile_dir``; without a C++ compiler, or when Inductor fails, the interpreted graph runs,
-    with a one-line warning), ``none`` interprets it (the eager kernels, op by op). The default comes from
-    ``$CSF_CSX_GRAPH_COMPILER`` when set."""
+    graph_compiler: str = "none"
+    """How the train step's static graph runs: ``none`` (the default) interprets it (the eager kernels, op by op:
+    training starts right after the trace), ``inductor`` compiles it once to host code with TorchInductor (about
+    10% faster per step, after a cold compile of about a minute; cached in ``compile_dir``; without a C++
+    compiler, or when Inductor fails, the interpreted graph runs, with a one-line warning). The default comes
+    from ``$CSF_CSX_GRAPH_COMPILER`` when set."""
 
     #: Other backends' settings and what does their job here (composition says so when one is given).
     INSTEAD: ClassVar[dict] = dict.fromkeys(
@@ -44,8 +45,9 @@ class CsxConfig(ReadOnly):
 
 
 def default_compiler() -> str:
-    """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``inductor``."""
-    return os.environ.get(GRAPH_COMPILER_ENV) or "inductor"
+    """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``none`` (the interpreted graph: a
+    cold Inductor compile costs more than it saves on a run of minutes, see docs/csx.md)."""
+    return os.environ.get(GRAPH_COMPILER_ENV) or "none"
 
 
 #: ``backend.compile_dir``'s default.
