@@ -21,7 +21,7 @@ non-finite loss, a tracing error); 2 a bad config, a rejected run, a plugin whos
 none (nothing trained, no checkpoint); 130 stopped by SIGINT
 and 143 by SIGTERM (128 + the signal number: the step finished, a checkpoint was saved and
 ``summary.json`` says ``interrupted``). A multirun (``-m``) exits 0 when every job completed, 1 when any
-failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/sweeps.md).
+failed and 130/143 when stopped; a failing job fails alone (``csframework.sweep``, docs/guides/sweeps.md).
 """
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ class EagerHandle(Backend):
 
 
 class CsxBackendHandle(Backend):
-    """CSX: traced steps run as static graphs (see ``docs/csx.md``)."""
+    """CSX: traced steps run as static graphs (see ``docs/guides/csx.md``)."""
 
     is_csx = True
 
