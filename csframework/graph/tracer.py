@@ -79,7 +79,7 @@ class TraceContext:
                 f"only one compiled model per step: '{self.name}' runs {_model_name(self.model)} and "
                 f"{_model_name(model)}" + (f" (the second at {where})" if where else "") +
                 "; a CSX system runs one compiled model per step: put both in one nn.Module and "
-                "csf.csx.compile that")
+                "csf.compile that")
         self.model = model
 
 

@@ -1,5 +1,5 @@
 """The ``backend`` settings of ``device=csx`` and the CSX validation rules (no torch, no tracer: importing
-this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.csx.backend``)."""
+this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.backend``)."""
 from __future__ import annotations
 
 import os
