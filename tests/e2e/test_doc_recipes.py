@@ -156,6 +156,8 @@ BLOCKS: dict[tuple[str, str], object] = {
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
     ("docs/guides/writing-plugins.md", "# csframework-target/tests/test_target.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
+    ("docs/guides/checkpoints.md", "python -m csframework checkpoint.every_steps=50"): Run(),
+    ("docs/guides/training.md", 'python -m csframework "+optimizer.groups.embeddings'): Run(),
     ("docs/guides/checkpoints.md", "cd examples/classify"): Elsewhere(
         "tests/e2e/test_weights_out.py", "trained as written"),
     ("docs/guides/checkpoints.md", "import torch"): Elsewhere(
@@ -202,6 +204,7 @@ BLOCKS: dict[tuple[str, str], object] = {
         "tests/e2e/test_plugin_recipes.py", "the package's README, part of the package it installs"),
     ("docs/guides/sweeps.md", "python -m csframework -m optimizer=sgd,adamw optimizer.lr=1e-3,3e-3 loop.max_steps=100"): Run(),
     ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=joblib"): Run(),
+    ("docs/guides/sweeps.md", "csframework: sweep ended: "): NotARecipe("the closing line a sweep prints"),
     ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=submitit_local"): Run(),
     ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=submitit_slurm"): NotRunnable(
         "cluster: submits to SLURM, GPU nodes"),
