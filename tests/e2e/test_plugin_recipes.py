@@ -1,7 +1,7 @@
 """The plugin-author recipes of docs/guides/writing-plugins.md and docs/guides/plugins.md work as written: their
-files are taken from the documents, pip-installed (a real install, with the entry point) and their tests run with pytest in a
-fresh directory outside this project, where only the installed csframework provides ``csf_runner`` and
-``csf_hook_recorder``. CI runs the plugins/ packages the same way after the core suite."""
+files are taken from the documents, pip-installed (a real install, with the entry point) and their tests run with
+pytest in a fresh directory outside this project, where only the installed csframework provides ``csf_runner``
+and ``csf_hook_recorder``. CI runs the plugins/ packages the same way after the core suite."""
 from __future__ import annotations
 
 import os
