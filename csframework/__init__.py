@@ -8,13 +8,12 @@
 
 Importing the package loads only the errors and the hook markers; ``Run``, ``compose``, the rest and even
 ``__version__`` load on first use, so ``csframework.config`` (the schemas) can be imported without the
-plugin system, and ``csframework.csx`` (the CSX low-level API: ``backend``, ``compile``, ``trace``,
-``step_closure``) without loading the tracer before it is used.
+plugin system, and the CSX low-level API (``csf.backend``, ``csf.compile``, ``csf.trace``,
+``csf.step_closure``, from ``csframework.backends.csx.lowlevel``) without loading the tracer before it is used.
 """
 from __future__ import annotations
 
 import importlib
-import warnings
 
 from .errors import (CheckpointNotFound, CheckpointWriteError, CompileError, ConfigError, CsfError, DamagedCheckpoint,
                      ExitCode, ModelError, NonFiniteLossError, PluginError, TracingError, ValidationError)
@@ -23,18 +22,20 @@ from .hookspecs import hookimpl, hookspec
 #: Public names loaded on first use: name -> module.
 _LAZY = {"Run": ".run", "compose": ".api", "RunConfig": ".config", "RunState": ".state",
          "Interrupted": ".signals", "load_checkpoint": ".weights", "load_model": ".weights",
-         "Checkpoint": ".weights"}
-_MOVED_TO_CSX = ("backend", "compile", "trace", "step_closure")
+         "Checkpoint": ".weights",
+         # the CSX low-level API for custom loops, mirroring cerebras.pytorch (cstorch.backend, cstorch.compile ...)
+         "backend": ".backends.csx.lowlevel", "compile": ".backends.csx.lowlevel",
+         "trace": ".backends.csx.lowlevel", "step_closure": ".backends.csx.lowlevel"}
 
 __all__ = ["Run", "RunConfig", "RunState", "compose", "hookimpl", "hookspec", "CsfError", "ConfigError",
            "ValidationError", "PluginError", "TracingError", "CompileError", "NonFiniteLossError",
-           "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "ExitCode", "Interrupted",
-           "load_checkpoint", "load_model", "Checkpoint", "csx", "__version__"]
+           "ModelError", "CheckpointWriteError", "DamagedCheckpoint", "CheckpointNotFound", "ExitCode",
+           "Interrupted", "load_checkpoint", "load_model", "Checkpoint", "backend", "compile", "trace", "step_closure",
+           "__version__"]
 
 
 def __getattr__(name: str):
-    """The lazily loaded names (``__version__`` too: reading the installed metadata is not free);
-    ``csf.backend`` & co. (moved to ``csf.csx``) with a deprecation warning."""
+    """The lazily loaded names (``__version__`` too: reading the installed metadata is not free)."""
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -48,12 +49,6 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
-    if name == "csx":
-        return importlib.import_module(".csx", __name__)
-    if name in _MOVED_TO_CSX:
-        warnings.warn(f"csframework.{name} moved to csframework.csx.{name}; the old name goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(".csx", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

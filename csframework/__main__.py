@@ -16,7 +16,7 @@ run, a torchrun rank other than 0, which writes into rank 0's directory).
 
 Exit status: an ``ExitCode`` (``csframework/errors.py``; the table is in docs/reference/cli.md): ``OK``,
 ``FAILED`` (a run failed), ``CONFIG_ERROR`` (a bad config or rejected run), ``INTERRUPTED`` or
-``TERMINATED`` (stopped by SIGINT or SIGTERM). A multirun's: ``csframework.sweep``, docs/sweeps.md.
+``TERMINATED`` (stopped by SIGINT or SIGTERM). A multirun's: ``csframework.sweep``, docs/guides/sweeps.md.
 """
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def csframework_backend(device_type: str) -> BackendSpec | None:
     factory of the ``Backend`` and the directory of its ``device/`` and ``backend/`` config files),
     or ``None`` for a type this plugin does not supply. The first non-``None`` answer wins (user plugins
     are asked before the built-in backends, which answer last, so a package may replace one). Its validation rules are
-    the same plugin's ``csframework_validate``. See docs/backends.md.
+    the same plugin's ``csframework_validate``. See docs/guides/backends.md.
 
     :param device_type: the device type, upper case (``device.type``).
     """

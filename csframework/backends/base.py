@@ -1,7 +1,7 @@
 """What a backend is to the framework: the ``Backend`` protocol the loop and ``Run`` call and ``BackendSpec``,
 which a plugin returns from the ``csframework_backend`` hook to supply the backend of a device type (both
 defined on the low floor, ``csframework.protocol``, and re-exported here), and a base class with the optional
-capabilities' defaults (see docs/backends.md)."""
+capabilities' defaults (see docs/guides/backends.md)."""
 from __future__ import annotations
 
 from pathlib import Path

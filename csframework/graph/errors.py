@@ -93,7 +93,7 @@ def user_frame_of(error: BaseException) -> Where | None:
 
 
 _FIX_VALUE = ("use torch.where(condition, a, b) to choose inside the graph, or read the value after the "
-              "step in a @csf.csx.step_closure function (it runs after each step with real values)")
+              "step in a @csf.step_closure function (it runs after each step with real values)")
 _WHY = "the traced step runs on placeholder tensors that have no values while it is captured into a static graph"
 
 KINDS = {
@@ -104,11 +104,11 @@ KINDS = {
     "numpy": ("`.numpy()` copies a tensor to the host", _FIX_VALUE),
     "format": ("formatting a tensor's value (f-string with a format spec)", _FIX_VALUE),
     "cpu": ("`.cpu()` / `.to(\"cpu\")` moves a tensor to the host",
-            "keep tensors on the device inside the step; read them after the step in a @csf.csx.step_closure "
+            "keep tensors on the device inside the step; read them after the step in a @csf.step_closure "
             "function, or return them from the step"),
     "data": ("an operation needs a tensor's value",
              "use torch.where or masking with static shapes instead, or move the computation into a "
-             "@csf.csx.step_closure function"),
+             "@csf.step_closure function"),
     "shape": ("an operation whose output shape depends on tensor values",
               "a static graph needs static shapes: use torch.where or a multiplicative mask instead of "
               "boolean indexing, nonzero() or unique()"),

@@ -1,6 +1,6 @@
 """Capture a step function into a static graph, and run that graph every iteration.
 
-How a step is traced (see docs/csx.md for why this route):
+How a step is traced (see docs/guides/csx.md for why this route):
 
 1. The *state* the step reads and updates (parameters and buffers of the compiled modules, the optimizers'
    state tensors, loss-scaling tensors) is collected from the live objects, plus the *feeds* (one learning
@@ -86,7 +86,7 @@ class TraceContext:
                 f"only one compiled model per step: '{self.name}' runs {_model_name(self.model)} and "
                 f"{_model_name(model)}" + (f" (the second at {where})" if where else "") +
                 "; a CSX system runs one compiled model per step: put both in one nn.Module and "
-                "csf.csx.compile that")
+                "csf.compile that")
         self.model = model
 
 

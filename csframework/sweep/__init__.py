@@ -1,4 +1,4 @@
-"""Multirun sweeps that survive failing jobs, interrupts and reruns (see docs/sweeps.md).
+"""Multirun sweeps that survive failing jobs, interrupts and reruns (see docs/guides/sweeps.md).
 
 - :mod:`.job`: one job as any launcher runs it (failure isolation, signals, skip when completed, its row);
 - :mod:`.table`: the live ``sweep.csv`` / ``sweep.json``;

@@ -1,4 +1,4 @@
-"""The multirun's own processes end with it (docs/sweeps.md, "Stopping a sweep"; issue 47 item 15).
+"""The multirun's own processes end with it (docs/guides/sweeps.md, "Stopping a sweep"; issue 47 item 15).
 
 A parallel launcher leaves helpers behind its jobs: loky's workers, loky's and ``multiprocessing``'s resource
 trackers (which block SIGINT and SIGTERM, and end only when every process holding their pipe has closed it),

@@ -186,9 +186,9 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("docs/getting-started/own-model.md", "# conf/my_run.yaml"): UserFile(
         used_by="python -m csframework --config-dir conf model=my_model"),
     ("docs/getting-started/own-model.md", "class WordLSTM(nn.Module):"): Python(prelude=LSTM_GIVEN, after=LSTM_FIT),
-    ("docs/training.md", "metrics:\n  mae:"): Elsewhere(
+    ("docs/guides/training.md", "metrics:\n  mae:"): Elsewhere(
         "tests/unit/test_eval_metrics.py", "builds every entry of the block; its other tests run such metrics"),
-    ("docs/training.md", "class Perplexity:"): Python(prelude="import math\nimport csframework as csf\n",
+    ("docs/guides/training.md", "class Perplexity:"): Python(prelude="import math\nimport csframework as csf\n",
                                                       after=PERPLEXITY_FIT),
     ("docs/concepts/index.md", "on_fit_start"): NotARecipe("pseudo-code: the order of the hooks"),
     ("docs/concepts/validation.md", "csframework: error: model._target_: brokenmd.MLP: no module "): Elsewhere(
@@ -214,6 +214,8 @@ BLOCKS: dict[tuple[str, str], object] = {
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
     ("docs/guides/writing-plugins.md", "# csframework-target/tests/test_target.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
+    ("docs/guides/checkpoints.md", "python -m csframework checkpoint.every_steps=50"): Run(),
+    ("docs/guides/training.md", 'python -m csframework "+optimizer.groups.embeddings'): Run(),
     ("docs/guides/checkpoints.md", "cd examples/classify"): Elsewhere(
         "tests/e2e/test_weights_out.py", "trained as written"),
     ("docs/guides/checkpoints.md", "import torch"): Elsewhere(
@@ -227,52 +229,53 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("docs/guides/compiling.md", "python -m csframework backend.compile=true "): Run(skip={"device=gpu": GPU}),
     ("docs/architecture.md", "10 the command line"): NotARecipe("the floors, their modules and what each does"),
     ("docs/architecture.md", "for each micro-batch"): NotARecipe("pseudo-code of one optimizer step"),
-    ("docs/backends.md", "python -m csframework device=toy"): Run(setup="toy_backend"),
-    ("docs/backends.md", "toy_backend/"): NotARecipe("the layout of tests/support/toy_backend"),
-    ("docs/backends.md", '[project.entry-points."csframework.plugins"]'): UserFile(
+    ("docs/guides/backends.md", "python -m csframework device=toy"): Run(setup="toy_backend"),
+    ("docs/guides/backends.md", "toy_backend/"): NotARecipe("the layout of tests/support/toy_backend"),
+    ("docs/guides/backends.md", '[project.entry-points."csframework.plugins"]'): UserFile(
         used_by="python -m csframework device=toy"),
-    ("docs/backends.md", "@dataclass"): Excerpt("tests/support/toy_backend/plugin.py"),
-    ("docs/backends.md", "class ToyBackend(BackendBase):"): Excerpt("tests/support/toy_backend/plugin.py"),
-    ("docs/backends.md", 'SPEC = BackendSpec("TOY"'): Excerpt("tests/support/toy_backend/plugin.py"),
-    ("docs/backends.md", 'SPEC = BackendSpec("CSX", CerebrasBackendConfig'): Excerpt(
+    ("docs/guides/backends.md", "@dataclass"): Excerpt("tests/support/toy_backend/plugin.py"),
+    ("docs/guides/backends.md", "class ToyBackend(BackendBase):"): Excerpt("tests/support/toy_backend/plugin.py"),
+    ("docs/guides/backends.md", 'SPEC = BackendSpec("TOY"'): Excerpt("tests/support/toy_backend/plugin.py"),
+    ("docs/guides/backends.md", 'SPEC = BackendSpec("CSX", CerebrasBackendConfig'): Excerpt(
         "plugins/csframework-cerebras/src/csframework_cerebras/plugin.py"),
-    ("docs/csx.md", "python -m csframework device=csx "): Run(),
-    ("docs/csx.md", "import torch, csframework as csf"): Python(prelude=CSX_GIVEN),
-    ("docs/distributed.md", "torchrun --nproc_per_node=2 -m csframework backend.strategy=ddp"): Run(),
-    ("docs/distributed.md", "csframework: rank 0: another rank died"): NotARecipe("the message a rank prints"),
+    ("docs/guides/csx.md", "python -m csframework device=csx "): Run(),
+    ("docs/guides/csx.md", "import torch, csframework as csf"): Python(prelude=CSX_GIVEN),
+    ("docs/guides/distributed.md", "torchrun --nproc_per_node=2 -m csframework backend.strategy=ddp"): Run(),
+    ("docs/guides/distributed.md", "csframework: rank 0: another rank died"): NotARecipe("the message a rank prints"),
     ("docs/durability.md", "csframework: error: run directory /home/me/runs/a holds a run"): Elsewhere(
         "tests/e2e/test_rerun_cli.py", "the CLI prints this line (the test checks it, its paths the test's)"),
     ("docs/durability.md", "csframework: error: checkpoint.start_over=true: cannot move"): Elsewhere(
         "tests/unit/test_fresh_run.py", "a start over prints this line (the test checks it, its paths the test's)"),
     ("docs/durability.md", "csframework: error: training step 1 failed in Net.forward"): Elsewhere(
         "tests/e2e/test_user_runtime_errors.py", "the CLI prints this line (checked against the page there)"),
-    ("docs/distributed.md", "torchrun --nproc_per_node=2 --max-restarts=3 --rdzv-backend=c10d"): Run(),
-    ("docs/distributed.md", "# on each of 2 nodes"): NotRunnable(
+    ("docs/guides/distributed.md", "torchrun --nproc_per_node=2 --max-restarts=3 --rdzv-backend=c10d"): Run(),
+    ("docs/guides/distributed.md", "# on each of 2 nodes"): NotRunnable(
         "cluster: two machines (node0 and another); test_distributed.py runs two nodes on localhost"),
-    ("docs/distributed.md", "#!/bin/bash"): NotRunnable("cluster: a SLURM batch script (sbatch), GPU nodes"),
-    ("docs/distributed.md", "python -m csframework -m hydra/launcher=submitit_slurm"): NotRunnable(
+    ("docs/guides/distributed.md", "#!/bin/bash"): NotRunnable("cluster: a SLURM batch script (sbatch), GPU nodes"),
+    ("docs/guides/distributed.md", "python -m csframework -m hydra/launcher=submitit_slurm"): NotRunnable(
         "cluster: submits to SLURM, GPU nodes"),
-    ("docs/plugins.md", "csframework-best-metric/"): NotARecipe("the layout of the package the next blocks spell out"),
-    ("docs/plugins.md", "# csframework-best-metric/pyproject.toml"): Elsewhere(
+    ("docs/guides/plugins.md", "csframework-best-metric/"): NotARecipe("the layout of the package the next blocks spell out"),
+    ("docs/guides/plugins.md", "# csframework-best-metric/pyproject.toml"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
-    ("docs/plugins.md", "# csframework-best-metric/src/csf_best_metric/__init__.py"): Elsewhere(
+    ("docs/guides/plugins.md", "# csframework-best-metric/src/csf_best_metric/__init__.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
-    ("docs/plugins.md", "# csframework-best-metric/tests/test_best_metric.py"): Elsewhere(
+    ("docs/guides/plugins.md", "# csframework-best-metric/tests/test_best_metric.py"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "installs the package these blocks spell out and runs its tests"),
-    ("docs/plugins.md", "pip install ./csframework-best-metric && python -m pytest"): Elsewhere(
+    ("docs/guides/plugins.md", "pip install ./csframework-best-metric && python -m pytest"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "pip-installs the package (into a target directory, leaving the "
         "test's environment as it was) and runs its tests with pytest"),
-    ("docs/plugins.md", "<!-- csframework-best-metric/README.md -->"): Elsewhere(
+    ("docs/guides/plugins.md", "<!-- csframework-best-metric/README.md -->"): Elsewhere(
         "tests/e2e/test_plugin_recipes.py", "the package's README, part of the package it installs"),
-    ("docs/sweeps.md", "python -m csframework -m optimizer=sgd,adamw optimizer.lr=1e-3,3e-3 loop.max_steps=100"): Run(),
-    ("docs/sweeps.md", "python -m csframework -m hydra/launcher=joblib"): Run(),
-    ("docs/sweeps.md", "python -m csframework -m hydra/launcher=submitit_local"): Run(),
-    ("docs/sweeps.md", "python -m csframework -m hydra/launcher=submitit_slurm"): NotRunnable(
+    ("docs/guides/sweeps.md", "python -m csframework -m optimizer=sgd,adamw optimizer.lr=1e-3,3e-3 loop.max_steps=100"): Run(),
+    ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=joblib"): Run(),
+    ("docs/guides/sweeps.md", "csframework: sweep ended: "): NotARecipe("the closing line a sweep prints"),
+    ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=submitit_local"): Run(),
+    ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=submitit_slurm"): NotRunnable(
         "cluster: submits to SLURM, GPU nodes"),
-    ("docs/sweeps.md", "python -m csframework -m hydra/launcher=ray optimizer=sgd,adamw"): Run(skip={
+    ("docs/guides/sweeps.md", "python -m csframework -m hydra/launcher=ray optimizer=sgd,adamw"): Run(skip={
         "ray://head-node": "cluster: connects to a Ray cluster's head node"}),
-    ("docs/sweeps.md", "python -m csframework -m hydra/sweeper=optuna"): Run(),
-    ("docs/sweeps.md", "python -m csframework -m optimizer.lr=1e-3,3e-3,1e-2"): Run(again=True),
+    ("docs/guides/sweeps.md", "python -m csframework -m hydra/sweeper=optuna"): Run(),
+    ("docs/guides/sweeps.md", "python -m csframework -m optimizer.lr=1e-3,3e-3,1e-2"): Run(again=True),
 }
 
 
@@ -349,8 +352,8 @@ def user_project(work: Path) -> dict:
 
 def toy_backend(work: Path) -> dict:
     """The toy backend package of tests/support installed as pip leaves it, its entry point from the
-    ``[project.entry-points]`` block of docs/backends.md."""
-    points = tomllib.loads(block_named("docs/backends.md", '[project.entry-points.').text)
+    ``[project.entry-points]`` block of docs/guides/backends.md."""
+    points = tomllib.loads(block_named("docs/guides/backends.md", '[project.entry-points.').text)
     info = work / "site" / "toy_backend-0.1.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")

@@ -1,7 +1,7 @@
-"""The plugin-author recipes of docs/guides/writing-plugins.md and docs/plugins.md work as written: their files are taken from
-the documents, pip-installed (a real install, with the entry point) and their tests run with pytest in a
-fresh directory outside this project, where only the installed csframework provides ``csf_runner`` and
-``csf_hook_recorder``. CI runs the plugins/ packages the same way after the core suite."""
+"""The plugin-author recipes of docs/guides/writing-plugins.md and docs/guides/plugins.md work as written: their
+files are taken from the documents, pip-installed (a real install, with the entry point) and their tests run with
+pytest in a fresh directory outside this project, where only the installed csframework provides ``csf_runner``
+and ``csf_hook_recorder``. CI runs the plugins/ packages the same way after the core suite."""
 from __future__ import annotations
 
 import os
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("document, package, entry_point, files", [
     ("docs/guides/writing-plugins.md", "csframework-target", "target",
      {"pyproject.toml", "src/csf_target/__init__.py", "tests/test_target.py"}),
-    ("docs/plugins.md", "csframework-best-metric", "best_metric",
+    ("docs/guides/plugins.md", "csframework-best-metric", "best_metric",
      {"pyproject.toml", "README.md", "src/csf_best_metric/__init__.py", "tests/test_best_metric.py"}),
 ])
 def test_a_documented_plugin_package_installs_and_its_tests_pass(tmp_path, document, package, entry_point, files):

@@ -133,7 +133,7 @@ def test_optuna_study_goes_on_after_a_failed_trial_and_returns_the_best(tmp_path
     lrs = ["0.1", "0.05", FAIL_LR, "0.02", "0.01", "0.2"]
     # a seeded random sampler: the same trials on every machine, the failing one third of six. (Not the grid
     # sampler: its order is unseeded, and hydra-optuna-sweeper 1.2 crashes when the grid's last trial fails,
-    # see docs/sweeps.md.)
+    # see docs/guides/sweeps.md.)
     r = sweep(d, "hydra/sweeper=optuna", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=3",
               "hydra.sweeper.n_trials=6", "hydra.sweeper.n_jobs=1", f"optimizer.lr=choice({','.join(lrs)})",
               env=cli_env)

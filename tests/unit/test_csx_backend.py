@@ -89,7 +89,7 @@ class WithClosure(Supervised):
         return out
 
 
-@csf.csx.step_closure
+@csf.step_closure
 def record(loss, stat):
     assert isinstance(loss, torch.Tensor) and not loss.requires_grad
     WithClosure.seen.append((loss.item(), stat.item()))

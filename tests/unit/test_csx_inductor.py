@@ -148,11 +148,11 @@ def test_the_low_level_api_warns_once_when_it_falls_back(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch._inductor, "standalone_compile", unavailable)
     lowlevel._reset()
-    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path / "c"), graph_compiler="inductor")
-    model = csf.csx.compile(fixtures.mlp(), backend)
+    backend = csf.backend("CSX", compile_dir=str(tmp_path / "c"), graph_compiler="inductor")
+    model = csf.compile(fixtures.mlp(), backend)
     optimizer = torch.optim.SGD(model.model.parameters(), lr=0.1)
 
-    @csf.csx.trace
+    @csf.trace
     def step(x, y):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -188,7 +188,7 @@ def test_graph_compiler_must_be_inductor_or_none(tmp_path):
     with pytest.raises(csf.ValidationError, match="backend.graph_compiler: 'tvm' is not one of inductor, none"):
         run_on("csx", tmp_path, "backend.graph_compiler=tvm")
     with pytest.raises(csf.ConfigError, match="graph_compiler: 'tvm' is not one of inductor, none; use"):
-        csf.csx.backend("CSX", graph_compiler="tvm")
+        csf.backend("CSX", graph_compiler="tvm")
 
 
 @pytest.mark.parametrize("value", ["tvm", "x${oc.env:HOME}", "${oc.env:CSF_NO_SUCH_VARIABLE}", "\\${x}"])
@@ -200,7 +200,7 @@ def test_a_bad_graph_compiler_from_the_environment_names_the_variable(tmp_path, 
     with pytest.raises(csf.ValidationError, match="backend.graph_compiler: " + from_env):
         run_on("csx", tmp_path)
     with pytest.raises(csf.ConfigError, match="graph_compiler: " + from_env):
-        csf.csx.backend("CSX")
+        csf.backend("CSX")
 
 
 @pytest.mark.slow

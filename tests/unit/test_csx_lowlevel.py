@@ -1,7 +1,7 @@
 """``csframework.backends.csx.lowlevel``.
 
-The low-level API mirroring ``cerebras.pytorch``: ``csf.csx.backend``, ``csf.csx.compile``, ``@csf.csx.trace``,
-``@csf.csx.step_closure`` (issue 3, items 4, 5, 8, 9)."""
+The low-level API mirroring ``cerebras.pytorch``: ``csf.backend``, ``csf.compile``, ``@csf.trace``,
+``@csf.step_closure`` (issue 3, items 4, 5, 8, 9)."""
 from __future__ import annotations
 
 import gc
@@ -43,18 +43,18 @@ def train_loop(kind: str, steps: int = 5, tmp_path=None, make_optimizer=None, **
     """The cstorch-style custom loop; returns (model, losses from the step, values seen by a closure)."""
     if kind == "CSX":
         settings.setdefault("compile_dir", str(tmp_path / "compile"))
-    backend = csf.csx.backend(kind, **settings)
+    backend = csf.backend(kind, **settings)
     model = net()
-    compiled_model = csf.csx.compile(model, backend)
+    compiled_model = csf.compile(model, backend)
     optimizer = (make_optimizer or (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)))(model.parameters())
     loss_fn = nn.CrossEntropyLoss()
     seen = []
 
-    @csf.csx.step_closure
+    @csf.step_closure
     def log(loss, logits):
         seen.append((loss.item(), logits.sum().item()))
 
-    @csf.csx.trace
+    @csf.trace
     def training_step(inputs, targets):
         outputs = compiled_model(inputs)
         loss = loss_fn(outputs, targets)
@@ -71,11 +71,11 @@ def train_loop(kind: str, steps: int = 5, tmp_path=None, make_optimizer=None, **
 def test_the_seed_example_runs(tmp_path):
     """seeds/001: the documented static-graph example, with cstorch replaced by csf."""
     model = net()
-    backend = csf.csx.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
-    compiled_model = csf.csx.compile(model, backend)
+    backend = csf.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
+    compiled_model = csf.compile(model, backend)
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    @csf.csx.trace
+    @csf.trace
     def training_step(inputs, targets):
         outputs = compiled_model(inputs)
         loss = loss_fn(outputs, targets)
@@ -107,11 +107,11 @@ def test_training_matches_the_same_loop_on_cpu(tmp_path, retrace):
 
 @pytest.mark.parametrize("retrace, expected", [(False, 1), (True, 5)])
 def test_print_and_python_counter_run_once_per_trace(tmp_path, capsys, retrace, expected):
-    backend = csf.csx.backend("csx", retrace_every_iteration=retrace, compile_dir=str(tmp_path))
-    model = csf.csx.compile(net(), backend)
+    backend = csf.backend("csx", retrace_every_iteration=retrace, compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
     calls = {"n": 0}
 
-    @csf.csx.trace
+    @csf.trace
     def step(x):
         calls["n"] += 1
         print("tracing the step", calls["n"])
@@ -124,7 +124,7 @@ def test_print_and_python_counter_run_once_per_trace(tmp_path, capsys, retrace, 
 
 
 def reading_step(model, kind):
-    @csf.csx.trace
+    @csf.trace
     def step(x):
         loss = model(x).pow(2).mean()
         if kind == "if":
@@ -143,8 +143,8 @@ def reading_step(model, kind):
 @pytest.mark.parametrize("kind, marker", [("if", "LOW-IF"), ("item", "LOW-ITEM"), ("bool", "LOW-BOOL"),
                                           ("to", "LOW-TO")])
 def test_tracing_errors_name_the_users_line_and_the_fix(tmp_path, kind, marker):
-    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path))
-    step = reading_step(csf.csx.compile(net(), backend), kind)
+    backend = csf.backend("CSX", compile_dir=str(tmp_path))
+    step = reading_step(csf.compile(net(), backend), kind)
     with pytest.raises(csf.TracingError) as info:
         step(data()[0])
     message = str(info.value)
@@ -152,19 +152,19 @@ def test_tracing_errors_name_the_users_line_and_the_fix(tmp_path, kind, marker):
     assert "torch.where" in message or "step_closure" in message
     del backend, step
     lowlevel._reset()
-    cpu = csf.csx.backend("cpu")
-    assert reading_step(csf.csx.compile(net(), cpu), kind)(data()[0]).ndim == 0  # same code, eagerly
+    cpu = csf.backend("cpu")
+    assert reading_step(csf.compile(net(), cpu), kind)(data()[0]).ndim == 0  # same code, eagerly
 
 
 def test_retrace_detects_a_changed_graph_before_running_it(tmp_path):
-    backend = csf.csx.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
+    backend = csf.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
     model = net()
-    compiled = csf.csx.compile(model, backend)
+    compiled = csf.compile(model, backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     count = {"n": 0}
     snapshots = []
 
-    @csf.csx.trace
+    @csf.trace
     def step(x, y):
         count["n"] += 1
         loss = nn.functional.cross_entropy(compiled(x), y)
@@ -186,13 +186,13 @@ def test_retrace_detects_a_changed_graph_before_running_it(tmp_path):
 
 def test_schedules_change_the_learning_rate_with_one_graph(tmp_path):
     def run(kind):
-        backend = csf.csx.backend(kind, **({"compile_dir": str(tmp_path)} if kind == "CSX" else {}))
+        backend = csf.backend(kind, **({"compile_dir": str(tmp_path)} if kind == "CSX" else {}))
         model = net()
-        compiled = csf.csx.compile(model, backend)
+        compiled = csf.compile(model, backend)
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
 
-        @csf.csx.trace
+        @csf.trace
         def step(x, y):
             loss = nn.functional.cross_entropy(compiled(x), y)
             loss.backward()
@@ -252,14 +252,14 @@ def test_custom_optimizer_state_must_be_preinitialized(tmp_path):
 
 
 def test_an_optimizer_the_backend_cannot_see_is_named(tmp_path):
-    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path))
+    backend = csf.backend("CSX", compile_dir=str(tmp_path))
     model = net()
-    compiled = csf.csx.compile(model, backend)
+    compiled = csf.compile(model, backend)
     holder = type("Holder", (), {})()
     holder.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def make_step():
-        @csf.csx.trace
+        @csf.trace
         def step(x, y):
             nn.functional.cross_entropy(compiled(x), y).backward()
             opt = getattr(holder, "optimizer")
@@ -277,10 +277,10 @@ def test_an_optimizer_the_backend_cannot_see_is_named(tmp_path):
 
 
 def test_only_one_compiled_model_per_step(tmp_path):
-    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path))
-    first, second = csf.csx.compile(net(), backend), csf.csx.compile(net(), backend)
+    backend = csf.backend("CSX", compile_dir=str(tmp_path))
+    first, second = csf.compile(net(), backend), csf.compile(net(), backend)
 
-    @csf.csx.trace
+    @csf.trace
     def step(x):
         return first(x).sum() + second(x).sum()
 
@@ -289,29 +289,29 @@ def test_only_one_compiled_model_per_step(tmp_path):
 
 
 def test_backend_types_settings_and_one_device_type_per_process(tmp_path):
-    csx = csf.csx.backend("cSx", compile_dir=str(tmp_path))
+    csx = csf.backend("cSx", compile_dir=str(tmp_path))
     assert csx.device_type == "CSX" and csx.is_csx
     with pytest.raises(csf.ConfigError, match="a CSX backend already exists"):
-        csf.csx.backend("CPU")
-    same = csf.csx.backend("CSX", compile_dir=str(tmp_path))  # a second one of the same type is fine
+        csf.backend("CPU")
+    same = csf.backend("CSX", compile_dir=str(tmp_path))  # a second one of the same type is fine
     del csx, same
     gc.collect()
-    cpu = csf.csx.backend("cpu")  # the CSX backends are gone
+    cpu = csf.backend("cpu")  # the CSX backends are gone
     assert cpu.device_type == "CPU" and not cpu.is_csx
     for setting in ("retrace_every_iteration", "compile_only", "num_csx"):
         with pytest.raises(csf.ConfigError, match=f"{setting} is a CSX setting"):
-            csf.csx.backend("CPU", **{setting: True})
+            csf.backend("CPU", **{setting: True})
     with pytest.raises(csf.ConfigError, match="unknown backend type"):
-        csf.csx.backend("TPU")
+        csf.backend("TPU")
     with pytest.raises(csf.ConfigError, match="num_csx"):
         lowlevel._reset()
-        csf.csx.backend("CSX", num_csx=0)
+        csf.backend("CSX", num_csx=0)
 
 
 def test_num_csx_larger_than_the_batch_is_refused(tmp_path):
-    backend = csf.csx.backend("CSX", num_csx=32, compile_dir=str(tmp_path))
-    model = csf.csx.compile(net(), backend)
-    step = csf.csx.trace(lambda x: model(x).sum())
+    backend = csf.backend("CSX", num_csx=32, compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
+    step = csf.trace(lambda x: model(x).sum())
     with pytest.raises(csf.CompileError, match="num_csx=32 is larger than the batch size 16"):
         step(data()[0])
 
@@ -333,30 +333,30 @@ def test_validate_only_and_compile_only(tmp_path):
 
 
 def test_shape_changes_need_a_second_compile(tmp_path):
-    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path))
-    model = csf.csx.compile(net(), backend)
-    step = csf.csx.trace(lambda x: model(x).sum())
+    backend = csf.backend("CSX", compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
+    step = csf.trace(lambda x: model(x).sum())
     step(torch.randn(16, 8))
     with pytest.raises(csf.CompileError, match=r"iteration 2 .*shape \[16, 8\] float32 when traced, shape \[5, 8\]"):
         step(torch.randn(5, 8))
 
 
 def test_a_traced_function_inside_another_is_refused(tmp_path):
-    backend = csf.csx.backend("CSX", compile_dir=str(tmp_path))
-    model = csf.csx.compile(net(), backend)
-    inner = csf.csx.trace(lambda x: model(x).sum())
-    outer = csf.csx.trace(lambda x: inner(x) * 2)
+    backend = csf.backend("CSX", compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
+    inner = csf.trace(lambda x: model(x).sum())
+    outer = csf.trace(lambda x: inner(x) * 2)
     with pytest.raises(csf.CompileError, match="called inside the traced step"):
         outer(data()[0])
     assert inner(data()[0]).ndim == 0  # nothing was left half-traced
 
 
 def test_retraced_steps_return_this_iterations_python_values(tmp_path):
-    backend = csf.csx.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
-    model = csf.csx.compile(net(), backend)
+    backend = csf.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
+    model = csf.compile(net(), backend)
     count = {"n": 0}
 
-    @csf.csx.trace
+    @csf.trace
     def step(x):
         count["n"] += 1
         return {"loss": model(x).sum(), "iteration": count["n"]}

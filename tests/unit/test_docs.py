@@ -214,11 +214,11 @@ def test_every_link_leads_to_a_page_and_heading_that_exist(reference):
 
 
 def test_the_link_check_finds_a_missing_heading_or_page(reference):
-    text = "## Here\n\n[a](index.md#no-such-heading) [b](#here) [c](#gone) [d](nowhere.md) [e](sweeps.md#resuming-a-sweep)\n"
-    assert broken_links("docs/csx.md", text, reference) == [
-        "docs/csx.md: index.md#no-such-heading: no heading #no-such-heading in index.md",
-        "docs/csx.md: #gone: no heading #gone in docs/csx.md",
-        "docs/csx.md: nowhere.md: no such file"]
+    text = "## Here\n\n[a](../index.md#no-such-heading) [b](#here) [c](#gone) [d](nowhere.md) [e](sweeps.md#resuming-a-sweep)\n"
+    assert broken_links("docs/guides/csx.md", text, reference) == [
+        "docs/guides/csx.md: ../index.md#no-such-heading: no heading #no-such-heading in ../index.md",
+        "docs/guides/csx.md: #gone: no heading #gone in docs/guides/csx.md",
+        "docs/guides/csx.md: nowhere.md: no such file"]
 
 
 def test_the_docs_pages_are_all_in_the_site_navigation():

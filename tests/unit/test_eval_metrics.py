@@ -142,7 +142,7 @@ def test_every_metric_of_the_training_pages_example_builds():
 
     from csframework.builtin.eval_metrics import build_metric
 
-    block = next(b for b in blocks("docs/training.md") if b.text.startswith("metrics:\n  mae:"))
+    block = next(b for b in blocks("docs/guides/training.md") if b.text.startswith("metrics:\n  mae:"))
     entries = yaml.safe_load(block.text)["metrics"]
     built = {name: build_metric(name, spec) for name, spec in entries.items()}
     assert {name: type(metric).__name__ for name, (metric, _) in built.items()} == {

@@ -1,13 +1,14 @@
-"""The package as a whole (``csframework/**``), and the ``csframework.csx`` shim.
+"""The package as a whole (``csframework/**``), and its lazily loaded public names.
 
 The import structure: no circle among csframework's modules (function-local imports count), the tracer
-is imported only when CSX is used, and the moved CSX names still work with a warning."""
+is imported only when CSX is used, and the CSX low-level API is ``csf.backend`` & co., loaded on first use."""
 import ast
 import json
 import os
 import subprocess
 from pathlib import Path
 import sys
+import warnings
 
 import pytest
 
@@ -85,13 +86,14 @@ def test_with_the_csx_plugin_disabled_no_csx_module_is_imported(tmp_path, overri
     assert found == {"csx": [], "graph": graph}
 
 
-def test_the_csx_names_moved_to_csframework_csx_and_the_old_ones_warn():
-    import csframework.csx as csx
+def test_the_csx_low_level_api_is_csf_backend_compile_trace_step_closure_without_a_warning():
+    from csframework.backends.csx import lowlevel
 
-    for name in ("backend", "compile", "trace", "step_closure"):
-        with pytest.warns(DeprecationWarning, match=f"csframework.csx.{name}"):
-            assert getattr(csf, name) is getattr(csx, name)
-    assert csf.csx is csx
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("backend", "compile", "trace", "step_closure"):
+            assert getattr(csf, name) is getattr(lowlevel, name)
+    assert not (PACKAGE / "csx.py").exists() and not hasattr(csf, "csx")  # the former shim module is gone
 
 
 def test_the_version_comes_from_the_package_metadata():

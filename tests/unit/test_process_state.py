@@ -4,7 +4,7 @@ import random
 
 import torch
 
-import csframework.csx as csf
+import csframework as csf
 from csframework.process_state import clean_process_state
 
 

@@ -18,7 +18,7 @@ FLOORS = [
     ("the static-graph machinery", ["graph", "graph.*"]),
     ("backends", ["backends", "backends.*"]),
     ("loop, stage and the built-in plugins", ["loop", "stage", "resume", "builtin", "builtin.*", "fresh_run"]),
-    ("run and the API", ["run", "api", "weights", "testing", "csx", "testset", "predict", "modes"]),
+    ("run and the API", ["run", "api", "weights", "testing", "testset", "predict", "modes"]),
     ("sweep", ["sweep", "sweep.*"]),
     ("the command line", ["__main__", "config_reference"]),
 ]

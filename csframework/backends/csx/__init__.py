@@ -3,9 +3,9 @@ iteration on the host (CPU, or CUDA when present), with Cerebras' static-graph, 
 
 Modules: ``plugin`` (the built-in ``csx`` plugin: device type, schema, rules, config files), ``schema``
 (``backend.*`` settings and validation rules), ``backend`` (``CsxBackend`` for ``Run``), ``lowlevel``
-(``csframework.csx``: backend/compile/trace/step_closure for custom loops), ``precision`` (cbfloat16 compute on
+(``csf.backend``/``compile``/``trace``/``step_closure`` for custom loops), ``precision`` (cbfloat16 compute on
 top of the graph's precision), ``cbfloat16`` (the CB16 number format), ``conf/`` (``device/csx.yaml``,
 ``backend/csx.yaml``). The static-graph machinery it drives (tracer, ``StaticStep``, compile cache, Inductor,
-traceable optimizers, in-graph loss scaling) is ``csframework.graph``. See docs/csx.md. Nothing is imported
+traceable optimizers, in-graph loss scaling) is ``csframework.graph``. See docs/guides/csx.md. Nothing is imported
 here, so the plugin loads without the tracer.
 """

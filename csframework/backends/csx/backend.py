@@ -26,7 +26,7 @@ from .schema import DEFAULT_COMPILE_DIR
 
 
 class CsxBackend(BackendBase):
-    """The CSX emulator behind ``Run`` (see ``docs/csx.md``). ``backend.num_csx`` and the other settings
+    """The CSX emulator behind ``Run`` (see ``docs/guides/csx.md``). ``backend.num_csx`` and the other settings
     were checked by the CSX plugin's validation rules before it is built."""
 
     device_type = "CSX"

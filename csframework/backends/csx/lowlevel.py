@@ -1,19 +1,19 @@
 """The low-level API for custom training loops, mirroring ``cerebras.pytorch``:
 
-    import csframework.csx as csx
+    import csframework as csf
 
-    backend = csx.backend("CSX", retrace_every_iteration=False)   # or "CPU" / "GPU": same code, eager
-    compiled_model = csx.compile(model, backend)
+    backend = csf.backend("CSX", retrace_every_iteration=False)   # or "CPU" / "GPU": same code, eager
+    compiled_model = csf.compile(model, backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    @csx.trace
+    @csf.trace
     def training_step(inputs, targets):
         outputs = compiled_model(inputs)
         loss = loss_fn(outputs, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        log_loss(loss)                  # a @csx.step_closure: runs after each step with the real value
+        log_loss(loss)                  # a @csf.step_closure: runs after each step with the real value
         return loss
 
     for inputs, targets in loader:
@@ -53,7 +53,7 @@ _CURRENT: "weakref.ref[Backend] | None" = None
 
 
 class Backend:
-    """A device for custom loops; ``csf.csx.backend(...)`` makes one."""
+    """A device for custom loops; ``csf.backend(...)`` makes one."""
 
     device_type = "CPU"
     is_csx = False
@@ -65,16 +65,16 @@ class Backend:
         self.models: list[torch.nn.Module] = []  # CompiledModels on CSX
 
     def __repr__(self) -> str:
-        return f"csf.csx.backend({self.device_type!r}, {', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
+        return f"csf.backend({self.device_type!r}, {', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
 
 
 class EagerHandle(Backend):
-    """CPU/GPU: ``csf.csx.compile`` moves the model, ``@csf.csx.trace`` runs the function as it is."""
+    """CPU/GPU: ``csf.compile`` moves the model, ``@csf.trace`` runs the function as it is."""
 
     def __init__(self, device_type: str, **settings):
         super().__init__(device_type, **settings)
         if device_type == "GPU":
-            problem = missing_cuda("csf.csx.backend('GPU')", "use 'CPU' or 'CSX'")
+            problem = missing_cuda("csf.backend('GPU')", "use 'CPU' or 'CSX'")
             if problem:
                 raise ConfigError(problem)
             self.device = torch.device("cuda", settings.get("device_index") or 0)
@@ -83,7 +83,7 @@ class EagerHandle(Backend):
 
 
 class CsxBackendHandle(Backend):
-    """CSX: traced steps run as static graphs (see ``docs/csx.md``)."""
+    """CSX: traced steps run as static graphs (see ``docs/guides/csx.md``)."""
 
     is_csx = True
 
@@ -92,17 +92,17 @@ class CsxBackendHandle(Backend):
         self.retrace_every_iteration = bool(settings["retrace_every_iteration"])
         self.compile_only, self.validate_only = bool(settings["compile_only"]), bool(settings["validate_only"])
         if self.compile_only and self.validate_only:
-            raise ConfigError("csf.csx.backend('CSX'): compile_only and validate_only: choose one of them")
+            raise ConfigError("csf.backend('CSX'): compile_only and validate_only: choose one of them")
         self.num_csx = int(settings["num_csx"])
         why = num_csx_problem(self.num_csx)
         if why:
-            raise ConfigError(f"csf.csx.backend('CSX'): num_csx={self.num_csx} {why}")
+            raise ConfigError(f"csf.backend('CSX'): num_csx={self.num_csx} {why}")
         self.num_workers_per_csx = int(settings["num_workers_per_csx"])
         self.compile_dir = settings["compile_dir"] or DEFAULT_COMPILE_DIR
         self.cache = CompileCache(self.compile_dir)
         self.graph_compiler = settings["graph_compiler"] or default_compiler()
         if (problem := graph_compiler_problem(self.graph_compiler, "graph_compiler")) is not None:
-            raise ConfigError(f"csf.csx.backend('CSX'): {problem}")
+            raise ConfigError(f"csf.backend('CSX'): {problem}")
         self.device = device_for_host()
         self.optimizers: list = []
         self.steps: dict[Callable, StaticStep] = {}
@@ -127,7 +127,7 @@ class CsxBackendHandle(Backend):
     def run_traced(self, fn: Callable, args: tuple, kwargs: dict):
         outer = active()
         if outer is not None:
-            raise CompileError(f"{getattr(fn, '__name__', 'step')}: a @csf.csx.trace function was called inside the "
+            raise CompileError(f"{getattr(fn, '__name__', 'step')}: a @csf.trace function was called inside the "
                                f"traced step '{outer.name}'; one step is one graph: call the inner function "
                                "undecorated, or call both steps from the training loop")
         step = self.steps.get(fn)
@@ -197,7 +197,7 @@ def _fallback_notice(compiled) -> None:
     """One warning line when the graph compiler could not compile a traced step's graph."""
     info = compiled.report.get("graph_compiler", {})
     if info.get("status") == "fallback":
-        warnings.warn(f"csf.csx: {compiled.report.get('step')}: graph_compiler={info['name']} is not available "
+        warnings.warn(f"csf.trace: {compiled.report.get('step')}: graph_compiler={info['name']} is not available "
                       f"({info['reason']}); the interpreted graph runs", RuntimeWarning, stacklevel=2)
 
 
@@ -211,20 +211,20 @@ def backend(backend_type: str, **settings) -> Backend:
     """
     global _CURRENT
     if not isinstance(backend_type, str) or backend_type.upper() not in SETTINGS:
-        raise ConfigError(f"csf.csx.backend: unknown backend type {backend_type!r}; use 'CSX', 'CPU' or 'GPU'")
+        raise ConfigError(f"csf.backend: unknown backend type {backend_type!r}; use 'CSX', 'CPU' or 'GPU'")
     kind = backend_type.upper()
     own = SETTINGS[kind]
     for key in settings:
         if key not in own:
             owners = [t for t, fields in SETTINGS.items() if key in fields]
             if owners:
-                raise ConfigError(f"csf.csx.backend({kind!r}): {key} is a {'/'.join(owners)} setting that a {kind} "
-                                  f"backend does not understand; remove it or use csf.csx.backend({owners[0]!r}, ...)")
-            raise ConfigError(f"csf.csx.backend({kind!r}): unknown setting {key!r}; {kind} settings: "
+                raise ConfigError(f"csf.backend({kind!r}): {key} is a {'/'.join(owners)} setting that a {kind} "
+                                  f"backend does not understand; remove it or use csf.backend({owners[0]!r}, ...)")
+            raise ConfigError(f"csf.backend({kind!r}): unknown setting {key!r}; {kind} settings: "
                               f"{', '.join(own) or 'none'}")
     for other in list(_LIVE):
         if other.device_type != kind:
-            raise ConfigError(f"csf.csx.backend({kind!r}): a {other.device_type} backend already exists in this process; "
+            raise ConfigError(f"csf.backend({kind!r}): a {other.device_type} backend already exists in this process; "
                               "one process uses one device type (drop the other backend and its compiled models "
                               "first, or run the other device type in its own process)")
     values = {**own, **settings}
@@ -239,7 +239,7 @@ def current_backend() -> Backend | None:
 
 
 class CompiledModel(torch.nn.Module):
-    """What ``csf.csx.compile`` returns on CSX: calls the model; registers it with the step being traced."""
+    """What ``csf.compile`` returns on CSX: calls the model; registers it with the step being traced."""
 
     def __init__(self, model: torch.nn.Module, backend: CsxBackendHandle, index: int):
         super().__init__()
@@ -259,9 +259,9 @@ def compile(model: torch.nn.Module, backend: Backend | None = None):  # noqa: A0
     traced steps; on CPU/GPU the model itself, moved to the device."""
     backend = backend or current_backend()
     if backend is None:
-        raise CsfError("csf.csx.compile: create a backend first, e.g. backend = csf.csx.backend('CSX')")
+        raise CsfError("csf.compile: create a backend first, e.g. backend = csf.backend('CSX')")
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"csf.csx.compile expects a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"csf.compile expects a torch.nn.Module, got {type(model).__name__}")
     model.to(backend.device)
     if not isinstance(backend, CsxBackendHandle):
         backend.models.append(model)
@@ -272,7 +272,7 @@ def compile(model: torch.nn.Module, backend: Backend | None = None):  # noqa: A0
 
 
 class TracedFunction:
-    """What ``@csf.csx.trace`` returns: calling it runs one step on the current backend."""
+    """What ``@csf.trace`` returns: calling it runs one step on the current backend."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
@@ -283,8 +283,8 @@ class TracedFunction:
     def __call__(self, *args, **kwargs):
         backend = current_backend()
         if backend is None:
-            raise CsfError(f"{self.__name__}: create a backend with csf.csx.backend(...) before calling a "
-                           "@csf.csx.trace function")
+            raise CsfError(f"{self.__name__}: create a backend with csf.backend(...) before calling a "
+                           "@csf.trace function")
         if not backend.is_csx:
             return self.fn(*args, **kwargs)
         return backend.run_traced(self.fn, args, kwargs)

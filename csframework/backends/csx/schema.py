@@ -1,5 +1,5 @@
 """The ``backend`` settings of ``device=csx`` and the CSX validation rules (no torch, no tracer: importing
-this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.csx.backend``)."""
+this costs nothing). ``num_csx_problem`` is the low-level API's check (``csf.backend``)."""
 from __future__ import annotations
 
 import os
@@ -46,7 +46,7 @@ class CsxConfig(ReadOnly):
 
 def default_compiler() -> str:
     """``backend.graph_compiler``'s default: ``$CSF_CSX_GRAPH_COMPILER`` or ``none`` (the interpreted graph: a
-    cold Inductor compile costs more than it saves on a run of minutes, see docs/csx.md)."""
+    cold Inductor compile costs more than it saves on a run of minutes, see docs/guides/csx.md)."""
     return os.environ.get(GRAPH_COMPILER_ENV) or "none"
 
 

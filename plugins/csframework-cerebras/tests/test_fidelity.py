@@ -1,5 +1,5 @@
 """The emulator (device=csx) against the real cstorch: the parameters the same model reaches, which steps run
-the step's Python, and which data-dependent Python or operation is refused (docs/csx.md, "Against the real
+the step's Python, and which data-dependent Python or operation is refused (docs/guides/csx.md, "Against the real
 cstorch"). A cluster cannot be reached here, so the real tracer is cstorch's lazy device under compile_only
 (one step, traced and lowered locally); cstorch's CPU backend runs the step eagerly."""
 import json
