@@ -54,8 +54,8 @@ def test_char_gpt_learns_characters_and_sample_py_generates_from_its_checkpoint(
 DIGITS = "python -m csframework --config-dir conf +experiment=digits"
 
 
+@fixtures.needs("sklearn")
 def test_digits_reaches_high_accuracy_on_scikit_learns_split(tmp_path):
-    fixtures.needs("sklearn")
     run("digits", DIGITS, f" loop.max_epochs=4 loop.eval_every=null hydra.run.dir={tmp_path}")
     assert summary(tmp_path)["metrics"]["val/accuracy"] > 0.9
 
@@ -109,8 +109,8 @@ def test_plugin_package_installs_and_is_active_and_its_own_tests_pass(tmp_path):
 SWEEP = "python -m csframework -m --config-dir conf +experiment=curve_sweep"
 
 
+@fixtures.needs("hydra_plugins.hydra_optuna_sweeper")
 def test_sweep_searches_lr_and_weight_decay_and_writes_its_table(tmp_path):
-    fixtures.needs("hydra_plugins.hydra_optuna_sweeper")
     run("sweep", SWEEP, f" hydra.sweeper.n_trials=3 loop.max_steps=150 hydra.sweep.dir={tmp_path}")
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert len(rows) == 3 and all(row["status"] == "completed" for row in rows)
