@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import fixtures
-from gallery import EXAMPLES, run, summary
+from gallery import EXAMPLES, readme, run, summary
 
 pytestmark = pytest.mark.slow
 
@@ -123,14 +123,16 @@ def test_sweep_searches_lr_and_weight_decay_and_writes_its_table(tmp_path):
 
 # -- word_lm ---------------------------------------------------------------------------------------------
 WORD_LM = "python -m csframework --config-dir conf +experiment=word_lm"
-#: the first 12,000 words (14 training batches of [35, 20] an epoch), a 500-word vocabulary, a small LSTM
-WORD_LM_SHORT = (" data.train.num_words=12000 data.train.max_vocab=500 model.embed=32 model.hidden=32"
-                 " loop.max_epochs=4 loop.log_every=1")
+#: the README's short form: the first 12,000 words (14 training batches of [35, 20] an epoch), a 500-word
+#: vocabulary, a small LSTM, 4 epochs
+WORD_LM_SHORT = (WORD_LM + " data.train.num_words=12000 data.train.max_vocab=500 model.embed=32 model.hidden=32"
+                 " loop.max_epochs=4")
 
 
 @fixtures.needs("torchmetrics")
 def test_word_lm_evaluates_each_epoch_lowers_lr_on_a_plateau_and_tests_the_best_model(tmp_path):
-    run("word_lm", WORD_LM, f"{WORD_LM_SHORT} hydra.run.dir={tmp_path}")
+    assert WORD_LM in readme("word_lm")
+    run("word_lm", WORD_LM_SHORT, f" loop.log_every=1 hydra.run.dir={tmp_path}")
     result = summary(tmp_path)
     rows = [line.split(",") for line in (tmp_path / "metrics.csv").read_text().splitlines()[1:]]
     val = {int(step): float(value) for step, _, name, value in rows if name == "val/loss"}
