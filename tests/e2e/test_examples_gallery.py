@@ -158,6 +158,22 @@ def test_word_lm_evaluates_each_epoch_lowers_lr_on_a_plateau_and_tests_the_best_
     assert metrics["test/ppl"] < 500  # the vocabulary's size: what a model that learnt nothing scores
 
 
+def test_word_lm_streams_are_word_language_models_batchify_and_get_batch():
+    words = example_module("word_lm", "words")
+    vocab = words.vocabulary(3000, 200)
+    ids = [vocab.get(word, 0) for word in words.split_words("val", 3000)]  # 300 words
+    stream = words.word_stream("val", streams=7, num_words=3000, max_vocab=200)
+    inputs, targets = stream.tensors
+    rows = len(ids) // 7
+    # column j is the j-th of 7 equal consecutive pieces of the split (the tail that does not fill a row is
+    # dropped); the targets are the next row, as get_batch's source[i + 1:i + 1 + seq_len]
+    assert inputs.shape == targets.shape == (rows - 1, 7)
+    for j in range(7):
+        column = ids[j * rows:(j + 1) * rows]
+        assert inputs[:, j].tolist() == column[:-1] and targets[:, j].tolist() == column[1:]
+    assert len(vocab) == 200 and vocab["<unk>"] == 0
+
+
 # -- regression ------------------------------------------------------------------------------------------
 REGRESSION = "python -m csframework --config-dir conf +experiment=diabetes"
 REGRESSION_PREDICT = (REGRESSION + " mode=predict checkpoint.resume=outputs/diabetes"
@@ -199,8 +215,13 @@ def test_regression_beats_ridge_keeps_the_best_evaluation_and_predicts_with_it(t
 
 
 def diabetes_split():
-    """examples/regression/diabetes.py's ``split()`` (the example's own module, imported from its file)."""
-    spec = importlib.util.spec_from_file_location("diabetes", EXAMPLES / "regression" / "diabetes.py")
+    """examples/regression/diabetes.py's ``split()``."""
+    return example_module("regression", "diabetes").split()
+
+
+def example_module(example: str, name: str):
+    """``examples/<example>/<name>.py``, the example's own module, imported from its file."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / example / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.split()
+    return module
