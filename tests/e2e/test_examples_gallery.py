@@ -1,7 +1,9 @@
 """The examples gallery (issue 40 item 3): each example runs, in a short form, with a command its README
 shows, and reaches a stated result (a loss below a bound, an accuracy above one), not only exit 0.
 examples/classify has its own tests (test_example.py, test_collect_example.py)."""
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import sys
 import pytest
 
 import fixtures
-from gallery import EXAMPLES, run, summary
+from gallery import EXAMPLES, readme, run, summary
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +54,8 @@ def test_char_gpt_learns_characters_and_sample_py_generates_from_its_checkpoint(
 DIGITS = "python -m csframework --config-dir conf +experiment=digits"
 
 
+@fixtures.needs("sklearn")
 def test_digits_reaches_high_accuracy_on_scikit_learns_split(tmp_path):
-    fixtures.needs("sklearn")
     run("digits", DIGITS, f" loop.max_epochs=4 loop.eval_every=null hydra.run.dir={tmp_path}")
     assert summary(tmp_path)["metrics"]["val/accuracy"] > 0.9
 
@@ -107,8 +109,8 @@ def test_plugin_package_installs_and_is_active_and_its_own_tests_pass(tmp_path):
 SWEEP = "python -m csframework -m --config-dir conf +experiment=curve_sweep"
 
 
+@fixtures.needs("hydra_plugins.hydra_optuna_sweeper")
 def test_sweep_searches_lr_and_weight_decay_and_writes_its_table(tmp_path):
-    fixtures.needs("hydra_plugins.hydra_optuna_sweeper")
     run("sweep", SWEEP, f" hydra.sweeper.n_trials=3 loop.max_steps=150 hydra.sweep.dir={tmp_path}")
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert len(rows) == 3 and all(row["status"] == "completed" for row in rows)
@@ -117,3 +119,109 @@ def test_sweep_searches_lr_and_weight_decay_and_writes_its_table(tmp_path):
     assert min(row["val/loss"] for row in rows) < 0.35  # the curve's variance (predicting its mean): 0.425
     assert (tmp_path / "optimization_results.yaml").exists()
     assert (tmp_path / "sweep.png").exists() or (tmp_path / "sweep.svg").exists()
+
+
+# -- word_lm ---------------------------------------------------------------------------------------------
+WORD_LM = "python -m csframework --config-dir conf +experiment=word_lm"
+#: the README's short form: the first 12,000 words (14 training batches of [35, 20] an epoch), a 500-word
+#: vocabulary, a small LSTM, 4 epochs
+WORD_LM_SHORT = (WORD_LM + " data.train.num_words=12000 data.train.max_vocab=500 model.embed=32 model.hidden=32"
+                 " loop.max_epochs=4")
+
+
+@fixtures.needs("torchmetrics")
+def test_word_lm_evaluates_each_epoch_lowers_lr_on_a_plateau_and_tests_the_best_model(tmp_path):
+    assert WORD_LM in readme("word_lm")
+    run("word_lm", WORD_LM_SHORT, f" loop.log_every=1 hydra.run.dir={tmp_path}")
+    result = summary(tmp_path)
+    rows = [line.split(",") for line in (tmp_path / "metrics.csv").read_text().splitlines()[1:]]
+    val = {int(step): float(value) for step, _, name, value in rows if name == "val/loss"}
+    lrs = {int(step): float(value) for step, _, name, value in rows if name == "lr"}
+    assert sorted(val) == [14, 28, 42, 56]  # loop.eval_every_epochs=1: each epoch's end, nothing between
+
+    # plateau (factor 0.25, patience 0, threshold 0): after an evaluation that is no better than the best
+    # so far, the rate of the next epoch's steps is a quarter of the last one
+    expected, best, lr = {}, float("inf"), 20.0
+    for end in sorted(val):
+        expected.update({step: lr for step in range(end - 13, end + 1)})
+        lr = lr if val[end] < best else lr / 4
+        best = min(best, val[end])
+    assert {step: lrs[step] for step in expected} == pytest.approx(expected)
+    assert min(expected.values()) < 20.0, "the short form no longer exercises a reduction"
+
+    # the best evaluation's checkpoint is the one tested; perplexity over each whole set is exp(loss)
+    best_step = min(val, key=val.get)
+    assert result["tested_weights"] == result["best_checkpoint"]["path"] == f"checkpoints/step-{best_step:08d}"
+    metrics = result["metrics"]
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss"]), rel=1e-4)
+    assert metrics["test/ppl"] == pytest.approx(math.exp(metrics["test/loss"]), rel=1e-4)
+    assert metrics["test/ppl"] < 500  # the vocabulary's size: what a model that learnt nothing scores
+
+
+def test_word_lm_streams_are_word_language_models_batchify_and_get_batch():
+    words = example_module("word_lm", "words")
+    vocab = words.vocabulary(3000, 200)
+    ids = [vocab.get(word, 0) for word in words.split_words("val", 3000)]  # 300 words
+    stream = words.word_stream("val", streams=7, num_words=3000, max_vocab=200)
+    inputs, targets = stream.tensors
+    rows = len(ids) // 7
+    # column j is the j-th of 7 equal consecutive pieces of the split (the tail that does not fill a row is
+    # dropped); the targets are the next row, as get_batch's source[i + 1:i + 1 + seq_len]
+    assert inputs.shape == targets.shape == (rows - 1, 7)
+    for j in range(7):
+        column = ids[j * rows:(j + 1) * rows]
+        assert inputs[:, j].tolist() == column[:-1] and targets[:, j].tolist() == column[1:]
+    assert len(vocab) == 200 and vocab["<unk>"] == 0
+
+
+# -- regression ------------------------------------------------------------------------------------------
+REGRESSION = "python -m csframework --config-dir conf +experiment=diabetes"
+REGRESSION_PREDICT = (REGRESSION + " mode=predict checkpoint.resume=outputs/diabetes"
+                      " hydra.run.dir=outputs/diabetes-predictions")
+
+
+@fixtures.needs("sklearn")
+@fixtures.needs("torchmetrics")
+def test_regression_beats_ridge_keeps_the_best_evaluation_and_predicts_with_it(tmp_path):
+    fitted, predicted = tmp_path / "diabetes", tmp_path / "predictions"
+    run("regression", REGRESSION, f" loop.max_epochs=20 hydra.run.dir={fitted}")
+    result = summary(fitted)
+    rows = [line.split(",") for line in (fitted / "metrics.csv").read_text().splitlines()[1:]]
+    val = {int(step): float(value) for step, _, name, value in rows if name == "val/loss"}
+    assert sorted(val) == list(range(24, 241, 24))  # every 2 epochs of 12 steps
+    best_step = min(val, key=val.get)
+    assert result["best_checkpoint"]["path"] == f"checkpoints/step-{best_step:08d}"
+    assert {"val/mae", "val/r2"} <= set(result["metrics"])
+
+    # ridge.py scores Ridge and the run's best checkpoint with scikit-learn on the same rows
+    compared = subprocess.run([sys.executable, "ridge.py", str(fitted)], cwd=EXAMPLES / "regression",
+                              capture_output=True, text=True, timeout=120)
+    assert compared.returncode == 0, compared.stderr
+    ridge, ours = compared.stdout.splitlines()
+    assert ridge.startswith("Ridge:       val MSE 3430.1  MAE 46.14  R2 0.3311")
+    assert ours.startswith("csframework: val MSE ")
+    assert float(ours.split()[3]) == pytest.approx(val[best_step], abs=0.1)  # the run's own val/loss
+    assert val[best_step] < 3430.1
+
+    # mode=predict with the best checkpoint: one row per validation sample, in order, whose MSE is the best
+    # evaluation's
+    run("regression", REGRESSION_PREDICT, f" checkpoint.resume={fitted} hydra.run.dir={predicted}")
+    assert summary(predicted)["predictions"]["rows"] == 89
+    lines = [json.loads(line) for line in (predicted / "predictions.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(89))
+    y_val = diabetes_split()[3]
+    mse = sum((line["preds"] - y) ** 2 for line, y in zip(lines, y_val)) / len(y_val)
+    assert mse == pytest.approx(val[best_step], rel=1e-5)
+
+
+def diabetes_split():
+    """examples/regression/diabetes.py's ``split()``."""
+    return example_module("regression", "diabetes").split()
+
+
+def example_module(example: str, name: str):
+    """``examples/<example>/<name>.py``, the example's own module, imported from its file."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / example / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
