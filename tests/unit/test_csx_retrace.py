@@ -105,16 +105,16 @@ def train(steps: int, tmp_path, change: str | None = None, make_optimizer=Counte
           out: dict | None = None):
     """The low-level loop; ``change`` is switched on at iteration CHANGE_AT. Returns (model, losses, backend),
     also kept in ``out`` as they are made (for a loop that raises)."""
-    backend = csf.csx.backend("CSX", retrace_every_iteration=retrace, compile_dir=str(tmp_path / "compile"))
+    backend = csf.backend("CSX", retrace_every_iteration=retrace, compile_dir=str(tmp_path / "compile"))
     model = Net()
-    compiled = csf.csx.compile(model, backend)
+    compiled = csf.compile(model, backend)
     optimizer = make_optimizer(model.parameters(), lr=0.1)
     iteration = 0
     losses: list = []
     if out is not None:
         out.update(model=model, backend=backend, losses=losses, optimizer=optimizer)
 
-    @csf.csx.trace
+    @csf.trace
     def step(x, y):
         nonlocal iteration
         iteration += 1
@@ -224,12 +224,12 @@ def test_a_step_with_a_higher_order_operator_is_traced_whole_at_every_retrace(tm
     traces = []
     real_trace = StepTracer.trace
     monkeypatch.setattr(StepTracer, "trace", lambda self, *a: traces.append(1) or real_trace(self, *a))
-    backend = csf.csx.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
+    backend = csf.backend("CSX", retrace_every_iteration=True, compile_dir=str(tmp_path))
     model = Net()
-    compiled = csf.csx.compile(model, backend)
+    compiled = csf.compile(model, backend)
     optimizer = Counted(model.parameters(), lr=0.1)
 
-    @csf.csx.trace
+    @csf.trace
     def step(x, y):
         x = torch.cond(x.sum() > 0, lambda t: t * 2.0, lambda t: t * 0.5, (x,))  # the batch: no autograd
         loss = nn.functional.cross_entropy(compiled(x), y)
