@@ -112,3 +112,49 @@ def test_no_private_pluggy_name_is_used_anywhere_in_the_package():
     found = [f"{path.name}:{n}" for path in Path(csframework.__file__).parent.rglob("*.py")
              for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert found == []
+
+
+def test_a_plugin_registered_after_the_hooks_are_built_is_called_as_pluggy_would():
+    """``run.hooks.pm.register`` after the run is built: the new plugin is called (the callers are rebuilt
+    when the registrations change), and one unregistered or blocked is not called any more."""
+    calls = []
+    pm = _manager(_Recorder("a", calls, 1))
+    hooks = Hooks(pm)
+    kwargs = dict(run=None, batch=None, outputs={}, batch_idx=0)
+    assert hooks.on_train_batch_end(**kwargs) == [1]
+    assert hooks.on_train_start(run=None) == []  # nobody implements it yet
+    late = _Recorder("late", calls, 2)
+    pm.register(late, name="late")
+    assert hooks.on_train_batch_end(**kwargs) == [2, 1]
+
+    class Starter:
+        name = "starter"
+
+        @csf.hookimpl
+        def on_train_start(self):
+            calls.append("started")
+
+    pm.register(Starter(), name="starter")
+    hooks.on_train_start(run=None)
+    assert calls[-1] == "started"
+    pm.unregister(name="late")
+    assert hooks.on_train_batch_end(**kwargs) == [1]
+    pm.set_blocked("a")
+    assert hooks.on_train_batch_end(**kwargs) == []
+
+
+def test_a_failing_implementation_registered_later_is_named():
+    pm = _manager()
+    hooks = Hooks(pm)
+    hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
+
+    class Broken:
+        name = "late_broken"
+
+        @csf.hookimpl
+        def on_train_batch_end(self):
+            raise KeyError("x")
+
+    pm.register(Broken(), name="late_broken")
+    with pytest.raises(PluginError, match="plugin 'late_broken' in hook 'on_train_batch_end' failed"):
+        hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
