@@ -61,12 +61,15 @@ class ObservedManager(pluggy.PluginManager):
         finally:
             self.generation += 1
 
+    # observed: every hook's caller (and the loop's list of hooks to skip, ``Hooks.quiet``) is chosen again
     def add_hookcall_monitoring(self, before, after):
         self.observed = True
+        self.generation += 1
         return super().add_hookcall_monitoring(before, after)
 
     def enable_tracing(self):
         self.observed = True
+        self.generation += 1
         return super().enable_tracing()
 
 
@@ -87,6 +90,19 @@ class Hooks:
         caller = _caller(pm, hook_name)
         setattr(self, hook_name, caller)
         return caller
+
+    def quiet(self) -> tuple[int | None, frozenset[str]]:
+        """``(generation, names)``: the hooks nobody implements, whose calls a loop may skip (each call costs
+        a step a few hundred instructions for nothing), as of the manager's ``generation``; the loop asks
+        again when ``pm.generation`` moves on. No hook is named (``(None, frozenset())``) when the manager
+        cannot say when its registrations change, or when its calls are traced or monitored (pluggy then
+        records every call, with or without implementations)."""
+        pm = self.pm
+        if not isinstance(pm, ObservedManager) or pm.observed:
+            return None, frozenset()
+        names = frozenset(name for name in dir(pm.hook)
+                          if not name.startswith("_") and not getattr(pm.hook, name).get_hookimpls())
+        return pm.generation, names
 
     def each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
         """Call the implementations of ``hook_name`` one at a time, in pluggy's order, yielding
@@ -126,10 +142,10 @@ def _caller(pm: pluggy.PluginManager, hook_name: str) -> Callable[..., Any]:
         built: list = [None, None]  # [the manager's generation, the direct caller (None: through pluggy)]
 
         def call(**kwargs):
-            if built[0] != pm.generation:
-                built[:] = [pm.generation, _direct_calls(hook_name, hook)]
+            if built[0] != pm.generation:  # (being observed moves the generation too)
+                built[:] = [pm.generation, None if pm.observed else _direct_calls(hook_name, hook)]
             direct = built[1]
-            if direct is not None and not pm.observed:
+            if direct is not None:
                 return direct(kwargs)
             return through_pluggy(kwargs)
 

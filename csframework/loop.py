@@ -83,26 +83,37 @@ def train_stage(run: RunProtocol) -> None:
 def train_epoch(run: RunProtocol, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
-    hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
-    accum = loop.grad_accum_steps
+    # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
+    # position is read from ``state``
+    hooks, backend, loop, state, scheduler = run.hooks, run.backend, run.stage_config.loop, run.state, run.scheduler
+    accum, max_steps = loop.grad_accum_steps, loop.max_steps
     batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
-    # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
+    # the hooks nobody implements are not called, until a plugin is (un)registered (the generation moves)
+    pm = hooks.pm
+    generation, quiet = hooks.quiet()
     for batch in batches:
+        if generation is not None and pm.generation != generation:
+            generation, quiet = hooks.quiet()
         batch_idx = state.batch_in_epoch
         batch = backend.to_device(batch)
-        hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+        if "on_train_batch_start" not in quiet:
+            hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
         last = state.start_batch(accum)
         outputs = backend.train_batch(run, batch, last)
         state.end_batch(last)
         if not last:
-            hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            if "on_train_batch_end" not in quiet:
+                hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             continue
-        done = _stage_done(state, loop)
+        # the stage is done once its steps are taken (with max_epochs: not inside an epoch, which
+        # train_stage only starts when the stage is not done)
+        done = max_steps is not None and state.stage_step >= max_steps
         # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
         # after it, if any, are micro-batches that _drop_partial_step drops)
         end_step(run, batch, outputs, batch_idx,
-                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum))
+                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum),
+                 quiet=quiet, scheduler=scheduler)
         if done or state.stop_reason is not None:
             return False
     return True
@@ -131,7 +142,8 @@ def finished(run: RunProtocol) -> bool:
     return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)
 
 
-def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False) -> None:
+def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False,
+             quiet: frozenset[str] = frozenset(), scheduler=None) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
@@ -139,9 +151,11 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     the losses since the last log are checked first, so a non-finite one stops the run before it is
     evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
-    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``)."""
+    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
+    ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
+    read by the caller once an epoch."""
     state, loop = run.state, run.stage_config.loop
-    run.scheduler.step()
+    (scheduler or run.scheduler).step()
     state.add_outputs(outputs)
     loss = outputs.get("loss")
     # free on the host (a read, where ``bool(loss.isfinite())`` costs a kernel): stop at this step (not an
@@ -160,8 +174,11 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     signum = state.stop_signal if backend.world_size == 1 else backend.any_rank_signal(state.stop_signal)
     if signum is not None:
         state.stop_after_this_step(signum)
-    run.hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-    run.hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
+    hooks = run.hooks
+    if "on_train_batch_end" not in quiet:
+        hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+    if "on_train_step_end" not in quiet:
+        hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
     if state.stopping and state.stop_signal is not None:  # set together (RunState.stop_after_this_step)
         raise Interrupted(state.stop_signal, state.global_step)
 

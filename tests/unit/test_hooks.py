@@ -158,3 +158,54 @@ def test_a_failing_implementation_registered_later_is_named():
     pm.register(Broken(), name="late_broken")
     with pytest.raises(PluginError, match="plugin 'late_broken' in hook 'on_train_batch_end' failed"):
         hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
+
+
+def test_quiet_names_the_hooks_nobody_implements_until_the_registrations_change():
+    """``Hooks.quiet``: the hooks a loop may skip, with the generation they hold for; a registration moves the
+    generation, and a traced manager names none (pluggy records every call, implemented or not)."""
+    pm = _manager(_Recorder("a", []))
+    hooks = Hooks(pm)
+    generation, quiet = hooks.quiet()
+    assert "on_train_batch_start" in quiet and "on_train_batch_end" not in quiet
+    pm.register(types.SimpleNamespace(name="s", on_train_batch_start=csf.hookimpl(lambda batch_idx: None)), name="s")
+    assert pm.generation != generation
+    assert "on_train_batch_start" not in hooks.quiet()[1]
+    pm.enable_tracing()
+    assert hooks.quiet() == (None, frozenset())
+
+
+def test_the_loop_skips_hooks_nobody_implements_and_calls_one_registered_mid_epoch(tmp_path):
+    """The loop does not call a hook without implementations at each step; a plugin registered during the
+    epoch (here in ``on_train_step_end`` of step 3) is called from the next batch on."""
+    import fixtures
+
+    started: list[int] = []
+
+    class Late:
+        name = "late"
+
+        @csf.hookimpl
+        def on_train_batch_start(self, batch_idx):
+            started.append(batch_idx)
+
+    class Registers:
+        name = "registers"
+
+        @csf.hookimpl
+        def on_train_step_end(self, run, step):
+            if step == 3:
+                run.hooks.pm.register(Late(), name="late")
+
+    run = csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=3"), plugins=[Registers()],
+                  output_dir=tmp_path)
+    called: list[int] = []
+    through = run.hooks.on_train_batch_start
+
+    def counting(**kwargs):
+        called.append(kwargs["batch_idx"])
+        return through(**kwargs)
+
+    run.hooks.on_train_batch_start = counting
+    run.fit()
+    assert called == [3, 4, 5], "skipped while nobody implemented it, called once a plugin did"
+    assert started == [3, 4, 5]
