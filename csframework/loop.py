@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from .batched import first_array
 from .collect import Collector
 from .data import epoch_batches
-from .errors import ConfigError, NonFiniteLossError
+from .errors import ConfigError
+from .finite import check_finite
 from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
 
@@ -42,6 +43,22 @@ def fit(run: RunProtocol) -> str:
         else:
             train_stage(run)
     return run.backend.dry_run or "completed"
+
+
+class StepParts(NamedTuple):
+    """What every step of an epoch uses, read once an epoch (each ``run.x`` is a property call, paid at every
+    step otherwise)."""
+    hooks: Any
+    backend: Any
+    loop: Any
+    """The stage's ``loop`` settings."""
+    scheduler: Any
+    quiet: frozenset[str]
+    """The hooks nobody implements, not called (``Hooks.quiet``)."""
+
+    @classmethod
+    def of(cls, run: RunProtocol) -> StepParts:
+        return cls(run.hooks, run.backend, run.stage_config.loop, run.scheduler, run.hooks.quiet()[1])
 
 
 def _stage_done(state: RunState, loop) -> bool:
@@ -83,9 +100,9 @@ def train_stage(run: RunProtocol) -> None:
 def train_epoch(run: RunProtocol, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
-    # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
-    # position is read from ``state``
-    hooks, backend, loop, state, scheduler = run.hooks, run.backend, run.stage_config.loop, run.state, run.scheduler
+    # the position is read from ``state``, the run's parts once an epoch (``StepParts``)
+    parts, state = StepParts.of(run), run.state
+    hooks, backend, loop = parts.hooks, parts.backend, parts.loop
     accum, max_steps = loop.grad_accum_steps, loop.max_steps
     batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
@@ -95,6 +112,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     for batch in batches:
         if generation is not None and pm.generation != generation:
             generation, quiet = hooks.quiet()
+            parts = parts._replace(quiet=quiet)
         batch_idx = state.batch_in_epoch
         batch = backend.to_device(batch)
         if "on_train_batch_start" not in quiet:
@@ -112,8 +130,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
         # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
         # after it, if any, are micro-batches that _drop_partial_step drops)
         end_step(run, batch, outputs, batch_idx,
-                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum),
-                 quiet=quiet, scheduler=scheduler)
+                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum), parts=parts)
         if done or state.stop_reason is not None:
             return False
     return True
@@ -143,7 +160,7 @@ def finished(run: RunProtocol) -> bool:
 
 
 def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False,
-             quiet: frozenset[str] = frozenset(), scheduler=None) -> None:
+             parts: StepParts | None = None) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
@@ -152,10 +169,10 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
-    ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
-    read by the caller once an epoch."""
-    state, loop = run.state, run.stage_config.loop
-    (scheduler or run.scheduler).step()
+    ``parts``: the run's parts, as the caller read them this epoch (``StepParts``)."""
+    hooks, backend, loop, scheduler, quiet = parts or StepParts.of(run)
+    state = run.state
+    scheduler.step()
     state.add_outputs(outputs)
     loss = outputs.get("loss")
     # on the host a read (``bool(loss.isfinite())`` would cost a kernel) of 1-2 us, one dispatcher call: kept,
@@ -171,11 +188,9 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
             check_finite(run)
         evaluate(run)
     # SIGINT/SIGTERM (under DDP: on any rank, asked only when there is another rank): this step is the last
-    backend = run.backend
     signum = state.stop_signal if backend.world_size == 1 else backend.any_rank_signal(state.stop_signal)
     if signum is not None:
         state.stop_after_this_step(signum)
-    hooks = run.hooks
     if "on_train_batch_end" not in quiet:
         hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
     if "on_train_step_end" not in quiet:
@@ -251,48 +266,6 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     if all(len(w) == steps and w[0].device == device for w in windows):
         return torch.stack([t for w in windows for t in w]).view(len(windows), steps).float().mean(1).tolist()
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
-
-
-def check_parameters_finite(run: RunProtocol) -> None:
-    """Raise ``NonFiniteLossError`` naming the first parameter that is not finite. One synchronisation;
-    under a sharded backend each rank checks its own shards, and all ranks agree (all of them save or none)."""
-    flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in run.model.parameters()]
-    finite = not flags or bool(torch.stack(flags).all())
-    if run.backend.sharded:  # under ddp only rank 0 saves, so only a sharded backend's ranks all ask
-        finite = run.backend.all_ranks_agree(finite)
-    if not finite:
-        names = [n for (n, _), ok in zip(run.model.named_parameters(), flags) if not ok] or ["(on another rank)"]
-        raise NonFiniteLossError(f"parameter {names[0]} is not finite after step {run.global_step}; "
-                                 "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
-
-
-def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
-
-    Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale
-    falls below ``precision.min_scale``; then the mask of finite losses is returned (``None``: all finite).
-    """
-    pending = run.state.pending.get("loss")
-    if losses is None and pending:
-        losses = torch.stack(pending).float()
-    finite = torch.isfinite(losses) if losses is not None else None
-    first_bad = None
-    if losses is not None and finite is not None and not bool(finite.all()):
-        bad = int((~finite).nonzero()[0])
-        first_bad = (run.global_step - len(losses) + 1 + bad, losses[bad].item())
-    if run.stage_config.precision.loss_scaling != "dynamic":
-        if first_bad is not None:
-            raise NonFiniteLossError(f"the loss is {first_bad[1]} at step {first_bad[0]}; lower optimizer.lr, set "
-                                     "optimizer.max_grad_norm, or use loss scaling")
-        return None
-    scale = run.backend.loss_scale()
-    floor = run.stage_config.precision.min_scale
-    if scale is not None and scale < floor:
-        since = f" (a non-finite loss at step {first_bad[0]})" if first_bad is not None else ""
-        raise NonFiniteLossError(f"the dynamic loss scale fell to {scale:g}, below precision.min_scale={floor:g}, "
-                                 f"by step {run.global_step}{since}: the loss or its gradients keep overflowing; "
-                                 "lower optimizer.lr or check the data")
-    return finite if first_bad is not None else None
 
 
 def evaluate(run: RunProtocol) -> dict:

@@ -16,7 +16,7 @@ FLOORS = [
     ("the parts of a stage", ["precision", "schedule", "param_groups", "data", "step"]),
     ("the static-graph machinery", ["graph", "graph.*"]),
     ("backends", ["backends", "backends.*"]),
-    ("loop, stage and the built-in plugins", ["loop", "stage", "resume", "builtin", "builtin.*"]),
+    ("loop, stage and the built-in plugins", ["loop", "finite", "stage", "resume", "builtin", "builtin.*"]),
     ("run and the API", ["run", "api", "weights", "testing", "csx"]),
     ("sweep", ["sweep", "sweep.*"]),
     ("the command line", ["__main__", "config_reference"]),
