@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,22 +43,6 @@ def fit(run: RunProtocol) -> str:
         else:
             train_stage(run)
     return run.backend.dry_run or "completed"
-
-
-class StepParts(NamedTuple):
-    """What every step of an epoch uses, read once an epoch (each ``run.x`` is a property call, paid at every
-    step otherwise)."""
-    hooks: Any
-    backend: Any
-    loop: Any
-    """The stage's ``loop`` settings."""
-    scheduler: Any
-    quiet: frozenset[str]
-    """The hooks nobody implements, not called (``Hooks.quiet``)."""
-
-    @classmethod
-    def of(cls, run: RunProtocol) -> StepParts:
-        return cls(run.hooks, run.backend, run.stage_config.loop, run.scheduler, run.hooks.quiet()[1])
 
 
 def _stage_done(state: RunState, loop) -> bool:
@@ -100,9 +84,9 @@ def train_stage(run: RunProtocol) -> None:
 def train_epoch(run: RunProtocol, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
-    # the position is read from ``state``, the run's parts once an epoch (``StepParts``)
-    parts, state = StepParts.of(run), run.state
-    hooks, backend, loop = parts.hooks, parts.backend, parts.loop
+    # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
+    # position is read from ``state``
+    hooks, backend, loop, state, scheduler = run.hooks, run.backend, run.stage_config.loop, run.state, run.scheduler
     accum, max_steps = loop.grad_accum_steps, loop.max_steps
     batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
@@ -112,7 +96,6 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     for batch in batches:
         if generation is not None and pm.generation != generation:
             generation, quiet = hooks.quiet()
-            parts = parts._replace(quiet=quiet)
         batch_idx = state.batch_in_epoch
         batch = backend.to_device(batch)
         if "on_train_batch_start" not in quiet:
@@ -130,7 +113,8 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
         # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
         # after it, if any, are micro-batches that _drop_partial_step drops)
         end_step(run, batch, outputs, batch_idx,
-                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum), parts=parts)
+                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum),
+                 quiet=quiet, scheduler=scheduler)
         if done or state.stop_reason is not None:
             return False
     return True
@@ -160,7 +144,7 @@ def finished(run: RunProtocol) -> bool:
 
 
 def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False,
-             parts: StepParts | None = None) -> None:
+             quiet: frozenset[str] = frozenset(), scheduler=None) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
@@ -169,10 +153,11 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
-    ``parts``: the run's parts, as the caller read them this epoch (``StepParts``)."""
-    hooks, backend, loop, scheduler, quiet = parts or StepParts.of(run)
-    state = run.state
-    scheduler.step()
+    ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
+    read by the caller once an epoch (``run.stage_config`` and ``run.backend`` are read here: handing them
+    over as well, in a tuple of the epoch's parts, counted no fewer instructions a step under callgrind)."""
+    state, loop, hooks, backend = run.state, run.stage_config.loop, run.hooks, run.backend
+    (scheduler or run.scheduler).step()
     state.add_outputs(outputs)
     loss = outputs.get("loss")
     # on the host a read (``bool(loss.isfinite())`` would cost a kernel) of 1-2 us, one dispatcher call: kept,
