@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -91,7 +91,7 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     batches = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
     # the hooks nobody implements are not called, until a plugin is (un)registered (the generation moves)
-    pm = hooks.pm
+    pm: Any = hooks.pm  # an ObservedManager (with a generation) whenever quiet() names one
     generation, quiet = hooks.quiet()
     for batch in batches:
         if generation is not None and pm.generation != generation:
