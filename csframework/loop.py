@@ -155,7 +155,7 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
     ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
     read by the caller once an epoch (``run.stage_config`` and ``run.backend`` are read here: handing them
-    over as well, in a tuple of the epoch's parts, counted no fewer instructions a step under callgrind)."""
+    over as well, in a tuple of the epoch's parts, showed no gain under callgrind)."""
     state, loop, hooks, backend = run.state, run.stage_config.loop, run.hooks, run.backend
     (scheduler or run.scheduler).step()
     state.add_outputs(outputs)
