@@ -1,15 +1,17 @@
 """Hook dispatch, in one place: every call site calls ``hooks.on_x(run=..., ...)`` and this module decides how.
 
-The plugins are fixed when a run is built, so each hook's caller is chosen once, here, on pluggy's public
-API only (``get_hookimpls``, ``HookImpl``'s ``function``/``argnames``/``kwargnames``/``wrapper``/
-``hookwrapper``, the spec's ``opts``):
+Each hook's caller is chosen on pluggy's public API only (``get_hookimpls``, ``HookImpl``'s ``function``/
+``argnames``/``kwargnames``/``wrapper``/``hookwrapper``, the spec's ``opts``), and chosen again whenever the
+manager's registrations change (``register``, ``unregister``, ``set_blocked``, ``add_hookspecs``: a plugin
+registered on ``run.hooks.pm`` after the run is built is called, as pluggy would call it):
 
 - a hook nobody implements is a no-op returning what pluggy would (``[]``, or ``None`` for ``firstresult``);
 - a hook whose implementations are all plain functions (no wrappers, no optional arguments) calls them
   itself, in pluggy's order with pluggy's results, at about half the cost of pluggy's dispatch (figures in
   docs/performance.md);
-- wrappers, and a manager whose calls are traced or monitored (``ObservedManager.observed``, set by
-  pluggy's public ``enable_tracing``/``add_hookcall_monitoring``), go through pluggy as they are.
+- wrappers, a manager whose calls are traced or monitored (``ObservedManager.observed``, set by pluggy's
+  public ``enable_tracing``/``add_hookcall_monitoring``), and a manager that is not an ``ObservedManager``
+  (it cannot say when its registrations change) go through pluggy as they are.
 
 An exception raised inside an implementation becomes a ``PluginError`` naming the plugin and the hook.
 """
@@ -27,18 +29,47 @@ __all__ = ["Hooks", "ObservedManager", "plugin_error"]
 
 
 class ObservedManager(pluggy.PluginManager):
-    """pluggy's manager, remembering whether anyone traces or monitors its hook calls (``observed``): then
-    every call goes through pluggy, which does the tracing. ``csframework.plugins.build_manager`` makes one
-    that also checks each plugin's hook implementations as it registers."""
+    """pluggy's manager, remembering whether anyone traces or monitors its hook calls (``observed``: then
+    every call goes through pluggy, which does the tracing) and counting the changes of its registrations
+    (``generation``: a hook's direct caller is rebuilt when it moves). ``csframework.plugins.build_manager``
+    makes one that also checks each plugin's hook implementations as it registers."""
 
     observed = False
+    generation = 0
 
+    def register(self, plugin, name=None):
+        try:
+            return super().register(plugin, name=name)
+        finally:
+            self.generation += 1
+
+    def unregister(self, plugin=None, name=None):
+        try:
+            return super().unregister(plugin=plugin, name=name)
+        finally:
+            self.generation += 1
+
+    def set_blocked(self, name):
+        try:
+            return super().set_blocked(name)
+        finally:
+            self.generation += 1
+
+    def add_hookspecs(self, module_or_class):
+        try:
+            return super().add_hookspecs(module_or_class)
+        finally:
+            self.generation += 1
+
+    # observed: every hook's caller (and the loop's list of hooks to skip, ``Hooks.quiet``) is chosen again
     def add_hookcall_monitoring(self, before, after):
         self.observed = True
+        self.generation += 1
         return super().add_hookcall_monitoring(before, after)
 
     def enable_tracing(self):
         self.observed = True
+        self.generation += 1
         return super().enable_tracing()
 
 
@@ -49,11 +80,29 @@ class Hooks:
         self.pm = pm
         for name in dir(pm.hook):
             if not name.startswith("_"):
-                setattr(self, name, _caller(pm, name, getattr(pm.hook, name)))
+                setattr(self, name, _caller(pm, name))
 
-    if TYPE_CHECKING:
-        # each hook of the manager is an attribute set in __init__: a function of keyword arguments
-        def __getattr__(self, hook_name: str) -> Callable[..., Any]: ...
+    def __getattr__(self, hook_name: str) -> Callable[..., Any]:
+        """A hook whose spec was added after the run was built (``pm.add_hookspecs``)."""
+        pm = self.__dict__.get("pm")
+        if pm is None or hook_name.startswith("_") or not hasattr(pm.hook, hook_name):
+            raise AttributeError(hook_name)
+        caller = _caller(pm, hook_name)
+        setattr(self, hook_name, caller)
+        return caller
+
+    def quiet(self) -> tuple[int | None, frozenset[str]]:
+        """``(generation, names)``: the hooks nobody implements, whose calls a loop may skip (each call costs
+        a step a few hundred instructions for nothing), as of the manager's ``generation``; the loop asks
+        again when ``pm.generation`` moves on. No hook is named (``(None, frozenset())``) when the manager
+        cannot say when its registrations change, or when its calls are traced or monitored (pluggy then
+        records every call, with or without implementations)."""
+        pm = self.pm
+        if not isinstance(pm, ObservedManager) or pm.observed:
+            return None, frozenset()
+        names = frozenset(name for name in dir(pm.hook)
+                          if not name.startswith("_") and not getattr(pm.hook, name).get_hookimpls())
+        return pm.generation, names
 
     def each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
         """Call the implementations of ``hook_name`` one at a time, in pluggy's order, yielding
@@ -75,26 +124,30 @@ class Hooks:
         return failures
 
 
-def _caller(pm: pluggy.PluginManager, hook_name: str, hook) -> Callable[..., Any]:
-    impls = hook.get_hookimpls()
-    firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
-    if not impls:
-        def nobody(**kwargs):
-            return None if firstresult else []  # what pluggy returns for a hook without implementations
+def _caller(pm: pluggy.PluginManager, hook_name: str) -> Callable[..., Any]:
+    hook = getattr(pm.hook, hook_name)
 
-        nobody.__name__ = hook_name
-        return nobody
-    direct = _direct_calls(impls, firstresult) if isinstance(pm, ObservedManager) else None  # else: always pluggy
-
-    def call(**kwargs):
+    def through_pluggy(kwargs: dict):
         try:
-            if direct is not None and not pm.observed:
-                return direct(kwargs)
             return hook(**kwargs)
         except (PluginError, NonFiniteLossError):  # the latter is the run's state, whoever found it
             raise
         except (Exception, SystemExit) as e:  # KeyboardInterrupt (a signal's stop too) passes unchanged
             raise plugin_error(_raising_plugin(hook, e), hook_name, e) from e
+
+    if not isinstance(pm, ObservedManager):  # no word of its changes: pluggy, always current
+        def call(**kwargs):
+            return through_pluggy(kwargs)
+    else:
+        built: list = [None, None]  # [the manager's generation, the direct caller (None: through pluggy)]
+
+        def call(**kwargs):
+            if built[0] != pm.generation:  # (being observed moves the generation too)
+                built[:] = [pm.generation, None if pm.observed else _direct_calls(hook_name, hook)]
+            direct = built[1]
+            if direct is not None:
+                return direct(kwargs)
+            return through_pluggy(kwargs)
 
     call.__name__ = hook_name
     return call
@@ -109,20 +162,30 @@ def _call_one(impl: pluggy.HookImpl, hook_name: str, kwargs: dict):
         raise plugin_error(impl.plugin_name, hook_name, e) from e
 
 
-def _direct_calls(impls: list, firstresult: bool):
-    """A function calling ``impls`` (``get_hookimpls()``, which pluggy calls last to first) as pluggy's own
-    call loop does for plain implementations: each with the keyword arguments it names, the results that
-    are not ``None`` collected (the first one returned, for a ``firstresult`` hook). ``None`` when an
-    implementation is a wrapper or takes optional arguments: pluggy must call those."""
+def _direct_calls(hook_name: str, hook) -> Callable[[dict], Any] | None:
+    """A function calling the hook's implementations (``get_hookimpls()``, which pluggy calls last to first)
+    as pluggy's own call loop does for plain implementations: each with the keyword arguments it names, the
+    results that are not ``None`` collected (the first one returned, for a ``firstresult`` hook); a failure
+    named by the implementation that raised it. ``None`` when an implementation is a wrapper or takes
+    optional arguments: pluggy must call those."""
+    impls = hook.get_hookimpls()
+    firstresult = bool(hook.spec and hook.spec.opts.get("firstresult"))
+    if not impls:
+        return _nobody_first if firstresult else _nobody
     if any(i.hookwrapper or i.wrapper or i.kwargnames for i in impls):
         return None
     # each implementation's arguments picked from the keywords by one C call (a comprehension is a call of its own)
-    calls = [(impl.function, *_picker(tuple(impl.argnames))) for impl in reversed(impls)]
+    calls = [(impl.plugin_name, impl.function, *_picker(tuple(impl.argnames))) for impl in reversed(impls)]
 
     def call_all(kwargs: dict):
         results = []
-        for function, pick, single in calls:
-            result = function(pick(kwargs)) if single else function(*pick(kwargs))
+        for plugin, function, pick, single in calls:
+            try:
+                result = function(pick(kwargs)) if single else function(*pick(kwargs))
+            except (PluginError, NonFiniteLossError):
+                raise
+            except (Exception, SystemExit) as e:  # (a try costs nothing until it catches)
+                raise plugin_error(plugin, hook_name, e) from e
             if result is not None:
                 if firstresult:
                     return result
@@ -130,6 +193,14 @@ def _direct_calls(impls: list, firstresult: bool):
         return None if firstresult else results
 
     return call_all
+
+
+def _nobody(kwargs: dict) -> list:
+    return []  # what pluggy returns for a hook without implementations
+
+
+def _nobody_first(kwargs: dict) -> None:
+    return None  # ... and for a firstresult hook without implementations
 
 
 def _picker(argnames: tuple[str, ...]) -> tuple[Callable[[dict], Any], bool]:

@@ -6,8 +6,8 @@ steps the learning-rate schedule after each. Nothing in a step reads a value fro
 scalar outputs are kept there until a boundary, ``loop.log_every`` (where they are averaged and read at
 once, their losses checked), an evaluation (the losses checked first) or a checkpoint; a plugin that reads
 a value itself (``float(outputs["loss"])``) synchronises then. See ``hookspecs`` for the order of hooks. A
-loss in host memory (CPU, the CSX emulator) is also checked at every step, which costs nothing there, so a
-run stops at the step whose loss is not finite.
+loss in host memory (CPU, the CSX emulator) is also checked at every step, which costs no synchronisation
+there (a read of 1-2 us), so a run stops at the step whose loss is not finite.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .batched import first_array
 from .collect import Collector
 from .data import epoch_batches, is_iterable
 from .errors import ConfigError
-from .finite import check_finite, check_parameters_finite  # noqa: F401 (run.py: loop.check_finite)
+from .finite import check_finite
 from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
 
@@ -85,30 +85,41 @@ def train_stage(run: RunProtocol) -> None:
 def train_epoch(run: RunProtocol, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
-    hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
-    accum = loop.grad_accum_steps
+    # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
+    # position is read from ``state``
+    hooks, backend, loop, state, scheduler = run.hooks, run.backend, run.stage_config.loop, run.state, run.scheduler
+    accum, max_steps = loop.grad_accum_steps, loop.max_steps
     if state.carried is not None and state.batch_in_epoch == 0:  # an epoch starts from initial_state
         state.carried.reset()
     batches: Any = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)  # a map-style pass has a len
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
     epoch_len = None if is_iterable(run.train_loader) else state.batch_in_epoch + len(batches)
-    # the position is read from ``state`` (not through ``run``'s properties): every lookup is paid each step
+    # the hooks nobody implements are not called, until a plugin is (un)registered (the generation moves)
+    pm: Any = hooks.pm  # an ObservedManager (with a generation) whenever quiet() names one
+    generation, quiet = hooks.quiet()
     for batch in batches:
+        if generation is not None and pm.generation != generation:
+            generation, quiet = hooks.quiet()
         batch_idx = state.batch_in_epoch
         batch = backend.to_device(batch)
-        hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+        if "on_train_batch_start" not in quiet:
+            hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
         last = state.start_batch(accum)
         outputs = backend.train_batch(run, batch, last)
         state.end_batch(last)
         if not last:
-            hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+            if "on_train_batch_end" not in quiet:
+                hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
             continue
-        done = _stage_done(state, loop)
+        # the stage is done once its steps are taken (with max_epochs: not inside an epoch, which
+        # train_stage only starts when the stage is not done)
+        done = max_steps is not None and state.stage_step >= max_steps
         state.epoch_end = epoch_len is not None and epoch_len - state.batch_in_epoch < accum
         # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
         # after it, if any, are micro-batches that _drop_partial_step drops)
         end_step(run, batch, outputs, batch_idx,
-                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum))
+                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum),
+                 quiet=quiet, scheduler=scheduler)
         if done or state.stop_reason is not None:
             return False
     return True
@@ -137,7 +148,8 @@ def finished(run: RunProtocol) -> bool:
     return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)
 
 
-def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False) -> None:
+def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False,
+             quiet: frozenset[str] = frozenset(), scheduler=None) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
@@ -146,13 +158,17 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     the losses since the last log are checked first, so a non-finite one stops the run before it is
     evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
-    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``)."""
-    state, loop = run.state, run.stage_config.loop
-    run.scheduler.step()
+    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
+    ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
+    read by the caller once an epoch (``run.stage_config`` and ``run.backend`` are read here: handing them
+    over as well, in a tuple of the epoch's parts, showed no gain under callgrind)."""
+    state, loop, hooks, backend = run.state, run.stage_config.loop, run.hooks, run.backend
+    (scheduler or run.scheduler).step()
     state.add_outputs(outputs)
     loss = outputs.get("loss")
-    # free on the host (a read, where ``bool(loss.isfinite())`` costs a kernel): stop at this step (not an
-    # error under dynamic scaling)
+    # on the host a read (``bool(loss.isfinite())`` would cost a kernel) of 1-2 us, one dispatcher call: kept,
+    # so that a CPU or CSX-emulated run stops at this very step (docs/durability.md; not an error under
+    # dynamic scaling); a device's loss waits for the next boundary
     if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
         check_finite(run)
     final = final or state.stop_reason is not None
@@ -164,12 +180,13 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
             check_finite(run)
         evaluate(run)
     # SIGINT/SIGTERM (under DDP: on any rank, asked only when there is another rank): this step is the last
-    backend = run.backend
     signum = state.stop_signal if backend.world_size == 1 else backend.any_rank_signal(state.stop_signal)
     if signum is not None:
         state.stop_after_this_step(signum)
-    run.hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-    run.hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
+    if "on_train_batch_end" not in quiet:
+        hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+    if "on_train_step_end" not in quiet:
+        hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
     if state.stopping and state.stop_signal is not None:  # set together (RunState.stop_after_this_step)
         raise Interrupted(state.stop_signal, state.global_step)
 

@@ -13,7 +13,7 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import carried, failures, loop, modes, resume, testset
+from . import carried, failures, finite, loop, modes, resume, testset
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
@@ -288,8 +288,8 @@ class Run:
         infinite (under dynamic loss scaling: if the scale fell below ``precision.min_scale``), or if a
         parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving, so no
         checkpoint holds the state of a run that has gone non-finite."""
-        loop.check_finite(self)
-        loop.check_parameters_finite(self)
+        finite.check_finite(self)
+        finite.check_parameters_finite(self)
 
     def scale_lr(self, factor: float) -> None:
         """Multiply every learning rate by ``factor`` from the next step to the end of the stage, as every

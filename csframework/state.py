@@ -99,9 +99,14 @@ class RunState:
 
     def add_outputs(self, outputs: dict) -> None:
         """Keep a step's scalar outputs until the next log."""
+        pending = self.pending
         for key, value in outputs.items():
             if isinstance(value, torch.Tensor) and value.ndim == 0:
-                self.pending.setdefault(key, []).append(value)
+                window = pending.get(key)  # (not setdefault: it would build an empty list at every step)
+                if window is None:
+                    pending[key] = [value]
+                else:
+                    window.append(value)
 
     def record(self, reported: dict[str, float]) -> bool:
         """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics

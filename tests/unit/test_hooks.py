@@ -112,3 +112,100 @@ def test_no_private_pluggy_name_is_used_anywhere_in_the_package():
     found = [f"{path.name}:{n}" for path in Path(csframework.__file__).parent.rglob("*.py")
              for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert found == []
+
+
+def test_a_plugin_registered_after_the_hooks_are_built_is_called_as_pluggy_would():
+    """``run.hooks.pm.register`` after the run is built: the new plugin is called (the callers are rebuilt
+    when the registrations change), and one unregistered or blocked is not called any more."""
+    calls = []
+    pm = _manager(_Recorder("a", calls, 1))
+    hooks = Hooks(pm)
+    kwargs = dict(run=None, batch=None, outputs={}, batch_idx=0)
+    assert hooks.on_train_batch_end(**kwargs) == [1]
+    assert hooks.on_train_start(run=None) == []  # nobody implements it yet
+    late = _Recorder("late", calls, 2)
+    pm.register(late, name="late")
+    assert hooks.on_train_batch_end(**kwargs) == [2, 1]
+
+    class Starter:
+        name = "starter"
+
+        @csf.hookimpl
+        def on_train_start(self):
+            calls.append("started")
+
+    pm.register(Starter(), name="starter")
+    hooks.on_train_start(run=None)
+    assert calls[-1] == "started"
+    pm.unregister(name="late")
+    assert hooks.on_train_batch_end(**kwargs) == [1]
+    pm.set_blocked("a")
+    assert hooks.on_train_batch_end(**kwargs) == []
+
+
+def test_a_failing_implementation_registered_later_is_named():
+    pm = _manager()
+    hooks = Hooks(pm)
+    hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
+
+    class Broken:
+        name = "late_broken"
+
+        @csf.hookimpl
+        def on_train_batch_end(self):
+            raise KeyError("x")
+
+    pm.register(Broken(), name="late_broken")
+    with pytest.raises(PluginError, match="plugin 'late_broken' in hook 'on_train_batch_end' failed"):
+        hooks.on_train_batch_end(run=None, batch=None, outputs={}, batch_idx=0)
+
+
+def test_quiet_names_the_hooks_nobody_implements_until_the_registrations_change():
+    """``Hooks.quiet``: the hooks a loop may skip, with the generation they hold for; a registration moves the
+    generation, and a traced manager names none (pluggy records every call, implemented or not)."""
+    pm = _manager(_Recorder("a", []))
+    hooks = Hooks(pm)
+    generation, quiet = hooks.quiet()
+    assert "on_train_batch_start" in quiet and "on_train_batch_end" not in quiet
+    pm.register(types.SimpleNamespace(name="s", on_train_batch_start=csf.hookimpl(lambda batch_idx: None)), name="s")
+    assert pm.generation != generation
+    assert "on_train_batch_start" not in hooks.quiet()[1]
+    pm.enable_tracing()
+    assert hooks.quiet() == (None, frozenset())
+
+
+def test_the_loop_skips_hooks_nobody_implements_and_calls_one_registered_mid_epoch(tmp_path):
+    """The loop does not call a hook without implementations at each step; a plugin registered during the
+    epoch (here in ``on_train_step_end`` of step 3) is called from the next batch on."""
+    import fixtures
+
+    started: list[int] = []
+
+    class Late:
+        name = "late"
+
+        @csf.hookimpl
+        def on_train_batch_start(self, batch_idx):
+            started.append(batch_idx)
+
+    class Registers:
+        name = "registers"
+
+        @csf.hookimpl
+        def on_train_step_end(self, run, step):
+            if step == 3:
+                run.hooks.pm.register(Late(), name="late")
+
+    run = csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=3"), plugins=[Registers()],
+                  output_dir=tmp_path)
+    called: list[int] = []
+    through = run.hooks.on_train_batch_start
+
+    def counting(**kwargs):
+        called.append(kwargs["batch_idx"])
+        return through(**kwargs)
+
+    run.hooks.on_train_batch_start = counting
+    run.fit()
+    assert called == [3, 4, 5], "skipped while nobody implemented it, called once a plugin did"
+    assert started == [3, 4, 5]
