@@ -93,8 +93,12 @@ class MetricsPlugin:
             return  # resumed at its end, nothing done: the summary of the run that got there stays
         figures = self._figures(run)
         if figures.get("steps_per_sec") is not None and "steps_per_sec" in run.metrics:
-            # one figure: the fit's training rate, also what the fit_end line and summary.json's metrics say
-            run.metrics["steps_per_sec"] = figures["steps_per_sec"]
+            # one figure: the fit's training rate, also what the fit_end line and summary.json's metrics say;
+            # a run resumed at its end trained nothing here: its rate is the one its checkpoint holds
+            if run.already_complete:
+                figures["steps_per_sec"] = run.metrics["steps_per_sec"]
+            else:
+                run.metrics["steps_per_sec"] = figures["steps_per_sec"]
         summary = run.summary()
         summary.update(figures)
         if error is not None:
