@@ -38,6 +38,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from ..compat import TORCH
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
@@ -536,7 +537,9 @@ class StepTracer:
     def __init__(self, fn: Callable, name: str, *, modules=(), optimizers=(), extras=(),
                  compute_context: Callable[[], Any] | None = None, record: bool = True):
         self.fn, self.name = fn, name
-        self.record = record  # keep each trace's operation stream (what retraces compare with)
+        # keep each trace's operation stream (what retraces compare with); before torch 2.5 a dispatch mode
+        # cannot let a higher-order operator (torch.cond) pass, so there every retrace is a whole trace
+        self.record = record and TORCH >= (2, 5)
         self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
         self.compute_context = compute_context or contextlib.nullcontext
 
