@@ -55,7 +55,10 @@ class OpRecorder(TorchDispatchMode):
             return func(*args, **kwargs)
         else:
             entry = (func, self.describe(args), self.describe(kwargs) if kwargs else None)
-        out = func(*args, **kwargs)
+        return self._recorded(entry, func(*args, **kwargs))
+
+    def _recorded(self, entry: tuple, out):
+        """Append the operation ``entry`` (at the user's line ``where``) and label what it returned ``out``."""
         index = len(self.ops)
         self.ops.append(entry)
         self.wheres.append(self.where)
@@ -172,15 +175,7 @@ class CheckingRecorder(OpRecorder):
         if func._schema.is_mutable:
             with torch._C.DisableTorchFunction():  # the tracer's guard sees none of this
                 self._save_written(func, args, kwargs)
-        out = func(*args, **kwargs)
-        self.ops.append(entry)
-        self.wheres.append(self.where)
-        outputs = out if isinstance(out, (tuple, list)) else (out,)
-        for j, t in enumerate(outputs):
-            if isinstance(t, _PRODUCED):
-                self.labels[id(t)] = (index, j)
-                self.keep.append(t)
-        return out
+        return self._recorded(entry, func(*args, **kwargs))
 
     def _save_written(self, func, args, kwargs) -> None:
         """Save (once) every state tensor whose storage this operation writes into."""
