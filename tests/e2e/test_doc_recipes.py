@@ -240,6 +240,7 @@ BLOCKS: dict[tuple[str, str], object] = {
         "plugins/csframework-cerebras/src/csframework_cerebras/plugin.py"),
     ("docs/guides/csx.md", "python -m csframework device=csx "): Run(),
     ("docs/guides/csx.md", "import torch, csframework as csf"): Python(prelude=CSX_GIVEN),
+    ("docs/guides/csx.md", "[2026-11-29 "): NotARecipe("the log lines the headline command prints"),
     ("docs/guides/distributed.md", "torchrun --nproc_per_node=2 -m csframework backend.strategy=ddp"): Run(),
     ("docs/guides/distributed.md", "csframework: rank 0: another rank died"): NotARecipe("the message a rank prints"),
     ("docs/durability.md", "csframework: error: run directory /home/me/runs/a holds a run"): Elsewhere(
