@@ -193,7 +193,10 @@ BLOCKS: dict[tuple[str, str], object] = {
     ("docs/concepts/index.md", "on_fit_start"): NotARecipe("pseudo-code: the order of the hooks"),
     ("docs/concepts/validation.md", "csframework: error: model._target_: brokenmd.MLP: no module "): Elsewhere(
         "tests/e2e/test_user_code_errors.py", "the CLI prints these lines (checked against the page there)"),
+    ("docs/guides/configs.md", "python -m csframework optimizer=sgd optimizer.lr=0.05 optimizer.schedule"): Run(),
     ("docs/guides/configs.md", "python -m csframework optimizer._target_=torch.optim.RMSprop"): Run(),
+    ("docs/guides/configs.md", "def __getbatch__(self, indices):"): NotARecipe(
+        "a method of the user's dataset, shown alone; tests/unit/test_batched.py runs datasets with one"),
     ("docs/guides/configs.md", "stages:"): Config(("stages.warmup.loop.max_steps=2", "stages.main.loop.max_steps=3")),
     ("docs/guides/configs.md", "# plain SGD, its rate divided by 4"): Run(),
     ("docs/guides/configs.md", "import csframework as csf\n\n\nclass HalveOnSpike"): Python(after=HALVE),
