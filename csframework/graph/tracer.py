@@ -1,6 +1,6 @@
 """Capture a step function into a static graph, and run that graph every iteration.
 
-How a step is traced (see docs/guides/csx.md for why this route):
+How a step is traced (see docs/design/csx-emulator.md for why this route):
 
 1. The *state* the step reads and updates (parameters and buffers of the compiled modules, the optimizers'
    state tensors, loss-scaling tensors) is collected from the live objects, plus the *feeds* (one learning
