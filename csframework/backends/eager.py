@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,10 +22,11 @@ from ..errors import ConfigError
 from ..hookspecs import hookimpl
 from ..precision import Float32, Precision, policy
 from .base import BackendBase, BackendSpec
-from .compile import regions, whole_step
-from .compile.step import COMPILE_MODES, CompiledOps, CompiledStep
+from .compile import COMPILE_MODES
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
-from .compile.payoff import Payoff
+
+if TYPE_CHECKING:
+    from .compile.step import CompiledOps, CompiledStep
 
 
 class Strategy(str, Enum):
@@ -251,6 +252,11 @@ class EagerBackend(BackendBase):
         self.steps = EagerSteps(self.precision, run.module)
         if not self.compile:
             return
+        # imported here: an eager run imports no compile module (start-up)
+        from .compile import regions, whole_step
+        from .compile.payoff import Payoff
+        from .compile.step import CompiledOps, CompiledStep
+
         # (null: a model of repeated blocks is compiled per function, each block once)
         repeated = (regions.describe(regions.repeated_blocks(run.module))
                     if self.whole_step is None and regions.unavailable() is None else "")

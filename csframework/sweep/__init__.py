@@ -4,7 +4,8 @@
 - :mod:`.table`: the live ``sweep.csv`` / ``sweep.json``;
 - :mod:`.plot`: ``sweep.png``;
 - :mod:`.leftovers`: the sweep's own processes (launcher helpers, resource trackers) ended with it;
-- here: what the multirun's parent process does: the Hydra callback (registered in ``conf/config.yaml``),
+- here: what the multirun's parent process does: its start (``start``, called by the Hydra callback
+  ``csframework.sweep_callback`` that ``conf/config.yaml`` registers),
   forwarding SIGINT/SIGTERM to the jobs running in other processes, and the multirun's exit status.
 """
 from __future__ import annotations
@@ -20,7 +21,6 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import cast
 
-from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from ..command import continue_command
@@ -34,7 +34,7 @@ from .plot import PLOT, PLOT_SVG, swept_keys
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, make_row, read_rows, rebuild_rows,
                     record_row, row_overrides, write_table)
 
-__all__ = ["SweepCallback", "SweepEnded", "finish", "forward_signals", "run_sweep_job", "record_row",
+__all__ = ["start", "SweepEnded", "finish", "forward_signals", "run_sweep_job", "record_row",
            "read_rows", "write_table"]
 
 _SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
@@ -49,27 +49,26 @@ MULTIRUN_YAML, OPTUNA_RESULTS = "multirun.yaml", "optimization_results.yaml"
 _FILES = (MULTIRUN_YAML, OPTUNA_RESULTS, TABLE_JSON, TABLE_CSV, PLOT, PLOT_SVG, LOCK, INTERRUPTED, REFUSED, SAID)
 
 
-class SweepCallback(Callback):
-    """The multirun's parent: a fresh start (no mark of an earlier run's interruption or refused jobs) in a
-    sweep directory checked first; what is wrong there is one line and exit 2, before any job starts."""
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        global _SWEEP_DIR, _OBJECTIVE, _MAXIMIZE, _STARTED, _NUMBERED
-        _SWEEP_DIR, _STARTED = Path(config.hydra.sweep.dir), time.time()
-        _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
-        _MAXIMIZE = str(config.get("sweep", {}).get("direction", "minimize")) == "maximize"
-        reset_stop()
-        guard_launcher(str(config.hydra.get("launcher", {}).get("_target_", "")))
-        try:
-            subdir = cast(dict, OmegaConf.to_container(config.hydra.sweep, resolve=False)).get("subdir") \
-                if "sweep" in config.get("hydra", {}) else None
-            _NUMBERED = subdir == "${hydra.job.num}"
-            prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=_NUMBERED)
-        except (UnsafePathError, OSError) as e:
-            if config.get("debug", False):
-                raise
-            sys.stderr.write(f"csframework: {printable(' '.join(str(e).split()))}\n")
-            sys.exit(ExitCode.CONFIG_ERROR)
+def start(config) -> None:
+    """The multirun's parent starts (the Hydra callback, ``csframework.sweep_callback``): a fresh start (no
+    mark of an earlier run's interruption or refused jobs) in a sweep directory checked first; what is wrong
+    there is one line and exit 2, before any job starts."""
+    global _SWEEP_DIR, _OBJECTIVE, _MAXIMIZE, _STARTED, _NUMBERED
+    _SWEEP_DIR, _STARTED = Path(config.hydra.sweep.dir), time.time()
+    _OBJECTIVE = str(config.get("sweep", {}).get("objective", "val/loss"))
+    _MAXIMIZE = str(config.get("sweep", {}).get("direction", "minimize")) == "maximize"
+    reset_stop()
+    guard_launcher(str(config.hydra.get("launcher", {}).get("_target_", "")))
+    try:
+        subdir = cast(dict, OmegaConf.to_container(config.hydra.sweep, resolve=False)).get("subdir") \
+            if "sweep" in config.get("hydra", {}) else None
+        _NUMBERED = subdir == "${hydra.job.num}"
+        prepare(_SWEEP_DIR, OmegaConf.to_yaml(config), numbered=_NUMBERED)
+    except (UnsafePathError, OSError) as e:
+        if config.get("debug", False):
+            raise
+        sys.stderr.write(f"csframework: {printable(' '.join(str(e).split()))}\n")
+        sys.exit(ExitCode.CONFIG_ERROR)
 
 
 class SweepEnded(SystemExit):

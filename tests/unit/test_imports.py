@@ -143,12 +143,27 @@ print("MODULES " + json.dumps(sorted(sys.modules)))
 """
 
 
+@pytest.fixture(scope="module")
+def eager_run_modules(tmp_path_factory) -> set[str]:
+    """The modules a 1-step eager run of the MLP imported (``python -m csframework``, a fresh process)."""
+    out = tmp_path_factory.mktemp("eager")
+    return modules_after("--config-dir", str(Path(__file__).parents[1] / "support" / "conf"), "model=blobs_mlp",
+                         "data=blobs", "loop.max_steps=1", "backend.threads=1", f"hydra.run.dir={out}/run")
+
+
 @pytest.mark.slow
-def test_an_eager_run_imports_no_torch_module_the_plain_script_does_not(tmp_path):
+def test_an_eager_run_imports_no_torch_module_the_plain_script_does_not(eager_run_modules):
     """Issue 50 item 1: a 1-step eager run imports no part of torch beyond what torch's own model and optimizer
     construction and step import (the hand-written script's), but for writing its checkpoint."""
-    run = modules_after("--config-dir", str(Path(__file__).parents[1] / "support" / "conf"), "model=blobs_mlp",
-                        "data=blobs", "loop.max_steps=1", "backend.threads=1", f"hydra.run.dir={tmp_path}/run")
     hand = modules_after(str(Path(__file__).parents[2] / "benchmarks" / "startup_hand.py"), script=HAND)
-    extra = {m for m in run - hand if m == "torch" or m.startswith("torch.")}
+    extra = {m for m in eager_run_modules - hand if m == "torch" or m.startswith("torch.")}
     assert extra <= {"torch.utils.serialization", "torch.utils.serialization.config"}, sorted(extra)
+
+
+@pytest.mark.slow
+def test_an_eager_run_imports_neither_the_compile_path_nor_the_sweep(eager_run_modules):
+    """Issue 50 item 1: what only ``backend.compile=true`` (the compile modules, the static-graph tracer) or a
+    multirun (the sweep package: Hydra instantiates its callback for every command) uses is not imported."""
+    unneeded = [m for m in eager_run_modules if m.startswith(("csframework.backends.compile.", "csframework.sweep."))
+                or m in ("csframework.graph.tracer", "csframework.graph.compiler", "csframework.sweep")]
+    assert unneeded == []

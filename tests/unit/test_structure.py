@@ -19,7 +19,7 @@ FLOORS = [
     ("backends", ["backends", "backends.*"]),
     ("loop, stage and the built-in plugins", ["loop", "stage", "resume", "builtin", "builtin.*", "fresh_run"]),
     ("run and the API", ["run", "api", "weights", "testing", "testset", "predict", "modes"]),
-    ("sweep", ["sweep", "sweep.*"]),
+    ("sweep", ["sweep", "sweep.*", "sweep_callback"]),
     ("the command line", ["__main__", "config_reference"]),
 ]
 #: The package's ``__init__`` is the public facade (``csf.Run`` ...): it loads modules of every floor lazily,

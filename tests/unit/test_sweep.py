@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from hostile import deep_json, strict_json
 from sweep_dirs import GOOD, area, fake_job  # noqa: F401,F811 (area is a fixture)
 
-from csframework.sweep import SweepCallback
+from csframework.sweep_callback import SweepCallback
 from csframework.sweep.table import load_rows, read_rows
 
 

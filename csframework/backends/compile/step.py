@@ -65,8 +65,6 @@ from .scope import CompileScope, cache_dir, fresh, trust_vector_isa
 from .update import fused_on_cpu, prepare_optimizer, raw_step, torch_optimizer
 from .whole_step import WholeStep, batch_shapes
 
-#: ``backend.compile_mode``'s values (``torch.compile``'s modes).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 #: Compilations of one function after its first (new shapes) before it runs eagerly. A recompilation for any other
 #: reason (a guard on a Python value failed: ``.item()`` in the forward, a counter the model reads) is its last.
 MAX_RECOMPILES = 8
