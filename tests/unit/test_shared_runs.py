@@ -1,14 +1,46 @@
-"""How the suite is spread over pytest-xdist's workers (tests/support/shared_runs.py, ``--dist load``): a file
-that defines a fixture its tests share is one unit, any other file is spread test by test."""
+"""How the suite is spread over pytest-xdist's workers (tests/support/shared_runs.py, ``--dist load``): the
+tests of a file that share a fixture it makes once are one unit, any other test is a unit of its own."""
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("xdist", reason="pytest-xdist is in the dev extra: pip install -e '.[dev]'")
 
-from shared_runs import SharedRunsScheduling, defines_a_shared_fixture  # noqa: E402 (needs xdist)
+from shared_runs import SharedRunsScheduling  # noqa: E402 (needs xdist)
 
 ROOT = Path(__file__).resolve().parents[2]
+SHARED = '''
+import pytest
+from pytest import fixture
+
+
+@pytest.fixture(scope="module")
+def run():
+    return 1
+
+
+@fixture
+def copied(run, tmp_path):
+    return run
+
+
+@pytest.fixture(scope="session")
+def once():
+    return 1
+
+
+def test_direct(run):
+    pass
+
+
+@pytest.mark.parametrize("i", [1, 2])
+def test_through_a_fixture(copied, i):
+    pass
+
+
+def test_alone(once, tmp_path):
+    pass
+'''
 
 
 def scheduling(root: Path) -> SharedRunsScheduling:
@@ -17,21 +49,23 @@ def scheduling(root: Path) -> SharedRunsScheduling:
     return made
 
 
-def test_a_file_with_a_module_or_class_scoped_fixture_is_one_unit_and_any_other_is_split(tmp_path):
-    (tmp_path / "test_module.py").write_text(
-        'import pytest\n\n@pytest.fixture(scope="module")\ndef run():\n    return 1\n\ndef test_a(run):\n    pass\n')
-    (tmp_path / "test_class.py").write_text(
-        "from pytest import fixture\n\nclass TestX:\n    @fixture(scope='class')\n    def made(self):\n        return 1\n")
-    (tmp_path / "test_alone.py").write_text(  # a session fixture is made once per worker anyway
-        "import pytest\n\n@pytest.fixture\ndef each():\n    return 1\n\n@pytest.fixture(scope='session')\n"
-        "def once():\n    return 1\n")
+def test_the_tests_sharing_a_module_scoped_fixture_are_one_unit_and_the_others_are_split(tmp_path):
+    (tmp_path / "test_shared.py").write_text(SHARED)
+    (tmp_path / "test_class.py").write_text(  # a class's fixture: the file stays whole
+        "from pytest import fixture\n\nclass TestX:\n    @fixture(scope='class')\n    def made(self):\n"
+        "        return 1\n\n    def test_y(self, made):\n        pass\n")
     scopes = scheduling(tmp_path)
-    assert scopes._split_scope("test_module.py::test_a[1]") == "test_module.py"
+    assert scopes._split_scope("test_shared.py::test_direct") == "test_shared.py"
+    assert scopes._split_scope("test_shared.py::test_through_a_fixture[2]") == "test_shared.py"
+    assert scopes._split_scope("test_shared.py::test_alone") == "test_shared.py::test_alone"  # session: per worker
     assert scopes._split_scope("test_class.py::TestX::test_y") == "test_class.py"
-    assert scopes._split_scope("test_alone.py::test_b[2]") == "test_alone.py::test_b[2]"
 
 
-def test_the_suites_shared_runs_stay_together():
-    assert defines_a_shared_fixture(ROOT / "tests/e2e/test_hostile_cache.py")  # its filled caches
-    assert defines_a_shared_fixture(ROOT / "tests/unit/test_compiled.py")
-    assert not defines_a_shared_fixture(ROOT / "tests/e2e/test_doc_recipes.py")  # its blocks spread
+def test_the_suites_shared_runs_stay_together_and_the_rest_spreads():
+    scopes = scheduling(ROOT)
+    cache = "tests/e2e/test_hostile_cache.py"
+    assert scopes._split_scope(f"{cache}::test_a_planted_module_in_a_shared_cache_never_runs[csx]") == cache
+    lone = f"{cache}::test_float32_and_cbfloat16_compiled_into_one_cache_each_keep_their_own_losses"
+    assert scopes._split_scope(lone) == lone  # makes its own caches
+    recipe = "tests/e2e/test_doc_recipes.py::test_every_block_is_run_or_listed"
+    assert scopes._split_scope(recipe) == recipe
