@@ -38,7 +38,7 @@ def _arguments(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 def tests_sharing_a_fixture(path: Path) -> frozenset[str] | None:
     """The names of the test functions of the file at ``path`` that use (directly or through its other
     fixtures) a fixture it defines with a shared scope; ``WHOLE_FILE`` when that cannot be told by name (such
-    a fixture inside a class, autouse, or used by ``usefixtures``, or the file unreadable)."""
+    a fixture inside a class or beside test classes, autouse, or used by ``usefixtures``; an unreadable file)."""
     try:
         text = path.read_text()
         tree = ast.parse(text, str(path))
@@ -49,7 +49,8 @@ def tests_sharing_a_fixture(path: Path) -> frozenset[str] | None:
     shared = {name for name, f in fixtures.items() if _fixture_scope(f) in SHARED_SCOPES}
     nested = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
               and node not in top and _fixture_scope(node) in SHARED_SCOPES]
-    if nested or (shared and ("autouse" in text or "usefixtures" in text)):
+    classes = any(isinstance(node, ast.ClassDef) for node in tree.body)  # their tests are not named here
+    if nested or (shared and (classes or "autouse" in text or "usefixtures" in text)):
         return WHOLE_FILE
     grown = True
     while grown:  # a fixture that takes a shared one shares it
