@@ -49,6 +49,17 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.skip(reason=f"{what} needs torch>={version}; this is torch {torch.__version__}"))
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own choice; a hook of xdist's only
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load``: test by test, but a file whose tests share a module-scoped run stays on one worker
+    (``shared_runs.py``)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from shared_runs import SharedRunsScheduling
+
+    return SharedRunsScheduling(config, log)
+
+
 @pytest.fixture
 def runner(tmp_path):
     """``csframework.testing.CsfRunner`` in ``tmp_path``: in-process runs and CLI runs of the tiny config."""

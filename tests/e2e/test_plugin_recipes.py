@@ -44,7 +44,7 @@ def test_a_documented_plugin_package_installs_and_its_tests_pass(tmp_path, docum
 
 def test_ci_installs_and_tests_the_plugin_packages_as_the_readme_says():
     ci = [l for l in (ROOT / ".ci" / "run").read_text().splitlines() if l.startswith("python3 -m venv")]
-    step = "pip install -q ./plugins/csframework-* && python -m pytest -q plugins"
+    step = "pip install -q ./plugins/csframework-* && python -m pytest -q -n auto --dist loadfile plugins"
     assert len(ci) == 1 and ci[0].endswith(step) and ci[0] in (ROOT / "README.md").read_text().splitlines()
     packages = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
     assert packages == ["csframework-cerebras", "csframework-early-stopping", "csframework-mlflow",

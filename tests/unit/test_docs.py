@@ -83,7 +83,7 @@ FIRST_PARTY = {"early_stopping", "mlflow", "tensorboard", "cerebras"}
 def test_the_first_party_plugins_sections_are_covered(monkeypatch):
     """Every section (and named backend) of the installed first-party plugin packages, as the site's build sees
     them (every entry point loads there; this suite loads none by default). CI installs them all before it
-    builds the site and runs this file again (.ci/run)."""
+    builds the site and runs this test again (.ci/run)."""
     monkeypatch.setenv("CSFRAMEWORK_PLUGINS_AUTOLOAD", "all")
     sources = config_reference.gather()
     installed = FIRST_PARTY & set(sources.sections)
@@ -239,15 +239,18 @@ def test_the_readme_is_short():
 
 
 def test_ci_builds_the_site_strictly_after_the_readme_test_command():
-    """.ci/run keeps the README's test command as its first step and then builds the site with the docs
-    extra, strictly, and runs the docs' tests (the site test skips in the core suite, without the extra)."""
+    """.ci/run keeps the README's test command as its first step, then installs the docs extra and runs the
+    site's test (which skips in the core suite, without the extra), whose build is strict, and this file's
+    test of the installed plugins' sections."""
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
     readme = next(i for i, line in enumerate(lines) if line.startswith("python3 -m venv"))
     steps = [line.strip() for line in lines[readme + 1:]]
     order = [next(i for i, step in enumerate(steps) if step.startswith(start)) for start in
-             ('pip install -q -e ".[docs]"', "NO_MKDOCS_2_WARNING=1 mkdocs build --strict", "python docs/screenshots.py site",
-              "python -m pytest -q tests/unit/test_docs.py tests/e2e/test_docs_site.py")]
+             ('pip install -q -e ".[docs]"', "python -m pytest -q tests/e2e/test_docs_site.py "
+              "tests/unit/test_docs.py::test_the_first_party_plugins_sections_are_covered")]
     assert order == sorted(order)
+    site = (ROOT / "tests" / "e2e" / "test_docs_site.py").read_text()
+    assert '"mkdocs", "build", "--strict"' in site and "shots.screenshots(site, browser)" in site
     assert "docs" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 
