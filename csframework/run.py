@@ -13,10 +13,11 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import carried, failures, finite, loop, modes, resume, testset
+from . import carried, failures, finite, loop, modes, testset
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
+from .builtin.checkpoint import schema
 from .builtin.logs import quiet_logger
 from .config import RunConfig, run_stages
 from .config.readonly import freeze
@@ -325,14 +326,17 @@ class Run:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything that decides the rest of the run, as tensors and plain values
-        (loadable with ``torch.load(weights_only=True)``). Under ``strategy=fsdp`` the model and optimizer
-        are not in it (``sharded``): every rank writes its shards of them (``Backend.save_sharded``)."""
-        return resume.run_state(self)
+        """Everything that decides the rest of the run, as tensors and plain values (loadable with
+        ``torch.load(weights_only=True)``), laid out as ``builtin.checkpoint.schema.FIELDS`` says. Under
+        ``strategy=fsdp`` the model and optimizer are ``None``: every rank writes its shards of them
+        (``Backend.save_sharded``)."""
+        return schema.run_state(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
-        resume.load_run_state(self, state)
+        """Continue from ``state_dict()`` (of this csframework or an older one: older layouts are converted):
+        checks every value against this run's config (``DamagedCheckpoint``), enters the saved stage and
+        restores every piece (``ConfigError`` when it belongs to another run)."""
+        schema.load_run_state(self, state)
 
 
 if TYPE_CHECKING:  # the type checker verifies that Run is what hooks, the step and backends are typed against

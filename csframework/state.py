@@ -1,6 +1,7 @@
 """``RunState``: where a run is. The loop owns it: it is the only writer of the position and the pending
 step outputs; the signal handler records a stop request through ``request_stop``; ``Run.load_state_dict``
-restores a saved position. Plugins read it (``run.state``, or the ``Run`` properties that mirror it).
+restores a saved position (the fields ``builtin.checkpoint.schema.POSITION`` names). Plugins read it
+(``run.state``, or the ``Run`` properties that mirror it).
 """
 from __future__ import annotations
 
@@ -8,11 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-#: The fields that locate a run in its stages, saved in a checkpoint (``state_dict()["loop"]``).
-POSITION = ("global_step", "stage_index", "stage_step", "epoch", "batch_in_epoch", "micro_step", "last_eval_step")
-#: What a checkpoint without a field (written before the field existed) restores it to.
-POSITION_DEFAULTS = {"last_eval_step": -1}
 
 
 @dataclass
@@ -137,11 +133,3 @@ class RunState:
         if signum is not None:
             self.stop_signal = signum
         self.stopping = True
-
-    # -- checkpoints ----------------------------------------------------------------------------------------
-    def position(self) -> dict[str, int]:
-        return {key: getattr(self, key) for key in POSITION}
-
-    def restore_position(self, position: dict) -> None:
-        for key in POSITION:
-            setattr(self, key, int(position[key] if key in position else POSITION_DEFAULTS[key]))

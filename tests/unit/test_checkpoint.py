@@ -131,7 +131,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_no_checkpoint_holds_it(tmp
         fit(tmp_path, "loop.max_steps=12", "loop.log_every=10", f"checkpoint.every_steps={every}", *NAN_MODEL)
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     state, meta = read_checkpoint(newest)
-    assert meta["global_step"] == (6 if every == 1 else 5) < 7
+    assert state["loop"]["global_step"] == (6 if every == 1 else 5) < 7
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "step 7" in summary["error"]
@@ -173,7 +173,7 @@ def test_dynamic_loss_scaling_skips_non_finite_steps_then_stops_at_min_scale(tmp
             "checkpoint.every_steps=2", *NAN_MODEL)
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     state, meta = read_checkpoint(newest)
-    assert meta["global_step"] == 8  # skipped steps left the parameters finite
+    assert state["loop"]["global_step"] == 8  # skipped steps left the parameters finite
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     assert state["backend"]["precision"]["scale"] == 2.0
 
