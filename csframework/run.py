@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -278,17 +279,17 @@ class Run:
             self._current.release()
 
     def flush_metrics(self) -> None:
-        """Report the training metrics of the steps since the last log now (``on_log_metrics``), after
-        checking their losses (``NonFiniteLossError``). The checkpoint plugin calls it before saving, so a
-        checkpoint, like ``summary.json``, holds the metrics of the steps before it."""
+        """Deprecated (called from a hook, it dispatched ``on_log_metrics`` inside it): ``RunState.save_due``."""
+        warnings.warn("Run.flush_metrics is deprecated: set run.state.save_due (RunState.save_due), and the loop "
+                      "reports the pending metrics before the hooks of a step you save at", DeprecationWarning, 2)
         if self.state.pending.get("loss"):
             loop.log_train_metrics(self)
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
         infinite (under dynamic loss scaling: if the scale fell below ``precision.min_scale``), or if a
-        parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving, so no
-        checkpoint holds the state of a run that has gone non-finite."""
+        parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving (the loop
+        has reported the pending losses then), so no checkpoint holds the state of a run gone non-finite."""
         finite.check_finite(self)
         finite.check_parameters_finite(self)
 

@@ -6,7 +6,7 @@ restores a saved position (the fields ``builtin.checkpoint.schema.POSITION`` nam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -57,6 +57,11 @@ class RunState:
     carried: Any = None
     """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
     ``None`` for a model without ``initial_state``."""
+    save_due: Callable[[int], bool] | None = None
+    """Set by the plugin that saves the run's state at some step ends (the checkpoint plugin, at
+    ``on_train_start``): whether it saves at the step just taken. The loop asks it at every step end before
+    the step's hooks, and at a step it saves reports the metrics not yet logged first (``on_log_metrics``,
+    their losses checked), so a plugin never calls back into the loop's flush."""
 
     # -- written by the loop ------------------------------------------------------------------------------
     def enter_stage(self, index: int) -> None:

@@ -338,3 +338,42 @@ def test_a_keep_best_monitor_no_evaluation_reports_is_said_at_the_first_evaluati
                 if '"keep_best_monitor_not_reported"' in line]
     assert len(warnings) == 1 and warnings[0]["monitor"] == "val/los" and "val/loss" in warnings[0]["reported"]
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step-00000002", "step-00000004"]
+
+
+# -- the step's hooks: no call back into the loop (issue 51 item 5) ------------------------------------------
+class Nesting:
+    """Records each ``on_log_metrics`` dispatched while ``on_train_step_end`` is being dispatched."""
+
+    name = "nesting"
+
+    def __init__(self):
+        self.inside, self.nested, self.logged = False, [], []
+
+    @csf.hookimpl(hookwrapper=True)
+    def on_train_step_end(self):
+        self.inside = True
+        yield
+        self.inside = False
+
+    @csf.hookimpl
+    def on_log_metrics(self, metrics, step):
+        if self.inside:
+            self.nested.append(step)
+        if "train/loss" in metrics:
+            self.logged.append(step)
+
+
+def test_a_checkpoint_step_reports_its_metrics_before_the_steps_hooks_not_inside_them(tmp_path):
+    """Before: the checkpoint plugin's save flushed the loop's metrics from inside ``on_train_step_end``."""
+    spy = Nesting()
+    fit(tmp_path, "loop.max_steps=6", "loop.log_every=4", "checkpoint.every_steps=3", plugins=[spy])
+    assert spy.nested == []
+    assert spy.logged == [3, 4, 6]  # step 3's checkpoint: the metrics since the last log reported first
+    _, meta = read_checkpoint(tmp_path / "checkpoints" / "step-00000003")
+    assert meta["metrics"]["train/loss"] > 0
+
+
+def test_run_flush_metrics_is_deprecated(tmp_path):
+    run = csf.Run(fixtures.compose(), output_dir=tmp_path)
+    with pytest.warns(DeprecationWarning, match="RunState.save_due"):
+        run.flush_metrics()

@@ -40,6 +40,7 @@ class CheckpointPlugin:
         self.saved_eval_step = -1  # the evaluation (its step) the checkpoint of saved_step holds the metrics of
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
+        self.due_step: int | None = None  # the step _due last said is saved
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.best = BestTracker()  # keep_best: the best so far, and what was reported when
         self.shards: SafeDir | None = None  # a sharded backend: the temporary directory the ranks write into
@@ -211,16 +212,24 @@ class CheckpointPlugin:
     def on_train_start(self, run):
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         self.every_epochs = run.stage_config.checkpoint.every_epochs
+        run.state.save_due = lambda step: self._due(run, step)  # the loop asks before the step's hooks
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
 
-    @hookimpl(trylast=True)
-    def on_train_step_end(self, run, step):
-        by_epochs = run.state.closes_epochs(self.every_epochs)  # checkpoint.every_epochs
+    def _due(self, run, step: int) -> bool:
+        """Whether a checkpoint is saved at ``step`` (``RunState.save_due``: the loop asks once a step, before
+        its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
         # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
         # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
-        if run.state.stopping or (self.every and step % self.every == 0) or by_epochs \
-                or (run.state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run))):
+        due = run.state.stopping or bool(self.every and step % self.every == 0) \
+            or run.state.closes_epochs(self.every_epochs) \
+            or (run.state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
+        self.due_step = step if due else None
+        return due
+
+    @hookimpl(trylast=True)
+    def on_train_step_end(self, run, step):
+        if self.due_step == step:
             self.save(run)
 
     @hookimpl
@@ -238,13 +247,13 @@ class CheckpointPlugin:
         """Write a checkpoint of ``run`` now (rank 0; under a sharded backend every rank writes its shards
         first) and prune to ``keep_last``.
 
-        Refuses (``NonFiniteLossError``) when the run has gone non-finite since the last log, so the last
-        good checkpoint is never replaced by a non-finite state.
+        Refuses (``NonFiniteLossError``) when the run has gone non-finite, so the last good checkpoint is never
+        replaced by a non-finite state: the loop reported (and so checked) the losses not yet logged before
+        the step's hooks (``RunState.save_due``); the parameters and the loss scale are checked here.
         """
         sharded = run.backend.sharded
         if run.rank != 0 and not sharded:
             return None
-        run.flush_metrics()
         run.check_finite()
         root = self._root(run)
         run.files.sub("checkpoints")
