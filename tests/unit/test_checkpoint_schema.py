@@ -116,3 +116,17 @@ def test_a_model_that_does_not_fit_is_named_once_by_its_tensor(tmp_path):
         built(tmp_path / "b", "model.net.hidden=32").load_state_dict(state)
     assert info.value.field == "model"
     assert str(info.value) == ("checkpoint: net.0.weight is [16, 8] in the checkpoint, [32, 8] in the model")
+
+
+def test_a_sharded_state_holds_no_whole_model_and_loads_only_into_a_sharded_run(tmp_path, monkeypatch):
+    """Under ``strategy=fsdp`` the ranks write the model and optimizer into ``sharded/`` (tests/e2e/test_fsdp.py
+    runs it under torchrun); the state has them as ``None``, and a whole run refuses it naming the strategy."""
+    run = built(tmp_path / "a")
+    monkeypatch.setattr(run.backend, "sharded", True)
+    state = run.state_dict()
+    assert state["sharded"] is True and state["model"] is None and state["optimizer"] is None
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    run.load_state_dict(state)  # the checkpoint plugin then loads the shards (Backend.load_sharded)
+    assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+    with pytest.raises(StateMismatch, match=r"written sharded \(strategy=fsdp\); resume it with the same kind"):
+        built(tmp_path / "b").load_state_dict(state)
