@@ -33,6 +33,8 @@ Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consum
             on_eval_start ... on_eval_end(metrics)    # when stage_step % loop.eval_every == 0 (or an epoch
             on_log_metrics(val metrics, step)         # of loop.eval_every_epochs ends), and at the stage's
                                                       # last step (its final evaluation)
+            on_log_metrics(metrics, step)             # at a step the checkpoint plugin saves at (its
+                                                      # RunState.save_due), the metrics not yet logged
         on_train_batch_end(batch, outputs, batch_idx)
     on_train_step_end(step, outputs)                  # once per optimizer step; the built-in checkpoint plugin
                                                       # saves here, after the evaluation of the same step
@@ -241,7 +243,8 @@ def on_train_step_end(run: RunProtocol, step: int, outputs: dict[str, Any]) -> N
     """After each optimizer step, once, whatever ``loop.grad_accum_steps`` is: after the step's last
     ``on_train_batch_end`` and after the metric logging and the evaluation of that step (so a plugin here sees
     the step's ``val/*`` metrics in ``run.metrics``). The built-in checkpoint plugin saves here, after every
-    other plugin.
+    other plugin; at such a step the metrics not yet logged were reported before the step's hooks (no
+    ``on_log_metrics`` is dispatched from inside this hook).
 
     :param run: the ``Run``.
     :param step: the global step just taken (``run.global_step``).

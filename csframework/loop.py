@@ -156,7 +156,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every`` or
     ``eval_every_epochs``, and the final step;
     the losses since the last log are checked first, so a non-finite one stops the run before it is
-    evaluated), a stop signal makes this step the last, ``on_train_batch_end`` fires for the batch and
+    evaluated), a stop signal makes this step the last, at a step a plugin saves (``RunState.save_due``)
+    the metrics not yet logged are reported, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
     ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
@@ -183,6 +184,8 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     signum = state.stop_signal if backend.world_size == 1 else backend.any_rank_signal(state.stop_signal)
     if signum is not None:
         state.stop_after_this_step(signum)
+    if state.save_due is not None and state.save_due(state.global_step):
+        log_train_metrics(run)  # a checkpoint holds the metrics of the steps before it, their losses checked
     if "on_train_batch_end" not in quiet:
         hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
     if "on_train_step_end" not in quiet:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -13,10 +14,11 @@ import pluggy
 import torch
 from omegaconf import DictConfig
 
-from . import carried, failures, finite, loop, modes, resume, testset
+from . import carried, failures, finite, loop, modes, testset
 from .backends.distributed import distribution, peer_lost
 from .graph.cachedir import usable_inductor_env
 from .builtin import builtin_plugins
+from .builtin.checkpoint import schema
 from .builtin.logs import quiet_logger
 from .config import RunConfig, run_stages
 from .config.readonly import freeze
@@ -277,17 +279,17 @@ class Run:
             self._current.release()
 
     def flush_metrics(self) -> None:
-        """Report the training metrics of the steps since the last log now (``on_log_metrics``), after
-        checking their losses (``NonFiniteLossError``). The checkpoint plugin calls it before saving, so a
-        checkpoint, like ``summary.json``, holds the metrics of the steps before it."""
+        """Deprecated (called from a hook, it dispatched ``on_log_metrics`` inside it): ``RunState.save_due``."""
+        warnings.warn("Run.flush_metrics is deprecated: set run.state.save_due (RunState.save_due), and the loop "
+                      "reports the pending metrics before the hooks of a step you save at", DeprecationWarning, 2)
         if self.state.pending.get("loss"):
             loop.log_train_metrics(self)
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` naming the step if a training loss since the last log was NaN or
         infinite (under dynamic loss scaling: if the scale fell below ``precision.min_scale``), or if a
-        parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving, so no
-        checkpoint holds the state of a run that has gone non-finite."""
+        parameter is not finite. One synchronisation; the checkpoint plugin calls it before saving (the loop
+        has reported the pending losses then), so no checkpoint holds the state of a run gone non-finite."""
         finite.check_finite(self)
         finite.check_parameters_finite(self)
 
@@ -325,14 +327,17 @@ class Run:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything that decides the rest of the run, as tensors and plain values
-        (loadable with ``torch.load(weights_only=True)``). Under ``strategy=fsdp`` the model and optimizer
-        are not in it (``sharded``): every rank writes its shards of them (``Backend.save_sharded``)."""
-        return resume.run_state(self)
+        """Everything that decides the rest of the run, as tensors and plain values (loadable with
+        ``torch.load(weights_only=True)``), laid out as ``builtin.checkpoint.schema.FIELDS`` says. Under
+        ``strategy=fsdp`` the model and optimizer are ``None``: every rank writes its shards of them
+        (``Backend.save_sharded``)."""
+        return schema.run_state(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state_dict()``: enters the saved stage and restores every piece."""
-        resume.load_run_state(self, state)
+        """Continue from ``state_dict()`` (of this csframework or an older one: older layouts are converted):
+        checks every value against this run's config (``DamagedCheckpoint``), enters the saved stage and
+        restores every piece (``ConfigError`` when it belongs to another run)."""
+        schema.load_run_state(self, state)
 
 
 if TYPE_CHECKING:  # the type checker verifies that Run is what hooks, the step and backends are typed against

@@ -1,18 +1,14 @@
 """``RunState``: where a run is. The loop owns it: it is the only writer of the position and the pending
 step outputs; the signal handler records a stop request through ``request_stop``; ``Run.load_state_dict``
-restores a saved position. Plugins read it (``run.state``, or the ``Run`` properties that mirror it).
+restores a saved position (the fields ``builtin.checkpoint.schema.POSITION`` names). Plugins read it
+(``run.state``, or the ``Run`` properties that mirror it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
-
-#: The fields that locate a run in its stages, saved in a checkpoint (``state_dict()["loop"]``).
-POSITION = ("global_step", "stage_index", "stage_step", "epoch", "batch_in_epoch", "micro_step", "last_eval_step")
-#: What a checkpoint without a field (written before the field existed) restores it to.
-POSITION_DEFAULTS = {"last_eval_step": -1}
 
 
 @dataclass
@@ -61,6 +57,11 @@ class RunState:
     carried: Any = None
     """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
     ``None`` for a model without ``initial_state``."""
+    save_due: Callable[[int], bool] | None = None
+    """Set by the plugin that saves the run's state at some step ends (the checkpoint plugin, at
+    ``on_train_start``): whether it saves at the step just taken. The loop asks it at every step end before
+    the step's hooks, and at a step it saves reports the metrics not yet logged first (``on_log_metrics``,
+    their losses checked), so a plugin never calls back into the loop's flush."""
 
     # -- written by the loop ------------------------------------------------------------------------------
     def enter_stage(self, index: int) -> None:
@@ -137,11 +138,3 @@ class RunState:
         if signum is not None:
             self.stop_signal = signum
         self.stopping = True
-
-    # -- checkpoints ----------------------------------------------------------------------------------------
-    def position(self) -> dict[str, int]:
-        return {key: getattr(self, key) for key in POSITION}
-
-    def restore_position(self, position: dict) -> None:
-        for key in POSITION:
-            setattr(self, key, int(position[key] if key in position else POSITION_DEFAULTS[key]))

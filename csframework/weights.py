@@ -224,8 +224,12 @@ def _read(path: Path) -> Checkpoint:
                                                                     or k.endswith("_extra_state"))
                                             for k, v in model.items())):
         raise DamagedCheckpoint(f"checkpoint {path}: its model is not a state dict of tensors")
+    loop = state.get("loop")
+    step = loop.get("global_step") if isinstance(loop, dict) else None
+    if type(step) is not int or step < 0:
+        raise DamagedCheckpoint(f"checkpoint {path}: state.pt holds no step (loop.global_step)")
     stage = meta.get("stage")
-    return Checkpoint(path=path, model=unwrapped(model), step=meta.get("global_step", 0),
+    return Checkpoint(path=path, model=unwrapped(model), step=step,
                       stage=stage if isinstance(stage, str) else "", metrics=dict(meta.get("metrics") or {}),
                       config=_config(path))
 

@@ -231,8 +231,8 @@ def recorded_point(job: SafeDir) -> dict[str, str] | None:
 
 
 def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
-    """The job's summary if it shows a completed job that its own checkpoints confirm (the newest is at the
-    summary's ``global_step``), with the metrics of that checkpoint (derived, not believed: a summary.json
+    """The job's summary if it shows a completed job that its own checkpoints confirm (the newest is named by the
+    summary's ``global_step``, and its meta.json reads back), with the metrics of that checkpoint (derived, not believed: a summary.json
     can be edited, the checkpoint's are what the run's state holds); else None and, when the directory claims
     more than it shows, why."""
     from ..builtin.checkpoint import checkpoint_names, read_meta
@@ -258,8 +258,6 @@ def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
         meta = read_meta(root / names[-1])
     except (CsfError, ValueError, OSError) as e:  # DamagedCheckpoint, UnreadableCheckpoints
         return None, f"its checkpoints cannot confirm its summary.json ({printable(str(e))})"
-    if meta.get("global_step") != step:
-        return None, f"its summary.json says step {step}, its checkpoint {names[-1]} says {meta.get('global_step')}"
     return {**summary, "metrics": dict(meta.get("metrics") or {})}, None
 
 

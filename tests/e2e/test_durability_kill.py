@@ -136,7 +136,7 @@ def test_a_signal_finishes_the_step_saves_and_resume_completes_identically(runs,
     index = json.loads(files[str(run_dir / "checkpoints/index.json")])
     assert index["checkpoints"][-1] == "step-00000005"
     meta = json.loads(files[str(run_dir / "checkpoints/step-00000005/meta.json")])
-    assert meta["global_step"] == 5 and meta["plugins"]["killer"] == {"saved_at": 5}
+    assert meta["plugins"]["killer"] == {"saved_at": 5}  # the step: the directory's name, the state's position
 
     assert resumed["returncode"] == 0, resumed["stderr"][-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

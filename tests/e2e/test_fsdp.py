@@ -26,7 +26,7 @@ FSDP = ["backend.strategy=fsdp", "backend.fsdp_wrap=[Linear]"]
 def sharded_params(checkpoint) -> dict:
     """The full model parameters of a sharded checkpoint, read in this process through the safe reader."""
     state, meta = ckpt.read_checkpoint(checkpoint)
-    assert state["sharded"] and "model" not in state
+    assert state["sharded"] and state["model"] is None and state["optimizer"] is None
     model = csf.Run(fixtures.compose()).model
     wanted = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
     files = {n.split("/", 1)[1] for n in meta["files"] if n.startswith("sharded/")}

@@ -185,7 +185,7 @@ def deep_json(levels: int = 100_000) -> bytes:
 def forge_state(checkpoint: Path, change, meta_step: int | None = None) -> None:
     """Rewrite ``checkpoint``'s ``state.pt`` with ``change(state)`` applied, and its meta.json's sizes and
     checksums to match (a forger can compute them too: they prove consistency, not authorship);
-    ``meta_step`` also forges meta.json's ``global_step``."""
+    ``meta_step`` also plants a ``global_step`` in meta.json (version 1's meta held one; nothing reads it now)."""
     import torch
 
     from csframework.builtin.checkpoint.format import file_crc32

@@ -131,7 +131,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_no_checkpoint_holds_it(tmp
         fit(tmp_path, "loop.max_steps=12", "loop.log_every=10", f"checkpoint.every_steps={every}", *NAN_MODEL)
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     state, meta = read_checkpoint(newest)
-    assert meta["global_step"] == (6 if every == 1 else 5) < 7
+    assert state["loop"]["global_step"] == (6 if every == 1 else 5) < 7
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "step 7" in summary["error"]
@@ -173,7 +173,7 @@ def test_dynamic_loss_scaling_skips_non_finite_steps_then_stops_at_min_scale(tmp
             "checkpoint.every_steps=2", *NAN_MODEL)
     newest = list_checkpoints(tmp_path / "checkpoints")[-1]
     state, meta = read_checkpoint(newest)
-    assert meta["global_step"] == 8  # skipped steps left the parameters finite
+    assert state["loop"]["global_step"] == 8  # skipped steps left the parameters finite
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     assert state["backend"]["precision"]["scale"] == 2.0
 
@@ -338,3 +338,42 @@ def test_a_keep_best_monitor_no_evaluation_reports_is_said_at_the_first_evaluati
                 if '"keep_best_monitor_not_reported"' in line]
     assert len(warnings) == 1 and warnings[0]["monitor"] == "val/los" and "val/loss" in warnings[0]["reported"]
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step-00000002", "step-00000004"]
+
+
+# -- the step's hooks: no call back into the loop (issue 51 item 5) ------------------------------------------
+class Nesting:
+    """Records each ``on_log_metrics`` dispatched while ``on_train_step_end`` is being dispatched."""
+
+    name = "nesting"
+
+    def __init__(self):
+        self.inside, self.nested, self.logged = False, [], []
+
+    @csf.hookimpl(hookwrapper=True)
+    def on_train_step_end(self):
+        self.inside = True
+        yield
+        self.inside = False
+
+    @csf.hookimpl
+    def on_log_metrics(self, metrics, step):
+        if self.inside:
+            self.nested.append(step)
+        if "train/loss" in metrics:
+            self.logged.append(step)
+
+
+def test_a_checkpoint_step_reports_its_metrics_before_the_steps_hooks_not_inside_them(tmp_path):
+    """Before: the checkpoint plugin's save flushed the loop's metrics from inside ``on_train_step_end``."""
+    spy = Nesting()
+    fit(tmp_path, "loop.max_steps=6", "loop.log_every=4", "checkpoint.every_steps=3", plugins=[spy])
+    assert spy.nested == []
+    assert spy.logged == [3, 4, 6]  # step 3's checkpoint: the metrics since the last log reported first
+    _, meta = read_checkpoint(tmp_path / "checkpoints" / "step-00000003")
+    assert meta["metrics"]["train/loss"] > 0
+
+
+def test_run_flush_metrics_is_deprecated(tmp_path):
+    run = csf.Run(fixtures.compose(), output_dir=tmp_path)
+    with pytest.warns(DeprecationWarning, match="RunState.save_due"):
+        run.flush_metrics()

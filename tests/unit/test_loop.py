@@ -24,7 +24,6 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import csframework as csf
-from csframework.state import RunState
 import fixtures
 
 
@@ -397,14 +396,6 @@ def test_a_run_resumed_at_its_end_trains_and_writes_nothing(tmp_path):
     assert (tmp_path / "summary.json").read_text() == summary_text  # its wall time and figures stay
     assert fixtures.events(tmp_path)[-2]["event"] == "already_complete"
     assert first["metrics"] == again["metrics"]
-
-
-def test_a_checkpoint_from_before_last_eval_step_existed_still_loads():
-    state = RunState()
-    old = {"global_step": 7, "stage_index": 0, "stage_step": 7, "epoch": 0, "batch_in_epoch": 7, "micro_step": 7}
-    state.restore_position(old)
-    assert state.global_step == 7 and state.last_eval_step == -1
-    assert state.position() == old | {"last_eval_step": -1}
 
 
 # -- log windows --------------------------------------------------------------------------------------------

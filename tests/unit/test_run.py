@@ -132,7 +132,7 @@ def test_a_plugin_raising_in_a_hook_is_named_and_the_run_fails_cleanly(tmp_path)
     # the last good checkpoint (step 2) is intact; nothing was saved for the failed step
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step-00000002"]
     state, meta = read_checkpoint(tmp_path / "checkpoints" / "step-00000002")
-    assert meta["global_step"] == 2 and state["loop"]["global_step"] == 2
+    assert meta["stage"] == "main" and state["loop"]["global_step"] == 2
 
 
 def test_a_plugin_that_fails_to_import_is_named(tmp_path):

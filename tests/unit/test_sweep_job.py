@@ -65,9 +65,9 @@ def test_a_summary_counts_only_with_its_final_checkpoint(tmp_path):
     write_checkpoint(root, "step-00000008", {"x": torch.zeros(1)}, {"global_step": 8}, "a: 1\n")
     done, problem = completed_before(SafeDir(tmp_path, "0"))
     assert problem is None and done["global_step"] == 8
-    (root / "step-00000008" / "meta.json").write_text('{"files": {}, "global_step": 7}')
+    (root / "step-00000008" / "meta.json").write_text('{"files": 7}')
     done, problem = completed_before(SafeDir(tmp_path, "0"))
-    assert done is None and "7" in problem
+    assert done is None and "cannot confirm" in problem and "no files table" in problem
 
 
 def test_a_job_that_failed_before_its_run_began_records_it_but_keeps_an_earlier_summary(tmp_path):

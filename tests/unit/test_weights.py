@@ -242,7 +242,7 @@ def sharded_checkpoint(root, model: dict, forge=None):
         metadata = read_metadata(shards / ".metadata")
         forge(metadata)
         (shards / ".metadata").write_bytes(pickle.dumps(metadata))
-    write_checkpoint(root, "step-00000005", {"sharded": True, "loop": {"global_step": 5}}, {"global_step": 5},
+    write_checkpoint(root, "step-00000005", {"sharded": True, "loop": {"global_step": 5}}, {},
                      "seed: 0\n", sharded=tmp)
     return root / "step-00000005"
 
@@ -300,7 +300,7 @@ def test_wrapper_prefixes_are_removed_so_the_weights_load_into_the_plain_model(t
     saved = {prefix + k: v for k, v in plain.state_dict().items()}
     root = tmp_path / "checkpoints"
     root.mkdir()
-    write_checkpoint(root, "step-00000001", {"model": saved}, {"global_step": 1}, "seed: 0\n")
+    write_checkpoint(root, "step-00000001", {"model": saved, "loop": {"global_step": 1}}, {}, "seed: 0\n")
     ckpt = csf.load_checkpoint(tmp_path)
     fresh = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     fresh.load_state_dict(ckpt.model)
@@ -311,5 +311,5 @@ def test_a_model_whose_own_keys_share_a_prefix_only_in_part_is_left_as_it_is(tmp
     model = {"module.weight": torch.ones(1), "bias": torch.zeros(1)}
     root = tmp_path / "checkpoints"
     root.mkdir()
-    write_checkpoint(root, "step-00000001", {"model": model}, {"global_step": 1}, "")
+    write_checkpoint(root, "step-00000001", {"model": model, "loop": {"global_step": 1}}, {}, "")
     assert csf.load_checkpoint(tmp_path).model.keys() == model.keys()

@@ -4,7 +4,8 @@
   position, random generators), tensors and plain values only, written with ``torch.save`` and read with
   ``torch.load(weights_only=True)``: loading cannot run code from the file;
 - ``config.yaml``: the composed run config, as YAML;
-- ``meta.json``: step, stage, metrics, plugin state (``on_checkpoint_save``) and, for each other file,
+- ``meta.json``: the layout version (``format``), the stage, metrics, plugin state (``on_checkpoint_save``),
+  the run's id, the optimizer's class and, for each other file,
   its size and checksums: the CRC-32 of ``config.yaml``, and of every record of ``state.pt`` (a zip
   archive whose records torch already checksums as it writes them, so saving costs no extra pass). They are
   checked before anything loaded is used;
@@ -33,7 +34,8 @@ from ...errors import CheckpointWriteError, DamagedCheckpoint
 from ...files import SafeDir
 from .untrusted import read_bounded, read_json, yaml_problem
 
-FORMAT = 2
+#: The layout of meta.json (3: no ``global_step``, which the state's position holds; the directory's name too).
+FORMAT = 3
 #: Under a sharded backend: the sub-directory of a checkpoint holding the shards every rank wrote (the
 #: names ``strategy=fsdp``'s DCP writes are the ones allowed).
 SHARDED = "sharded"
@@ -251,8 +253,6 @@ def _meta_problem(meta) -> str | None:
         if records is not None and not (isinstance(records, dict)
                                         and all(isinstance(v, str) for v in records.values())):
             return f"files.{name}.records is not a table of checksums"
-    if type(meta.get("global_step", 0)) is not int:
-        return "global_step is not an integer"
     metrics = meta.get("metrics") or {}
     if not isinstance(metrics, dict) or not all(type(v) in (int, float) for v in metrics.values()):
         return "metrics is not a table of numbers"

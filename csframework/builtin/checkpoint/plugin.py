@@ -11,117 +11,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import cast
+from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
 from ...errors import (CheckpointWriteError, ConfigError, DamagedCheckpoint, PluginError, UnreadableCheckpoints,
                        UnsafePathError)
 from ...files import SafeDir
 from ...hookspecs import hookimpl
-from ...schedule import Schedule, lr_factor
 from . import store
 from .best import BestTracker
+from .changes import changed_settings, changes_problem, config_differences
 from .format import (MAX_CONFIG_BYTES, MAX_META_BYTES, SHARDED, read_checkpoint, read_config_yaml, temporary_dir,
                      write_checkpoint)
-from .readback import state_problem
+from .schema import StateMismatch, checked_state
 from .store import INDEX, checkpoint_names, read_best, resume_source, step_of
 
 #: What the plugins' state may take in meta.json (the rest of ``MAX_META_BYTES`` is the files table).
 MAX_PLUGIN_STATE_BYTES = MAX_META_BYTES - (1 << 20)
 
-
-
-# -- compatibility --------------------------------------------------------------------------------------
-def _flatten(node, prefix: str) -> dict:
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}.{key}"))
-        return out
-    return {prefix: node}
-
-
-def _config_differences(saved_yaml: str, config, section: str) -> list[str]:
-    try:
-        saved = cast(dict, OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}"))).get(section)
-    except Exception:  # noqa: BLE001 - a config we cannot read names nothing
-        return []
-    now = cast(dict, OmegaConf.to_container(OmegaConf.structured(config))).get(section)
-    before, after = _flatten(saved, section), _flatten(now, section)
-    return [f"{key} is {before.get(key, '(unset)')} in the checkpoint, {after.get(key, '(unset)')} now"
-            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
-
-
-#: What a resumed stage takes from its checkpoint, not from the config: the optimizer's settings (torch's
-#: ``load_state_dict`` restores them with its state) and the learning-rate schedule (``Schedule``'s plan, a
-#: torch scheduler's own state), planned for the stage's length then (``loop.max_steps``/``max_epochs``).
-RESUMED_SETTINGS = ("loop.max_steps", "loop.max_epochs", "optimizer.lr", "optimizer.weight_decay",
-                    "optimizer.momentum", "optimizer.nesterov", "optimizer.betas", "optimizer.eps",
-                    "optimizer.schedule.")
-LENGTH = ("loop.max_steps", "loop.max_epochs")
-
-
-def changed_settings(saved_yaml: str, config, stage: str) -> list[tuple[str, object, object]]:
-    """``(key, in the checkpoint, now)`` for each of ``RESUMED_SETTINGS`` whose value for stage ``stage`` in
-    the checkpoint's config (``saved_yaml``) is not its value in ``config`` (the stage's config now). A
-    key the checkpoint's config lacks (an older csframework's) is left out, as is a config it cannot read."""
-    try:
-        saved = cast(dict, OmegaConf.to_container(OmegaConf.create(saved_yaml or "{}")))
-        partial = (saved.get("stages") or {}).get(stage) or {}
-        before = {}
-        for section in ("loop", "optimizer"):
-            merged = OmegaConf.merge(saved.get(section) or {}, partial.get(section) or {})
-            before.update(_flatten(OmegaConf.to_container(merged), section))
-    except Exception:  # noqa: BLE001 - a config we cannot read names nothing
-        return []
-    now = cast(dict, OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True))
-    after = {**_flatten(now["loop"], "loop"), **_flatten(now["optimizer"], "optimizer")}
-    return [(key, before[key], after[key]) for key in sorted(set(before) & set(after))
-            if key.startswith(RESUMED_SETTINGS) and key != "optimizer.schedule.interval"
-            and before[key] != after[key]]
-
-
-def model_mismatch(model: torch.nn.Module, saved: dict) -> list[str]:
-    """How ``saved`` (a model state dict) does not fit ``model``: missing, unexpected or reshaped tensors."""
-    current = model.state_dict()
-    problems = []
-    missing = [k for k in current if k not in saved]
-    unexpected = [k for k in saved if k not in current]
-    if missing:
-        problems.append(f"the model has {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
-                        + " which the checkpoint lacks")
-    if unexpected:
-        problems.append(f"the checkpoint has {unexpected[0]}"
-                        + (f" (+{len(unexpected) - 1} more)" if len(unexpected) > 1 else "") + " which the model lacks")
-    for key, value in current.items():
-        if key in saved and hasattr(saved[key], "shape") and tuple(saved[key].shape) != tuple(value.shape):
-            problems.append(f"{key} is {list(saved[key].shape)} in the checkpoint, {list(value.shape)} in the model")
-            break
-    return problems
-
-
-def _changes_problem(run, changes: list[tuple[str, object, object]]) -> str:
-    """What the settings changed since a resumed stage's checkpoint mean, in one line: the schedule and the
-    optimizer's settings go on as saved; a longer stage trains on at the schedule's final rate."""
-    text = (f"resuming at step {run.global_step} continues the checkpoint's learning-rate schedule and "
-            "optimizer settings")
-    sched = run.scheduler
-    if any(key in LENGTH for key, _, _ in changes) and isinstance(sched, Schedule):
-        offset, planned = run.global_step - run.stage_step, sched.total_steps
-        end = offset + run.total_steps(run.stage_config)
-        if end > offset + planned:
-            final = sched.base_lrs[0] * lr_factor(max(planned - 1, 0), sched.cfg, planned)
-            text += (f"; the schedule was planned for {planned} steps, so from step {offset + planned} to {end} "
-                     f"the rate stays at its final {final:.3g}")
-        else:
-            text += f"; the schedule was planned for {planned} steps, so training stops at step {end}, before its end"
-    others = [key for key, _, _ in changes if key not in LENGTH]
-    if others:
-        text += (f"; {', '.join(others)} keep{'s' if len(others) == 1 else ''} the checkpoint's "
-                 f"value{'' if len(others) == 1 else 's'}")
-    return text + "; start a new run for a schedule over the new settings"
 
 
 # -- the plugin -----------------------------------------------------------------------------------------
@@ -133,6 +41,8 @@ class CheckpointPlugin:
         self.saved_eval_step = -1  # the evaluation (its step) the checkpoint of saved_step holds the metrics of
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
+        self.due_step: int | None = None  # the step _due last said is saved
+        self.run: Any = None  # the run training (on_train_start), which _due reads
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.best = BestTracker()  # keep_best: the best so far, and what was reported when
         self.shards: SafeDir | None = None  # a sharded backend: the temporary directory the ranks write into
@@ -236,10 +146,7 @@ class CheckpointPlugin:
         for path in candidates:
             try:
                 state, meta = read_checkpoint(path, shard_check)
-                problem = state_problem(run, state)
-                if problem:  # forged or damaged values: what the config itself would refuse
-                    raise DamagedCheckpoint(f"checkpoint {path}: state.pt holds values this run's config refuses "
-                                            f"({problem})")
+                state = checked_state(run, state, f"checkpoint {path}")  # forged values: the config's rules
             except DamagedCheckpoint as e:
                 if not fallback:
                     raise ConfigError(f"checkpoint.resume: {e}") from e
@@ -271,36 +178,26 @@ class CheckpointPlugin:
         return names
 
     def _load(self, run, path: Path, state: dict, meta: dict) -> None:
-        sharded = bool(state.get("sharded"))
-        if sharded != run.backend.sharded:
-            raise ConfigError(f"checkpoint {path} does not fit this run: it was written "
-                              f"{'sharded (strategy=fsdp)' if sharded else 'whole (strategy single or ddp)'}; "
-                              "resume it with the same kind of strategy")
-        problems = [] if sharded else model_mismatch(run.model, state["model"])
-        if problems:
-            why = _config_differences(read_config_yaml(path), run.config, "model")
-            raise ConfigError(f"checkpoint {path} does not fit this run: {'; '.join(problems)}"
-                              + (f" (config: {'; '.join(why)})" if why else ""))
         def check_optimizer():
             saved = meta.get("optimizer")
             if saved and saved != type(run.optimizer).__name__:
                 raise ConfigError(f"checkpoint {path} does not fit this run: optimizer.name: its state is "
                                   f"{saved}'s, this run uses {type(run.optimizer).__name__}")
 
-        if state["loop"].get("stage_index") == run.stage_index:
+        if state["loop"]["stage_index"] == run.stage_index:
             check_optimizer()
         try:
             run.load_state_dict(state)
+            if state["sharded"]:  # every rank loads its shards (the backend may reshard to this run's ranks)
+                files = {n.split("/", 1)[1] for n in meta["files"] if n.startswith(SHARDED + "/")}
+                run.backend.load_sharded(run.model, run.optimizer, path / SHARDED, files)
+        except StateMismatch as e:
+            why = config_differences(read_config_yaml(path), run.config, "model") if e.field == "model" else []
+            raise ConfigError(f"checkpoint {path} does not fit this run: {e.why}"
+                              + (f" (config: {'; '.join(why)})" if why else "")) from e
         except (ValueError, KeyError, RuntimeError) as e:  # e.g. an optimizer with other parameter groups
             raise ConfigError(f"checkpoint {path} does not fit this run: {type(e).__name__}: "
                               f"{str(e).splitlines()[0]}") from e
-        if sharded:  # every rank loads its shards (the backend may reshard to this run's number of ranks)
-            try:
-                files = {n.split("/", 1)[1] for n in meta["files"] if n.startswith(SHARDED + "/")}
-                run.backend.load_sharded(run.model, run.optimizer, path / SHARDED, files)
-            except (ValueError, KeyError, RuntimeError) as e:
-                raise ConfigError(f"checkpoint {path} does not fit this run: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0]}") from e
         check_optimizer()  # the stage it was saved in is entered now
         run.metrics.update(meta.get("metrics") or {})
         run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
@@ -311,22 +208,33 @@ class CheckpointPlugin:
             if changes:
                 run.log.warning("resume_settings_changed", path=str(path),
                                 changed=[f"{key}: {then} -> {now}" for key, then, now in changes],
-                                problem=_changes_problem(run, changes))
+                                problem=changes_problem(run, changes))
 
     @hookimpl
     def on_train_start(self, run):
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         self.every_epochs = run.stage_config.checkpoint.every_epochs
+        self.run = run
+        run.state.save_due = self._due  # the loop asks before the step's hooks
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
 
-    @hookimpl(trylast=True)
-    def on_train_step_end(self, run, step):
-        by_epochs = run.state.closes_epochs(self.every_epochs)  # checkpoint.every_epochs
+    def _due(self, step: int) -> bool:
+        """Whether a checkpoint is saved at ``step`` (``RunState.save_due``: the loop asks once a step, before
+        its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
+        run = self.run
+        state = run.state
         # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
         # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
-        if run.state.stopping or (self.every and step % self.every == 0) or by_epochs \
-                or (run.state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run))):
+        due = state.stopping or bool(self.every and step % self.every == 0) \
+            or bool(self.every_epochs and state.closes_epochs(self.every_epochs)) \
+            or (state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
+        self.due_step = step if due else None
+        return due
+
+    @hookimpl(trylast=True)
+    def on_train_step_end(self, run, step):
+        if self.due_step == step:
             self.save(run)
 
     @hookimpl
@@ -344,13 +252,13 @@ class CheckpointPlugin:
         """Write a checkpoint of ``run`` now (rank 0; under a sharded backend every rank writes its shards
         first) and prune to ``keep_last``.
 
-        Refuses (``NonFiniteLossError``) when the run has gone non-finite since the last log, so the last
-        good checkpoint is never replaced by a non-finite state.
+        Refuses (``NonFiniteLossError``) when the run has gone non-finite, so the last good checkpoint is never
+        replaced by a non-finite state: the loop reported (and so checked) the losses not yet logged before
+        the step's hooks (``RunState.save_due``); the parameters and the loss scale are checked here.
         """
         sharded = run.backend.sharded
         if run.rank != 0 and not sharded:
             return None
-        run.flush_metrics()
         run.check_finite()
         root = self._root(run)
         run.files.sub("checkpoints")
@@ -391,7 +299,7 @@ class CheckpointPlugin:
     def _complete(self, run, root: Path, name: str, sharded: bool) -> Path:
         """Rank 0: write the checkpoint (around the shards, if ``sharded``), index it, prune to keep_last."""
         plugin_state = plugin_checkpoint_state(run)
-        meta = {"global_step": run.global_step, "stage": run.stage, "plugins": plugin_state,
+        meta = {"stage": run.stage, "plugins": plugin_state,
                 "metrics": dict(run.metrics), "run_id": run.run_id, "optimizer": type(run.optimizer).__name__}
         path = write_checkpoint(root, name, run.state_dict(), meta, self._config_yaml(run),
                                 sharded=self.shards if sharded else None)

@@ -1,8 +1,9 @@
-"""Everything a checkpoint's state holds, checked against the rules the config itself must pass before it is
-used (docs/durability.md, "Derived, not believed"): a checkpoint is untrusted input, and its checksums prove
-only that its writer was consistent, not that it was csframework. A value the config would refuse (a
-non-finite loss scale, a negative learning rate, a position past the end of its stage) makes the checkpoint
-damaged, so resume falls back to an older one, naming it, instead of training on the forged value.
+"""The rules each value of a checkpoint's state must pass (``schema.FIELDS`` names a field's rule), the ones
+the config itself must pass (docs/durability.md, "Derived, not believed"): a checkpoint is untrusted input,
+and its checksums prove only that its writer was consistent, not that it was csframework. A value the
+config would refuse (a non-finite loss scale, a negative learning rate, a position past the end of its
+stage) makes the checkpoint damaged, so resume falls back to an older one, naming it, instead of training on
+the forged value.
 """
 from __future__ import annotations
 
@@ -68,10 +69,10 @@ def position_problems(run, loop) -> list[str]:
     batches = (loop["stage_step"] + 1) * accum + 1  # each epoch before the current one took a batch at least
     epochs = cfg.loop.max_epochs if cfg.loop.max_steps is None else batches
     found += _count("loop.epoch", loop.get("epoch"), 0, min(epochs, batches))
-    found += _count("loop.batch_in_epoch", loop.get("batch_in_epoch", 0), 0, batches)
+    found += _count("loop.batch_in_epoch", loop.get("batch_in_epoch"), 0, batches)
     done = loop["stage_step"] * accum  # micro_step: the stage's batches, a step's worth per step taken
-    found += _count("loop.micro_step", loop.get("micro_step", done), done, done + accum - 1)
-    found += _count("loop.last_eval_step", loop.get("last_eval_step", -1), -1, loop["global_step"])
+    found += _count("loop.micro_step", loop.get("micro_step"), done, done + accum - 1)
+    found += _count("loop.last_eval_step", loop.get("last_eval_step"), -1, loop["global_step"])
     return found
 
 
@@ -162,15 +163,3 @@ def optimizer_problems(optimizer) -> list[str]:
         if lr is not None:
             found += _rate(f"optimizer.param_groups[{i}].lr", lr)
     return found
-
-
-def state_problem(run, state: dict) -> str | None:
-    """Why ``state`` (a checkpoint's ``state.pt``) breaks this run's config rules, or None: every problem,
-    ``; ``-separated, each naming the value's key in the state."""
-    found = position_problems(run, state.get("loop"))
-    backend = state.get("backend")
-    found += scaler_problems(backend.get("precision") if isinstance(backend, dict) else None)
-    found += schedule_problems(state.get("scheduler"), saved_group_count(run, state))
-    if not state.get("sharded"):
-        found += optimizer_problems(state.get("optimizer"))
-    return "; ".join(found) if found else None
