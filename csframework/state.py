@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 #: The fields that locate a run in its stages, saved in a checkpoint (``state_dict()["loop"]``).
 POSITION = ("global_step", "stage_index", "stage_step", "epoch", "batch_in_epoch", "micro_step", "last_eval_step")
@@ -61,6 +62,10 @@ class RunState:
     carried: Any = None
     """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
     ``None`` for a model without ``initial_state``."""
+    quiet: frozenset[str] = frozenset()
+    """While the loop trains an epoch: the hooks nobody implements (``Hooks.quiet``, asked again when a plugin
+    is registered), whose calls the step (``csframework.step``) skips; empty, so every hook is called,
+    anywhere else."""
 
     # -- written by the loop ------------------------------------------------------------------------------
     def enter_stage(self, index: int) -> None:
@@ -101,12 +106,11 @@ class RunState:
         """Keep a step's scalar outputs until the next log."""
         pending = self.pending
         for key, value in outputs.items():
-            if isinstance(value, torch.Tensor) and value.ndim == 0:
-                window = pending.get(key)  # (not setdefault: it would build an empty list at every step)
-                if window is None:
+            if isinstance(value, Tensor) and value.ndim == 0:
+                try:  # (a try costs nothing until it catches: cheaper than asking for the list first)
+                    pending[key].append(value)
+                except KeyError:  # the output's first step since the last log
                     pending[key] = [value]
-                else:
-                    window.append(value)
 
     def record(self, reported: dict[str, float]) -> bool:
         """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics

@@ -322,7 +322,8 @@ class CheckpointPlugin:
 
     @hookimpl(trylast=True)
     def on_train_step_end(self, run, step):
-        by_epochs = run.state.closes_epochs(self.every_epochs)  # checkpoint.every_epochs
+        # checkpoint.every_epochs (asked first: no call at every step without it)
+        by_epochs = bool(self.every_epochs) and run.state.closes_epochs(self.every_epochs)
         # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
         # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
         if run.state.stopping or (self.every and step % self.every == 0) or by_epochs \
