@@ -251,7 +251,7 @@ class InProcessPass:
             indices = [i for _, i in zip(range(self._chunk), self._indices)]
             if not indices:
                 raise StopIteration
-            sizes = [len(i) for i in indices]
+            sizes = [i.shape[0] for i in indices]  # (a tensor's len() is a Python function: shape is not)
             selected = _select(self._tensors, torch.cat(indices), self._through)
             columns = [(t.pin_memory() if self._pin else t).split(sizes) for t in selected]
             self._ahead = [list(batch) for batch in zip(*columns)][::-1]

@@ -176,6 +176,8 @@ def _direct_calls(hook_name: str, hook) -> Callable[[dict], Any] | None:
         return None
     # each implementation's arguments picked from the keywords by one C call (a comprehension is a call of its own)
     calls = [(impl.plugin_name, impl.function, *_picker(tuple(impl.argnames))) for impl in reversed(impls)]
+    if len(calls) == 1:  # one implementation (the checkpoint plugin's on_train_step_end): no loop around it
+        return _call_single(hook_name, firstresult, *calls[0])
 
     def call_all(kwargs: dict):
         results = []
@@ -193,6 +195,23 @@ def _direct_calls(hook_name: str, hook) -> Callable[[dict], Any] | None:
         return None if firstresult else results
 
     return call_all
+
+
+def _call_single(hook_name: str, firstresult: bool, plugin: str, function: Callable, pick: Callable[[dict], Any],
+                 single: bool) -> Callable[[dict], Any]:
+    """``_direct_calls``' caller of a hook with one plain implementation: the same results and errors."""
+    def call_one(kwargs: dict):
+        try:
+            result = function(pick(kwargs)) if single else function(*pick(kwargs))
+        except (PluginError, NonFiniteLossError):
+            raise
+        except (Exception, SystemExit) as e:
+            raise plugin_error(plugin, hook_name, e) from e
+        if firstresult:
+            return result
+        return [] if result is None else [result]
+
+    return call_one
 
 
 def _nobody(kwargs: dict) -> list:

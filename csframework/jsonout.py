@@ -38,7 +38,9 @@ def jsonable(value: Any, where: str = "value") -> Any:
         for key, item in value.items():
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 raise TypeError(f"{where}: a key of type {type(key).__name__} cannot be written as JSON")
-            out[key if isinstance(key, str) else str(key)] = jsonable(item, f"{where}.{key}")
+            kind = type(item)  # an event's fields: plain strings, ints and finite floats kept as they are
+            out[key if isinstance(key, str) else str(key)] = item if kind is str or kind is int or (
+                kind is float and math.isfinite(item)) else jsonable(item, f"{where}.{key}")
         return out
     if isinstance(value, (list, tuple)):
         return [jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,40 +89,46 @@ def train_epoch(run: RunProtocol, epoch: int) -> bool:
     # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
     # position is read from ``state``
     hooks, backend, loop, state, scheduler = run.hooks, run.backend, run.stage_config.loop, run.state, run.scheduler
+    parts = (state, loop, hooks, backend, scheduler)  # end_step's
     accum, max_steps = loop.grad_accum_steps, loop.max_steps
     if state.carried is not None and state.batch_in_epoch == 0:  # an epoch starts from initial_state
         state.carried.reset()
     batches: Any = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)  # a map-style pass has a len
     ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
     epoch_len = None if is_iterable(run.train_loader) else state.batch_in_epoch + len(batches)
-    # the hooks nobody implements are not called, until a plugin is (un)registered (the generation moves)
+    # the hooks nobody implements are not called (here, and in the step: state.quiet), until a plugin is
+    # (un)registered (the generation moves)
     pm: Any = hooks.pm  # an ObservedManager (with a generation) whenever quiet() names one
     generation, quiet = hooks.quiet()
-    for batch in batches:
-        if generation is not None and pm.generation != generation:
-            generation, quiet = hooks.quiet()
-        batch_idx = state.batch_in_epoch
-        batch = backend.to_device(batch)
-        if "on_train_batch_start" not in quiet:
-            hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
-        last = state.start_batch(accum)
-        outputs = backend.train_batch(run, batch, last)
-        state.end_batch(last)
-        if not last:
-            if "on_train_batch_end" not in quiet:
-                hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-            continue
-        # the stage is done once its steps are taken (with max_epochs: not inside an epoch, which
-        # train_stage only starts when the stage is not done)
-        done = max_steps is not None and state.stage_step >= max_steps
-        state.epoch_end = epoch_len is not None and epoch_len - state.batch_in_epoch < accum
-        # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
-        # after it, if any, are micro-batches that _drop_partial_step drops)
-        end_step(run, batch, outputs, batch_idx,
-                 final=done or (ends_at is not None and ends_at - state.batch_in_epoch < accum),
-                 quiet=quiet, scheduler=scheduler)
-        if done or state.stop_reason is not None:
-            return False
+    state.quiet = quiet
+    try:
+        for batch in batches:
+            if generation is not None and pm.generation != generation:
+                generation, quiet = hooks.quiet()
+                state.quiet = quiet
+            batch_idx = state.batch_in_epoch
+            batch = backend.to_device(batch)
+            if "on_train_batch_start" not in quiet:
+                hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+            last = state.start_batch(accum)
+            outputs = backend.train_batch(run, batch, last)
+            state.end_batch(last)
+            if not last:
+                if "on_train_batch_end" not in quiet:
+                    hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+                continue
+            # the stage is done once its steps are taken (with max_epochs: not inside an epoch, which
+            # train_stage only starts when the stage is not done)
+            done = max_steps is not None and state.stage_step >= max_steps
+            state.epoch_end = epoch_len is not None and epoch_len - state.batch_in_epoch < accum
+            # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
+            # after it, if any, are micro-batches that _drop_partial_step drops)
+            end_step(run, parts, batch, outputs, batch_idx,
+                     done or (ends_at is not None and ends_at - state.batch_in_epoch < accum), quiet)
+            if done or state.stop_reason is not None:
+                return False
+    finally:  # outside the epoch's steps every hook is called (a step traced or run elsewhere)
+        state.quiet = frozenset()
     return True
 
 
@@ -148,8 +155,8 @@ def finished(run: RunProtocol) -> bool:
     return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)
 
 
-def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool = False,
-             quiet: frozenset[str] = frozenset(), scheduler=None) -> None:
+def end_step(run: RunProtocol, parts: tuple, batch, outputs: dict, batch_idx: int, final: bool,
+             quiet: frozenset[str]) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
     outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
@@ -160,11 +167,11 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     the metrics not yet logged are reported, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
-    ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``); ``scheduler``: ``run.scheduler``,
-    read by the caller once an epoch (``run.stage_config`` and ``run.backend`` are read here: handing them
-    over as well, in a tuple of the epoch's parts, showed no gain under callgrind)."""
-    state, loop, hooks, backend = run.state, run.stage_config.loop, run.hooks, run.backend
-    (scheduler or run.scheduler).step()
+    ``parts``: ``(run.state, run.stage_config.loop, run.hooks, run.backend, run.scheduler)``, read by the
+    caller once an epoch (each ``run.x`` is a property call); ``quiet``: hooks not to call (nobody implements
+    them: ``Hooks.quiet``)."""
+    state, loop, hooks, backend, scheduler = parts
+    scheduler.step()
     state.add_outputs(outputs)
     loss = outputs.get("loss")
     # on the host a read (``bool(loss.isfinite())`` would cost a kernel) of 1-2 us, one dispatcher call: kept,
@@ -175,7 +182,9 @@ def end_step(run: RunProtocol, batch, outputs: dict, batch_idx: int, final: bool
     final = final or state.stop_reason is not None
     if final or state.global_step % loop.log_every == 0:
         log_train_metrics(run)
-    due = state.closes_epochs(loop.eval_every_epochs) or (loop.eval_every and state.stage_step % loop.eval_every == 0)
+    every_epochs = loop.eval_every_epochs  # (asked first: no call of closes_epochs at every step without it)
+    due = (every_epochs and state.closes_epochs(every_epochs)) or (loop.eval_every and
+                                                                   state.stage_step % loop.eval_every == 0)
     if (final or due) and run.val_loader is not None:
         if state.pending.get("loss"):  # the evaluation synchronises anyway: a loss gone non-finite stops it here
             check_finite(run)
@@ -259,7 +268,7 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     one ``stack``, ``mean`` and read for them all; else each list is reduced on its own first."""
     steps, device = len(windows[0]), windows[0][0].device
     if all(len(w) == steps and w[0].device == device for w in windows):
-        return torch.stack([t for w in windows for t in w]).view(len(windows), steps).float().mean(1).tolist()
+        return torch.stack(list(chain.from_iterable(windows))).view(len(windows), steps).float().mean(1).tolist()
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 
 @dataclass
@@ -62,6 +63,10 @@ class RunState:
     ``on_train_start``): whether it saves at the step just taken. The loop asks it at every step end before
     the step's hooks, and at a step it saves reports the metrics not yet logged first (``on_log_metrics``,
     their losses checked), so a plugin never calls back into the loop's flush."""
+    quiet: frozenset[str] = frozenset()
+    """While the loop trains an epoch: the hooks nobody implements (``Hooks.quiet``, asked again when a plugin
+    is registered), whose calls the step (``csframework.step``) skips; empty, so every hook is called,
+    anywhere else."""
 
     # -- written by the loop ------------------------------------------------------------------------------
     def enter_stage(self, index: int) -> None:
@@ -102,12 +107,11 @@ class RunState:
         """Keep a step's scalar outputs until the next log."""
         pending = self.pending
         for key, value in outputs.items():
-            if isinstance(value, torch.Tensor) and value.ndim == 0:
-                window = pending.get(key)  # (not setdefault: it would build an empty list at every step)
-                if window is None:
+            if isinstance(value, Tensor) and value.ndim == 0:
+                try:  # (a try costs nothing until it catches: cheaper than asking for the list first)
+                    pending[key].append(value)
+                except KeyError:  # the output's first step since the last log
                     pending[key] = [value]
-                else:
-                    window.append(value)
 
     def record(self, reported: dict[str, float]) -> bool:
         """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics

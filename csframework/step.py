@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import torch
+from torch import Tensor
 
 from .errors import ModelError, one_line
 
@@ -57,6 +58,8 @@ class PrecisionOps(Protocol):
 def model_outputs(out: Any) -> dict:
     """The model contract: a loss tensor, or a dict with ``loss``; anything else is a ``ModelError``
     naming what ``forward`` returned (the keys of a dict without ``loss``)."""
+    if type(out) is dict and "loss" in out:  # the usual answer first: one check, not two isinstance calls
+        return out
     if isinstance(out, torch.Tensor):
         return {"loss": out}
     if isinstance(out, dict) and "loss" in out:
@@ -71,13 +74,14 @@ def detached(outputs: dict) -> dict:
     """``outputs`` with every tensor detached (what hooks and the loop receive): a tensor that does not
     require grad is in no graph and is passed as it is (a ``detach()`` per output costs a step on a small
     model more than the rest of this function)."""
-    return {k: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v for k, v in outputs.items()}
+    return {k: v.detach() if isinstance(v, Tensor) and v.requires_grad else v for k, v in outputs.items()}
 
 
 def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batch: Any, accum: int) -> dict:
     """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs.
     ``module``: what computes the model's outputs from a batch (the module, or its compiled forward)."""
-    hooks, carried = run.hooks, run.state.carried
+    hooks, state = run.hooks, run.state
+    carried, quiet = state.carried, state.quiet  # quiet: hooks nobody implements, not called (RunState.quiet)
     with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
         try:
             outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
@@ -87,7 +91,8 @@ def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any
                 raise
             raise ModelError(problem) from e
     loss = outputs["loss"]
-    hooks.on_before_backward(run=run, loss=loss)
+    if "on_before_backward" not in quiet:
+        hooks.on_before_backward(run=run, loss=loss)
     try:
         ops.backward(loss / accum if accum > 1 else loss)
     except Exception as e:  # free until it fails: then say what model.forward returned, not torch's message
@@ -97,7 +102,8 @@ def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any
         model = type(run.model)
         raise ModelError(f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) returned {problem}")\
             from e
-    hooks.on_after_backward(run=run)
+    if "on_after_backward" not in quiet:
+        hooks.on_after_backward(run=run)
     return outputs
 
 
@@ -150,7 +156,8 @@ def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | 
     ``zero_grad``."""
     optimizer = run.optimizer
     skip = ops.unscale(optimizer)
-    run.hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
+    if "on_before_optimizer_step" not in run.state.quiet:
+        run.hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_grad_norm)
     ops.optimizer_step(optimizer, skip)

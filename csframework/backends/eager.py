@@ -155,6 +155,7 @@ class EagerBackend(BackendBase):
         self.whole_graph: CompiledStep | None = None
         self.steps: EagerSteps | CompiledOps
         self.trained: tuple = ()  # (optimizer, model) of the stage, from attach
+        self.clip_norm: float | None = None  # the norm the step clips to itself (steps.clip), from attach
 
     def any_rank_signal(self, signum: int | None) -> int | None:
         """The stop signal any rank had received one step ago, the same on every rank (all ranks must stop
@@ -250,7 +251,10 @@ class EagerBackend(BackendBase):
         """Choose the step's runner (under ``backend.compile`` it needs the stage's optimizer)."""
         self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
         self.steps = EagerSteps(self.precision, run.module)
+        self.clip_norm = self.steps.clip(self.max_grad_norm)
         if not self.compile:
+            # eagerly every batch is a step's micro-batch: no frame of train_batch's own around it
+            self.train_batch = self._train_batch  # type: ignore[method-assign]
             return
         # imported here: an eager run imports no compile module (start-up)
         from .compile import regions, whole_step
@@ -274,6 +278,7 @@ class EagerBackend(BackendBase):
         if refused is not None:
             self.compiled.note(lambda log: log.info("step_compiled_per_function", reason=refused))
         self.steps = CompiledOps(self.compiled)
+        self.clip_norm = self.steps.clip(self.max_grad_norm)
 
     def to_device(self, batch):
         if self.device.type == "cpu":
@@ -292,16 +297,16 @@ class EagerBackend(BackendBase):
             if outputs is not None:
                 return outputs
             self.whole_graph = None  # replaced, once: the step's functions (compiled, or eagerly if compiling failed)
-        module, steps = run.module, self.steps
-        if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
-            module.set_requires_gradient_sync(last)
-        if last or not self.distributed or self.sharded:
-            outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
-        else:
-            with module.no_sync():  # DDP all-reduces the gradients in the step's last micro-batch only
+        steps = self.steps
+        if self.distributed and not last and not self.sharded:
+            with run.module.no_sync():  # DDP all-reduces the gradients in the step's last micro-batch only
                 outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
+        else:
+            if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
+                run.module.set_requires_gradient_sync(last)
+            outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
         if last:
-            step.apply_gradients(run, steps, steps.clip(self.max_grad_norm))
+            step.apply_gradients(run, steps, self.clip_norm)
         return step.detached(outputs)
 
     def eval_batch(self, run, batch) -> dict:

@@ -21,6 +21,7 @@ class ProgressPlugin:
         self.tty = False
         self.total = None
         self.bar = None
+        self.stepper: tuple | None = None  # (plugin manager, BarStepper) while a bar is drawn
 
     @hookimpl
     def on_train_start(self, run):
@@ -33,11 +34,10 @@ class ProgressPlugin:
             self.bar = tqdm(total=self.total, initial=run.global_step, file=self.stream, dynamic_ncols=True,
                             mininterval=self.min_interval, unit=" steps", bar_format=BAR_FORMAT,
                             desc=f"[{run.stage}] " if len(run.stages) > 1 else "")
-
-    @hookimpl
-    def on_train_step_end(self, run, step):
-        if self.bar is not None and step > self.bar.n:
-            self.bar.update(step - self.bar.n)
+            # the per-step hook is the bar's own plugin, registered while it is drawn: without a terminal
+            # no step pays a call that does nothing
+            self.stepper = (run.hooks.pm, BarStepper(self.bar))
+            run.hooks.pm.register(self.stepper[1], name=f"{self.name}.bar")
 
     @hookimpl
     def on_log_metrics(self, run, metrics, step):
@@ -59,7 +59,23 @@ class ProgressPlugin:
         self._close()
 
     def _close(self):
+        if self.stepper is not None:
+            pm, stepper = self.stepper
+            pm.unregister(stepper)
+            self.stepper = None
         if self.bar is not None:
             self.bar.refresh()
             self.bar.close()
             self.bar = None
+
+
+class BarStepper:
+    """Moves a progress bar to each step's number (``ProgressPlugin`` registers it while it draws the bar)."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    @hookimpl
+    def on_train_step_end(self, step):
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)

@@ -16,8 +16,9 @@ def test_loop_overhead_figures_compare_the_same_training():
     for figure in (tiny, same_loader, hook, own):
         assert len(figure.samples) == len(figure.baseline_samples) == 1 and figure.met in (True, False, None)
         assert figure.name in harness.table([figure])
-    assert tiny.limit == 1.05 and same_loader.limit == 1.01 and hook.kind == "difference" and hook.limit == 5
-    assert own.kind == "difference" and own.met is None and own.samples[0] > 0 and own.baseline_samples[0] > 0
+    assert tiny.limit == 1.10 and same_loader.limit == 1.01 and hook.kind == "difference" and hook.limit == 5
+    assert own.kind == "difference" and own.limit == 20 and own.target == "<= +20 us"
+    assert own.samples[0] > 0 and own.baseline_samples[0] > 0
 
 
 @pytest.mark.parametrize("side", ["hand", "framework"])

@@ -209,3 +209,39 @@ def test_the_loop_skips_hooks_nobody_implements_and_calls_one_registered_mid_epo
     run.fit()
     assert called == [3, 4, 5], "skipped while nobody implemented it, called once a plugin did"
     assert started == [3, 4, 5]
+
+
+def test_the_step_skips_its_hooks_nobody_implements_and_calls_one_registered_mid_epoch(tmp_path):
+    """The step's own hooks (``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``) are
+    not called while nobody implements them (``RunState.quiet``, set by the loop during an epoch); a plugin
+    registered during the epoch (in ``on_train_step_end`` of step 3) is called from the next batch on."""
+    import fixtures
+
+    seen: list[int] = []
+
+    class Late:
+        name = "late"
+
+        @csf.hookimpl
+        def on_before_backward(self, run):
+            seen.append(run.micro_step)
+
+    class Registers:
+        name = "registers"
+
+        @csf.hookimpl
+        def on_train_step_end(self, run, step):
+            if step == 3:
+                run.hooks.pm.register(Late(), name="late")
+
+    run = csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=3"), plugins=[Registers()],
+                  output_dir=tmp_path)
+    called: dict[str, list[int]] = {}
+    for name in ("on_before_backward", "on_after_backward", "on_before_optimizer_step"):
+        def counting(_through=getattr(run.hooks, name), _name=name, **kwargs):
+            called.setdefault(_name, []).append(kwargs["run"].micro_step)
+            return _through(**kwargs)
+        setattr(run.hooks, name, counting)
+    run.fit()
+    assert called == {"on_before_backward": [4, 5, 6]}, "skipped while nobody implemented them"
+    assert seen == [4, 5, 6] and run.state.quiet == frozenset(), "outside an epoch every hook is called"

@@ -32,3 +32,27 @@ def test_no_bar_when_not_a_terminal(tmp_path):
     plain = io.StringIO()
     run_with_progress(tmp_path, plain)
     assert "\r" not in plain.getvalue()
+
+
+def test_the_plugin_has_a_per_step_hook_only_while_it_draws_a_bar(tmp_path):
+    """Without a terminal no step calls the progress plugin (nothing to redraw); on one, the bar's own
+    plugin moves it at every step while it is drawn, and is gone once training ends."""
+    steppers = []
+
+    class Watch:
+        name = "watch"
+
+        @csf.hookimpl
+        def on_train_batch_end(self, run):
+            steppers.append(sorted(run.hooks.pm.get_name(impl.plugin) for impl in
+                                   run.hooks.pm.hook.on_train_step_end.get_hookimpls()))
+
+    for stream, expected in ((io.StringIO(), ["checkpoint"]), (Terminal(), ["checkpoint", "progress_under_test.bar"])):
+        steppers.clear()
+        cfg = fixtures.compose("loop.max_steps=3", "plugins.disable=[progress]")
+        plugin = ProgressPlugin(stream=stream, min_interval=0.0)
+        plugin.name = "progress_under_test"
+        run = csf.Run(cfg, plugins=[plugin, Watch()], output_dir=tmp_path / type(stream).__name__)
+        run.fit()
+        assert steppers == [expected] * 3
+        assert "progress_under_test.bar" not in dict(run.hooks.pm.list_name_plugin())
