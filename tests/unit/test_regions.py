@@ -68,7 +68,7 @@ def test_a_4_layer_model_compiles_its_block_once(tmp_path, monkeypatch):
     why = [e["reason"] for e in events if e["event"] == "step_compiled_per_function"]
     assert len(why) == 1 and "the model repeats a block (4 x Block)" in why[0]
     assert [e["function"] for e in events if e["event"] == "step_compiled"] == ["forward", "evaluate"]
-    assert run.backend.compiled.fused_update and not run.backend.compiled.compiled_update
+    assert run.backend.compiled.update == "fused"
     # one graph of one block (its parameters and its input) for training, one for evaluation, none per layer
     one_layer = len(list(run.model.blocks[0].parameters())) + 1
     assert graphs == [one_layer, one_layer] and run.backend.compiled.recorder.graphs == 2
@@ -98,7 +98,7 @@ def _steps(check: payoff.Payoff, steps: int, compile_at=()) -> list:
 
     verdicts = []
     for global_step in range(steps):
-        check.step(global_step, lambda: train(global_step in compile_at), lambda: spent[0])
+        check.step(global_step, lambda: train(global_step in compile_at), lambda: spent[0], eager=dict)
         verdicts.append(check.verdict())
     return verdicts
 
@@ -131,7 +131,7 @@ def test_a_faster_compiled_step_that_cannot_win_back_the_compile_is_said(monkeyp
     monkeypatch.setattr(payoff, "perf_counter", Clock(0.2e-3))  # the eager steps take 0.1 ms more
     verdicts = []
     for global_step in range(2, 6):
-        check.step(global_step, lambda: {}, lambda: 0.0)
+        check.step(global_step, lambda: {}, lambda: 0.0, eager=dict)
         verdicts.append(check.verdict(compile_seconds))
     found = [v for v in verdicts if v is not None]
     assert len(found) == int(said)
@@ -145,7 +145,7 @@ def test_a_faster_compiled_step_that_cannot_win_back_the_compile_is_said(monkeyp
 def _steps_from(check: payoff.Payoff, start: int, stop: int) -> list:
     out = []
     for global_step in range(start, stop):
-        check.step(global_step, lambda: {}, lambda: 0.0)
+        check.step(global_step, lambda: {}, lambda: 0.0, eager=dict)
         out.append(check.verdict())
     return out
 

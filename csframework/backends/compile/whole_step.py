@@ -12,13 +12,14 @@ optimizer, one micro-batch a step, and no plugin hooked inside the step (traced,
 every step). Dynamic loss scaling (``precision=float16``) is part of the graph: ``CompiledStep`` hands over a
 ``graph/precision.GraphPrecision``, whose overflow check, skipped update (``torch.where``) and new scale are
 graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace
-(data-dependent code in the model), ``step.CompiledStep`` compiles the step's functions with ``torch.compile``
-instead. A new batch shape (the short last batch) compiles one more graph, reused every epoch.
+(data-dependent code in the model), the step's functions are compiled with ``torch.compile`` instead
+(``functions.PerFunctionRunner``, which ``WholeStepRunner`` installs in its place, once). A new batch shape (the
+short last batch) compiles one more graph, reused every epoch.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ... import step
 from ...compat import needs_torch
@@ -28,6 +29,11 @@ from ...graph.compiler import CompileCache, Compiled, StaticStep, numerics_key
 from ...graph.inductor import STANDALONE_TORCH
 from ...graph.precision import GraphLossScaler
 from .findings import one_line
+
+if TYPE_CHECKING:
+    from ..eager_step import Install, StepRunner
+    from .functions import Guarded
+    from .session import CompileSession
 
 #: The hooks called inside a step (between the forward and the update).
 IN_STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
@@ -75,9 +81,9 @@ class WholeStep:
 
     def __init__(self, run: Any, precision: Any, max_grad_norm: float | None, *, cache: CompileCache,
                  max_graphs: int, config_patches: dict, on_compile: Callable[[Compiled, float], Any],
-                 on_untraced: Callable[[str], Any]):
+                 on_untraced: Callable[[str], Any], on_full: Callable[[], Any]):
         self.run, self.precision, self.max_grad_norm = run, precision, max_grad_norm
-        self.on_compile, self.on_untraced = on_compile, on_untraced
+        self.on_compile, self.on_untraced, self.on_full = on_compile, on_untraced, on_full
         scaler = getattr(precision, "scaler", None)  # in-graph loss scaling: its tensors are the graph's state
         extras = scaler.state_attrs() if isinstance(scaler, GraphLossScaler) else []
         self.graphs = StaticStep(self._step, "train_step", retrace=False, cache=cache, keyed=True,
@@ -91,8 +97,9 @@ class WholeStep:
         self.refused: tuple[str, str] | None = None
         self._started = 0.0
 
-    def _step(self, batch: Any) -> dict:
-        return step.train_step(self.run, self.precision, self.run.module, [batch], self.max_grad_norm)
+    def _step(self, batch: Any, run: Any = None) -> dict:
+        run = self.run if run is None else run
+        return step.train_step(run, self.precision, run.module, [batch], self.max_grad_norm)
 
     def _compiled(self, compiled: Compiled) -> None:
         info = compiled.report.get("graph_compiler", {})
@@ -123,13 +130,60 @@ class WholeStep:
         if self.refused is not None:
             return None
         if prepared is None:
-            self.full = True
+            if not self.full:
+                self.full = True
+                self.on_full()
             return self.eager(batch)
         return self.graphs.execute(prepared, global_step)
 
-    def eager(self, batch: Any) -> dict:
-        """The same step without a graph."""
-        return self._step(batch)
+    def eager(self, batch: Any, run: Any = None) -> dict:
+        """The same step without a graph (of ``run``, a stand-in for the run: the payoff check's)."""
+        return self._step(batch, run)
+
+
+class WholeStepRunner:
+    """The step's runner while the whole step is one graph (``WholeStep``), and evaluation compiled with
+    ``torch.compile``. When the step is not one graph after all it installs, once, the per-function runner (the
+    first trace failed) or the eager one (Inductor failed), and that runner trains the batch."""
+
+    def __init__(self, session: CompileSession, whole: WholeStep, *, install: Install,
+                 per_function: Callable[[Guarded], StepRunner], eager: Callable[[], StepRunner]):
+        from .functions import model_function
+
+        self.session, self.whole, self.install = session, whole, install
+        self.per_function, self.eager = per_function, eager
+        self.evaluate: Callable[[Any], dict] = model_function(session, self, "evaluate", eager().evaluate)
+
+    def train_batch(self, run: Any, batch: Any, last: bool) -> dict:
+        self.session.scope.enter()
+        outputs = self.whole(batch, run.global_step)
+        if outputs is not None:
+            return outputs
+        why, reason = self.whole.refused or ("compile", "unknown")
+        self.session.whole = False
+        if why == "compile":
+            self.session.fall_back(reason)
+            runner = self.eager()
+        else:  # data-dependent code: Dynamo compiles what it can and reports the graph breaks
+            self.session.run.log.info("step_compiled_per_function", reason=reason)
+            runner = self.per_function(self.evaluate)  # type: ignore[arg-type]
+        self.install(runner)
+        return runner.train_batch(run, batch, last)
+
+    def train_eagerly(self, run: Any, batch: Any) -> None:
+        """The same step without its graph: the payoff check's eager step."""
+        self.whole.eager(batch, run)
+
+    def make_eager(self, name: str) -> None:
+        """``name`` runs eagerly from now on (csframework's recompile bound): evaluation (the step's own graphs
+        are bounded by ``WholeStep``)."""
+        if name == "evaluate":
+            self.evaluate = self.eager().evaluate
+
+    def fail(self, reason: str) -> None:
+        """Compiling failed: the eager runner replaces this one (once)."""
+        if self.session.fall_back(reason):
+            self.install(self.eager())
 
 
 def batch_shapes(compiled: Compiled) -> tuple:
