@@ -164,3 +164,48 @@ def test_a_compiled_step_no_faster_than_eager_is_said_once_with_both_figures(tmp
     assert len(said) == 1 and said[0]["level"] == "warning", said
     assert said[0]["compiled_ms"] == said[0]["eager_ms"] == 1.953
     assert "backend.compile=false" in said[0]["result"]
+
+
+def dropout_mlp(dim: int = 8, hidden: int = 16, classes: int = 4) -> nn.Module:
+    """The Blobs MLP with dropout: each step draws random numbers."""
+    return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(0.5), nn.Linear(hidden, classes))
+
+
+class BackwardCounter:
+    """A plugin inside the step (so the step's functions are compiled, not one graph): counts the backwards."""
+    name = "backward_counter"
+
+    def __init__(self):
+        self.calls = 0
+
+    @csf.hookimpl
+    def on_after_backward(self):
+        self.calls += 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["whole step", "per function"])
+def test_the_payoff_checks_eager_steps_leave_the_run_as_it_would_be_without_them(tmp_path, monkeypatch, graph):
+    """Issue 51 item 3: the eager steps the check times are thrown away (until then they trained the model
+    eagerly, with eager's rounding, in the middle of a compiled run): a run with the check trains bit for bit as
+    one whose check window lies past its end, dropout's random numbers included, and a plugin inside the step
+    sees the run's steps only."""
+    from fixtures import compose
+
+    monkeypatch.setattr(payoff, "perf_counter", Clock(2.0 ** -9))  # equal medians: the check says so, once
+    common = ["loop.max_steps=12", "backend.threads=1", "backend.compile=true", "optimizer=adamw",
+              "optimizer.lr=0.01", f"model.net._target_={__name__}.dropout_mlp"]
+    runs, counters = {}, {}
+    for name, window in (("checked", 4), ("unchecked", 12)):
+        counters[name] = BackwardCounter()
+        runs[name] = csf.Run(compose(*common, f"loop.log_every={window}"), output_dir=tmp_path / name,
+                             plugins=[counters[name]] if graph == "per function" else [])
+        assert runs[name].fit()["compile"]["graph"] == graph
+    events = [json.loads(line) for line in (tmp_path / "checked" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] == "compile_not_faster"] == ["compile_not_faster"]
+    checked, unchecked = runs["checked"].model.state_dict(), runs["unchecked"].model.state_dict()
+    assert all(torch.equal(checked[k], unchecked[k]) for k in checked)
+    assert all(torch.equal(a, b) for a, b in zip(runs["checked"].optimizer.state_dict()["state"][0].values(),
+                                                runs["unchecked"].optimizer.state_dict()["state"][0].values()))
+    if graph == "per function":
+        assert counters["checked"].calls == counters["unchecked"].calls == 12
