@@ -209,3 +209,35 @@ def test_the_payoff_checks_eager_steps_leave_the_run_as_it_would_be_without_them
                                                 runs["unchecked"].optimizer.state_dict()["state"][0].values()))
     if graph == "per function":
         assert counters["checked"].calls == counters["unchecked"].calls == 12
+
+
+def test_set_aside_puts_back_in_place_what_a_thrown_away_step_changed():
+    """The payoff check's eager step changes nothing the run keeps: parameters, running statistics, gradients,
+    the optimizer's state (the same tensors: compiled code holding them stays valid; entries the step created
+    removed), a loss scale and the random number generator."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(16, 4)
+
+    def train() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train()
+    model[3].bias.requires_grad_(False)  # a parameter without optimizer state until now
+    scale = torch.tensor(65536.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {p: {k: (v, v.clone()) for k, v in s.items()} for p, s in optimizer.state.items()}
+    model[3].bias.requires_grad_(True)
+    rng = torch.get_rng_state()
+    with payoff.set_aside(model, optimizer, [scale]):
+        train()
+        scale.mul_(2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert set(optimizer.state) == set(state)  # the bias's new state is gone
+    for p, entries in state.items():
+        assert all(optimizer.state[p][k] is tensor and torch.equal(tensor, kept) for k, (tensor, kept) in entries.items())
+    assert float(scale) == 65536.0
+    assert torch.equal(torch.get_rng_state(), rng)  # the next step's dropout draws what it would have

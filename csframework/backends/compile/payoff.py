@@ -54,8 +54,8 @@ class Verdict(NamedTuple):
 
 class Payoff:
     """The timing of one stage's steps: compiled ones in ``[0, window)``, thrown-away eager ones at the steps in
-    ``[window, window + 3)`` (global steps before the step), then one verdict; ``steps``: the stage's steps (``None``: not known, as with
-    ``loop.max_epochs``)."""
+    ``[window, window + 3)`` (global steps before the step), then one verdict; ``steps``: the stage's steps
+    (``None``: not known, as with ``loop.max_epochs``)."""
 
     def __init__(self, window: int, steps: int | None = None):
         self.window, self.steps = window, steps

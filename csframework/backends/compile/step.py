@@ -1,10 +1,9 @@
 """``backend.compile=true``: the eager backend's step and evaluation compiled; ``runner`` chooses how, once.
 
 In one CPU process the whole step is one traced graph where it can be (``whole_step.WholeStepRunner``: the
-fastest there). Otherwise (``functions.PerFunctionRunner``) (GPU, DDP/FSDP, gradient accumulation,
-hooks inside the step, a step that does not trace) the step's sequence is still
-``csframework.step``'s and three functions of it are compiled (TorchDynamo captures them, TorchInductor
-generates their code):
+fastest there). Otherwise (GPU, DDP/FSDP, gradient accumulation, hooks inside the step, a step that does not
+trace: ``functions.PerFunctionRunner``) the step's sequence is still ``csframework.step``'s and three functions of
+it are compiled (TorchDynamo captures them, TorchInductor generates their code):
 
 * ``forward``: a micro-batch's forward and loss under the precision policy's autocast. AOTAutograd compiles its
   backward with it, so ``loss.backward()`` runs compiled code too (the loss scaling's multiplication, the

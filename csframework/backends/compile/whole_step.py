@@ -9,8 +9,8 @@ Inductor artifact are cached under ``cache_dir()``, so an identical run loads th
 
 It applies (``refusal`` says why not) to a single-process CPU stage stepping a built-in or preinitialisable
 optimizer, one micro-batch a step, and no plugin hooked inside the step (traced, such a hook would run once, not
-every step). Dynamic loss scaling (``precision=float16``) is part of the graph: ``CompiledStep`` hands over a
-``graph/precision.GraphPrecision``, whose overflow check, skipped update (``torch.where``) and new scale are
+every step). Dynamic loss scaling (``precision=float16``) is part of the graph: ``session.CompileSession`` hands over
+a ``graph/precision.GraphPrecision``, whose overflow check, skipped update (``torch.where``) and new scale are
 graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace
 (data-dependent code in the model), the step's functions are compiled with ``torch.compile`` instead
 (``functions.PerFunctionRunner``, which ``WholeStepRunner`` installs in its place, once). A new batch shape (the
