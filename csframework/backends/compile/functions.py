@@ -84,7 +84,7 @@ class PerFunctionRunner(EagerRunner):
         self.forward = model_function(session, self, "forward", self.outputs)
         if evaluate is not None:  # (the whole step's, which this runner replaces)
             evaluate.owner = self
-        self.evaluate = evaluate or model_function(session, self, "evaluate", self.outputs)  # type: ignore[assignment]
+        self.evaluate = evaluate or model_function(session, self, "evaluate", self.outputs)  # type: ignore[method-assign]
         self._setup_update()
 
     def _setup_update(self) -> None:
@@ -112,7 +112,7 @@ class PerFunctionRunner(EagerRunner):
         # that step eagerly: compiled, the next step would find new state and compile again
         eager_first = not (preinitialisable(type(optimizer)) or torch_optimizer(optimizer))
         self.update_function: Callable = self._first_update(compiled) if eager_first else compiled
-        self.optimizer_step = self._apply_update  # type: ignore[assignment]
+        self.optimizer_step = self._apply_update
         self.max_grad_norm = None  # the compiled update clips
 
     def _update(self, skip: torch.Tensor | None = None) -> None:

@@ -112,7 +112,7 @@ def set_aside(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extras: 
     number generator (the next step draws what it would have)."""
     grads = [(p, p.grad) for p in model.parameters()]
     states = {p: dict(s) for p, s in optimizer.state.items()}
-    tensors = [*model.parameters(), *model.buffers(), *(g for _, g in grads if g is not None),
+    tensors: list[torch.Tensor] = [*model.parameters(), *model.buffers(), *(g for _, g in grads if g is not None),
                *(t for t in extras if isinstance(t, torch.Tensor)),
                *(v for s in states.values() for v in s.values() if isinstance(v, torch.Tensor))]
     kept = [t.detach().clone() for t in tensors]
@@ -125,11 +125,11 @@ def set_aside(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extras: 
                 tensor.copy_(value)
         for p, grad in grads:
             p.grad = grad
-        for p in [p for p in optimizer.state if p not in states]:
-            del optimizer.state[p]
-        for p, state in states.items():
-            optimizer.state[p].clear()
-            optimizer.state[p].update(state)
+        for created in [key for key in optimizer.state if key not in states]:
+            del optimizer.state[created]
+        for key, state in states.items():
+            optimizer.state[key].clear()
+            optimizer.state[key].update(state)
         torch.set_rng_state(rng)
 
 

@@ -79,7 +79,7 @@ def runner(run, precision, device: torch.device, *, install: Install, mode: str,
     timed = device.type == "cpu" and not distributed and accum == 1
     opening = Opening(session, Payoff(run.stage_config.loop.log_every, run.stage_config.loop.max_steps)
                       if timed else None, install)
-    layout = dict(accum=accum, distributed=distributed, sharded=sharded)
+    layout: dict[str, Any] = dict(accum=accum, distributed=distributed, sharded=sharded)
 
     def eager() -> StepRunner:
         return EagerRunner(session.precision, run.module, max_grad_norm=max_grad_norm, **layout)
