@@ -1,6 +1,6 @@
 """``backend.compile=true``: the eager backend's step and evaluation compiled; ``runner`` chooses how, once.
 
-In one CPU process the whole step is one traced graph where it can be (``whole_step.WholeStepRunner``: the
+In one CPU process the whole step is one traced graph where it can be (``whole_runner.WholeStepRunner``: the
 fastest there). Otherwise (GPU, DDP/FSDP, gradient accumulation, hooks inside the step, a step that does not
 trace: ``functions.PerFunctionRunner``) the step's sequence is still ``csframework.step``'s and three functions of
 it are compiled (TorchDynamo captures them, TorchInductor generates their code):
@@ -54,7 +54,8 @@ from . import regions, whole_step
 from .functions import Guarded, PerFunctionRunner
 from .payoff import Payoff, set_aside, unobserved
 from .session import COMPILE_MODES, MAX_RECOMPILES, MODEL_FUNCTIONS, CompileSession
-from .whole_step import WholeStep, WholeStepRunner
+from .whole_runner import WholeStepRunner
+from .whole_step import WholeStep
 
 __all__ = ["COMPILE_MODES", "MAX_RECOMPILES", "MODEL_FUNCTIONS", "CompileSession", "Opening", "runner"]
 

@@ -13,13 +13,13 @@ every step). Dynamic loss scaling (``precision=float16``) is part of the graph: 
 a ``graph/precision.GraphPrecision``, whose overflow check, skipped update (``torch.where``) and new scale are
 graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace
 (data-dependent code in the model), the step's functions are compiled with ``torch.compile`` instead
-(``functions.PerFunctionRunner``, which ``WholeStepRunner`` installs in its place, once). A new batch shape (the
-short last batch) compiles one more graph, reused every epoch.
+(``functions.PerFunctionRunner``, which ``whole_runner.WholeStepRunner`` installs in its place, once). A new
+batch shape (the short last batch) compiles one more graph, reused every epoch.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ... import step
 from ...compat import needs_torch
@@ -29,11 +29,6 @@ from ...graph.compiler import CompileCache, Compiled, StaticStep, numerics_key
 from ...graph.inductor import STANDALONE_TORCH
 from ...graph.precision import GraphLossScaler
 from .findings import one_line
-
-if TYPE_CHECKING:
-    from ..eager_step import Install, StepRunner
-    from .functions import Guarded
-    from .session import CompileSession
 
 #: The hooks called inside a step (between the forward and the update).
 IN_STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
@@ -139,51 +134,6 @@ class WholeStep:
     def eager(self, batch: Any, run: Any = None) -> dict:
         """The same step without a graph (of ``run``, a stand-in for the run: the payoff check's)."""
         return self._step(batch, run)
-
-
-class WholeStepRunner:
-    """The step's runner while the whole step is one graph (``WholeStep``), and evaluation compiled with
-    ``torch.compile``. When the step is not one graph after all it installs, once, the per-function runner (the
-    first trace failed) or the eager one (Inductor failed), and that runner trains the batch."""
-
-    def __init__(self, session: CompileSession, whole: WholeStep, *, install: Install,
-                 per_function: Callable[[Guarded], StepRunner], eager: Callable[[], StepRunner]):
-        from .functions import model_function
-
-        self.session, self.whole, self.install = session, whole, install
-        self.per_function, self.eager = per_function, eager
-        self.evaluate: Callable[[Any], dict] = model_function(session, self, "evaluate", eager().evaluate)
-
-    def train_batch(self, run: Any, batch: Any, last: bool) -> dict:
-        self.session.scope.enter()
-        outputs = self.whole(batch, run.global_step)
-        if outputs is not None:
-            return outputs
-        why, reason = self.whole.refused or ("compile", "unknown")
-        self.session.whole = False
-        if why == "compile":
-            self.session.fall_back(reason)
-            runner = self.eager()
-        else:  # data-dependent code: Dynamo compiles what it can and reports the graph breaks
-            self.session.run.log.info("step_compiled_per_function", reason=reason)
-            runner = self.per_function(self.evaluate)  # type: ignore[arg-type]
-        self.install(runner)
-        return runner.train_batch(run, batch, last)
-
-    def train_eagerly(self, run: Any, batch: Any) -> None:
-        """The same step without its graph: the payoff check's eager step."""
-        self.whole.eager(batch, run)
-
-    def make_eager(self, name: str) -> None:
-        """``name`` runs eagerly from now on (csframework's recompile bound): evaluation (the step's own graphs
-        are bounded by ``WholeStep``)."""
-        if name == "evaluate":
-            self.evaluate = self.eager().evaluate
-
-    def fail(self, reason: str) -> None:
-        """Compiling failed: the eager runner replaces this one (once)."""
-        if self.session.fall_back(reason):
-            self.install(self.eager())
 
 
 def batch_shapes(compiled: Compiled) -> tuple:
