@@ -20,13 +20,14 @@ from ..config.readonly import ReadOnly
 from ..data import move_to
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from ..precision import Float32, Precision, policy
+from ..precision import policy
 from .base import BackendBase, BackendSpec
 from .compile import COMPILE_MODES
 from .distributed import DEFAULT_TIMEOUT_S, all_ranks_agree, init_process_group, timeout
+from .eager_step import EagerRunner, StepRunner
 
 if TYPE_CHECKING:
-    from .compile.step import CompiledOps, CompiledStep
+    from .compile.session import CompileSession
 
 
 class Strategy(str, Enum):
@@ -62,7 +63,7 @@ class CpuConfig(ReadOnly):
     compile: bool = False
     """Compile the training step (forward, loss and their backward; clipping and the optimizer update) and
     evaluation: in one CPU process the whole step as one traced graph (``backends/compile/whole_step.py``),
-    otherwise its functions with ``torch.compile`` (``backends/compile/step.py``). The first steps compile
+    otherwise its functions with ``torch.compile`` (``backends/compile/functions.py``). The first steps compile
     (seconds; an identical run reads the cache), graph breaks and recompilations are reported; if compiling
     fails the run goes on eagerly with a warning. On CSX the step is always traced and compiled: see its
     ``backend.graph_compiler``."""
@@ -148,14 +149,10 @@ class EagerBackend(BackendBase):
         self.compile = backend.compile
         self.compile_settings = dict(mode=backend.compile_mode, fullgraph=backend.compile_fullgraph)
         self.whole_step = backend.compile_whole_step
-        self.compiled: CompiledStep | None = None
-        #: the step's runner, chosen at ``attach``: the whole step's graph (``whole_graph``, the compiled step
-        #: that runs it) until it is not one graph after all, then (or from the start) ``steps``: the step's
-        #: functions compiled, or eagerly
-        self.whole_graph: CompiledStep | None = None
-        self.steps: EagerSteps | CompiledOps
+        self.compiled: CompileSession | None = None  # under backend.compile: what compiling costs and finds
+        #: the step's runner, chosen once at ``attach`` (``eager_step``); a fallback replaces it once (``install``)
+        self.runner: StepRunner
         self.trained: tuple = ()  # (optimizer, model) of the stage, from attach
-        self.clip_norm: float | None = None  # the norm the step clips to itself (steps.clip), from attach
 
     def any_rank_signal(self, signum: int | None) -> int | None:
         """The stop signal any rank had received one step ago, the same on every rank (all ranks must stop
@@ -250,35 +247,22 @@ class EagerBackend(BackendBase):
     def attach(self, run) -> None:
         """Choose the step's runner (under ``backend.compile`` it needs the stage's optimizer)."""
         self.trained = (run.optimizer, run.model)  # for load_state_dict (Precision.prepare)
-        self.steps = EagerSteps(self.precision, run.module)
-        self.clip_norm = self.steps.clip(self.max_grad_norm)
+        layout = dict(accum=self.accum, distributed=self.distributed, sharded=self.sharded,
+                      max_grad_norm=self.max_grad_norm)
         if not self.compile:
-            # eagerly every batch is a step's micro-batch: no frame of train_batch's own around it
-            self.train_batch = self._train_batch  # type: ignore[method-assign]
+            self.runner = EagerRunner(self.precision, run.module, **layout)
+            # never replaced: the backend's call goes straight to it (no frame of train_batch's own a batch)
+            self.train_batch = self.runner.train_batch  # type: ignore[method-assign]
             return
-        # imported here: an eager run imports no compile module (start-up)
-        from .compile import regions, whole_step
-        from .compile.payoff import Payoff
-        from .compile.step import CompiledOps, CompiledStep
+        from .compile import step as compile_step  # here: an eager run imports no compile module (start-up)
 
-        # (null: a model of repeated blocks is compiled per function, each block once)
-        repeated = (regions.describe(regions.repeated_blocks(run.module))
-                    if self.whole_step is None and regions.unavailable() is None else "")
-        refused = whole_step.refusal(device_type=self.device.type, distributed=self.distributed, accum=self.accum,
-                                     optimizer=type(run.optimizer), hooked=whole_step.in_step_hooks(run.hooks.pm.hook),
-                                     repeated=repeated) if self.whole_step is not False else None
-        # whether compiling pays, measured where a step's time is the host's own: one CPU process, one micro-batch
-        timed = self.device.type == "cpu" and not self.distributed and self.accum == 1
-        self.compiled = CompiledStep(run, self.precision, run.module, self.device, self.max_grad_norm,
-                                     sharded=self.sharded, whole=self.whole_step is not False and refused is None,
-                                     payoff=Payoff(run.stage_config.loop.log_every,
-                                                   run.stage_config.loop.max_steps) if timed else None,
-                                     **self.compile_settings)
-        self.whole_graph = self.compiled if self.compiled.whole is not None else None
-        if refused is not None:
-            self.compiled.note(lambda log: log.info("step_compiled_per_function", reason=refused))
-        self.steps = CompiledOps(self.compiled)
-        self.clip_norm = self.steps.clip(self.max_grad_norm)
+        self.compiled, self.runner = compile_step.runner(run, self.precision, self.device, install=self._install,
+                                                         whole_step_setting=self.whole_step,
+                                                         **self.compile_settings, **layout)
+
+    def _install(self, runner: StepRunner) -> None:
+        """The step's runner from now on (a fallback's, once)."""
+        self.runner = runner
 
     def to_device(self, batch):
         if self.device.type == "cpu":
@@ -287,27 +271,7 @@ class EagerBackend(BackendBase):
 
     # -- steps --------------------------------------------------------------------------------------------
     def train_batch(self, run, batch, last: bool) -> dict:
-        if self.compiled is not None:  # (timed: whether compiling pays, ``payoff``)
-            return self.compiled.timed(run.global_step, lambda: self._train_batch(run, batch, last))
-        return self._train_batch(run, batch, last)
-
-    def _train_batch(self, run, batch, last: bool) -> dict:
-        if self.whole_graph is not None:  # one graph a step, while the step traces and compiles
-            outputs = self.whole_graph.train_whole(batch, run.global_step)
-            if outputs is not None:
-                return outputs
-            self.whole_graph = None  # replaced, once: the step's functions (compiled, or eagerly if compiling failed)
-        steps = self.steps
-        if self.distributed and not last and not self.sharded:
-            with run.module.no_sync():  # DDP all-reduces the gradients in the step's last micro-batch only
-                outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
-        else:
-            if self.sharded:  # FSDP2: reduce-scatter the gradients on the step's last micro-batch only
-                run.module.set_requires_gradient_sync(last)
-            outputs = step.micro_batch(run, steps, steps.forward, batch, self.accum)
-        if last:
-            step.apply_gradients(run, steps, self.clip_norm)
-        return step.detached(outputs)
+        return self.runner.train_batch(run, batch, last)
 
     def eval_batch(self, run, batch) -> dict:
         carried = run.state.carried  # a stateful model (never compiled: csframework.carried.refusals)
@@ -315,7 +279,7 @@ class EagerBackend(BackendBase):
             with self.precision.autocast():
                 outputs = carried.forward(run.module, batch)
         else:
-            outputs = self.steps.evaluate(batch)
+            outputs = self.runner.evaluate(batch)
         # under inference_mode (the loop's default) no output can require grad: nothing to detach
         return outputs if torch.is_inference_mode_enabled() else step.detached(outputs)
 
@@ -343,7 +307,7 @@ class EagerBackend(BackendBase):
         # the loaded optimizer has the saved settings: fit them again
         if self.trained:
             self.precision.prepare(*self.trained)
-        if self.compiled is not None and (self.compiled.compiled_update or self.compiled.fused_update):
+        if self.compiled is not None:
             self.compiled.prepare_optimizer()
 
     def summary(self) -> dict:
@@ -352,25 +316,6 @@ class EagerBackend(BackendBase):
     def compile_seconds(self) -> float:
         """Seconds ``backend.compile`` has spent compiling the step and evaluation functions (0 eagerly)."""
         return self.compiled.seconds if self.compiled is not None else 0.0
-
-
-class EagerSteps:
-    """The step's runner without compiling: ``csframework.step``'s sequence with the precision policy's
-    primitives (``step.PrecisionOps``) and the module as it is."""
-
-    def __init__(self, precision: Precision | Float32, module: torch.nn.Module):
-        self.precision, self.forward = precision, module
-        self.autocast, self.backward, self.unscale = precision.autocast, precision.backward, precision.unscale
-        self.optimizer_step, self.update = precision.optimizer_step, precision.update
-
-    @staticmethod
-    def clip(max_grad_norm: float | None) -> float | None:
-        """The step clips the gradients itself."""
-        return max_grad_norm
-
-    def evaluate(self, batch: Any) -> dict:
-        with self.precision.autocast():
-            return step.model_outputs(self.forward(batch))
 
 
 class EagerPlugin:

@@ -216,7 +216,7 @@ def test_float16_loss_scaling_skips_overflowing_steps_in_the_compiled_update(tmp
     """The step's functions compiled (as on a GPU): the update, compiled, skips the overflowing steps itself."""
     eager, _ = fit(tmp_path, *OVERFLOWING, name="eager")
     compiled, summary = fit(tmp_path, COMPILE, "backend.compile_whole_step=false", *OVERFLOWING, name="compiled")
-    assert summary["compile"]["graph"] == "per function" and compiled.backend.compiled.compiled_update
+    assert summary["compile"]["graph"] == "per function" and compiled.backend.compiled.update == "compiled"
     assert summary["compile"]["recompiles"] == 0  # one graph of the update, whatever the learning rate
     assert compiled.backend.loss_scale() == eager.backend.loss_scale() == 4194304 / 2 ** 6
     assert {float(state["step"]) for state in compiled.optimizer.state.values()} == {6.0}

@@ -68,7 +68,7 @@ def test_a_4_layer_model_compiles_its_block_once(tmp_path, monkeypatch):
     why = [e["reason"] for e in events if e["event"] == "step_compiled_per_function"]
     assert len(why) == 1 and "the model repeats a block (4 x Block)" in why[0]
     assert [e["function"] for e in events if e["event"] == "step_compiled"] == ["forward", "evaluate"]
-    assert run.backend.compiled.fused_update and not run.backend.compiled.compiled_update
+    assert run.backend.compiled.update == "fused"
     # one graph of one block (its parameters and its input) for training, one for evaluation, none per layer
     one_layer = len(list(run.model.blocks[0].parameters())) + 1
     assert graphs == [one_layer, one_layer] and run.backend.compiled.recorder.graphs == 2
@@ -98,7 +98,7 @@ def _steps(check: payoff.Payoff, steps: int, compile_at=()) -> list:
 
     verdicts = []
     for global_step in range(steps):
-        check.step(global_step, lambda: train(global_step in compile_at), lambda: spent[0])
+        check.step(global_step, lambda: train(global_step in compile_at), lambda: spent[0], eager=dict)
         verdicts.append(check.verdict())
     return verdicts
 
@@ -131,7 +131,7 @@ def test_a_faster_compiled_step_that_cannot_win_back_the_compile_is_said(monkeyp
     monkeypatch.setattr(payoff, "perf_counter", Clock(0.2e-3))  # the eager steps take 0.1 ms more
     verdicts = []
     for global_step in range(2, 6):
-        check.step(global_step, lambda: {}, lambda: 0.0)
+        check.step(global_step, lambda: {}, lambda: 0.0, eager=dict)
         verdicts.append(check.verdict(compile_seconds))
     found = [v for v in verdicts if v is not None]
     assert len(found) == int(said)
@@ -145,7 +145,7 @@ def test_a_faster_compiled_step_that_cannot_win_back_the_compile_is_said(monkeyp
 def _steps_from(check: payoff.Payoff, start: int, stop: int) -> list:
     out = []
     for global_step in range(start, stop):
-        check.step(global_step, lambda: {}, lambda: 0.0)
+        check.step(global_step, lambda: {}, lambda: 0.0, eager=dict)
         out.append(check.verdict())
     return out
 
@@ -164,3 +164,80 @@ def test_a_compiled_step_no_faster_than_eager_is_said_once_with_both_figures(tmp
     assert len(said) == 1 and said[0]["level"] == "warning", said
     assert said[0]["compiled_ms"] == said[0]["eager_ms"] == 1.953
     assert "backend.compile=false" in said[0]["result"]
+
+
+def dropout_mlp(dim: int = 8, hidden: int = 16, classes: int = 4) -> nn.Module:
+    """The Blobs MLP with dropout: each step draws random numbers."""
+    return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(0.5), nn.Linear(hidden, classes))
+
+
+class BackwardCounter:
+    """A plugin inside the step (so the step's functions are compiled, not one graph): counts the backwards."""
+    name = "backward_counter"
+
+    def __init__(self):
+        self.calls = 0
+
+    @csf.hookimpl
+    def on_after_backward(self):
+        self.calls += 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["whole step", "per function"])
+def test_the_payoff_checks_eager_steps_leave_the_run_as_it_would_be_without_them(tmp_path, monkeypatch, graph):
+    """Issue 51 item 3: the eager steps the check times are thrown away (until then they trained the model
+    eagerly, with eager's rounding, in the middle of a compiled run): a run with the check trains bit for bit as
+    one whose check window lies past its end, dropout's random numbers included, and a plugin inside the step
+    sees the run's steps only."""
+    from fixtures import compose
+
+    monkeypatch.setattr(payoff, "perf_counter", Clock(2.0 ** -9))  # equal medians: the check says so, once
+    common = ["loop.max_steps=12", "backend.threads=1", "backend.compile=true", "optimizer=adamw",
+              "optimizer.lr=0.01", f"model.net._target_={__name__}.dropout_mlp"]
+    runs, counters = {}, {}
+    for name, window in (("checked", 4), ("unchecked", 12)):
+        counters[name] = BackwardCounter()
+        runs[name] = csf.Run(compose(*common, f"loop.log_every={window}"), output_dir=tmp_path / name,
+                             plugins=[counters[name]] if graph == "per function" else [])
+        assert runs[name].fit()["compile"]["graph"] == graph
+    events = [json.loads(line) for line in (tmp_path / "checked" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] == "compile_not_faster"] == ["compile_not_faster"]
+    checked, unchecked = runs["checked"].model.state_dict(), runs["unchecked"].model.state_dict()
+    assert all(torch.equal(checked[k], unchecked[k]) for k in checked)
+    assert all(torch.equal(a, b) for a, b in zip(runs["checked"].optimizer.state_dict()["state"][0].values(),
+                                                runs["unchecked"].optimizer.state_dict()["state"][0].values()))
+    if graph == "per function":
+        assert counters["checked"].calls == counters["unchecked"].calls == 12
+
+
+def test_set_aside_puts_back_in_place_what_a_thrown_away_step_changed():
+    """The payoff check's eager step changes nothing the run keeps: parameters, running statistics, gradients,
+    the optimizer's state (the same tensors: compiled code holding them stays valid; entries the step created
+    removed), a loss scale and the random number generator."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(16, 4)
+
+    def train() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train()
+    model[3].bias.requires_grad_(False)  # a parameter without optimizer state until now
+    scale = torch.tensor(65536.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {p: {k: (v, v.clone()) for k, v in s.items()} for p, s in optimizer.state.items()}
+    model[3].bias.requires_grad_(True)
+    rng = torch.get_rng_state()
+    with payoff.set_aside(model, optimizer, [scale]):
+        train()
+        scale.mul_(2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert set(optimizer.state) == set(state)  # the bias's new state is gone
+    for p, entries in state.items():
+        assert all(optimizer.state[p][k] is tensor and torch.equal(tensor, kept) for k, (tensor, kept) in entries.items())
+    assert float(scale) == 65536.0
+    assert torch.equal(torch.get_rng_state(), rng)  # the next step's dropout draws what it would have

@@ -13,8 +13,8 @@ compiled call of a stage until ``close()`` (the end of the stage, of ``fit`` or 
   ``torch_log`` events (``events.jsonl``, not the console), so csframework's one line per problem is the only one
   on stderr; ``debug=true`` leaves torch's own lines as they are.
 
-Dynamo's caches are never reset: compiled code is kept per code object, and each ``CompiledStep`` compiles
-functions of its own (``fresh``), so an earlier run's entries neither count towards this one's limit nor
+Dynamo's caches are never reset: compiled code is kept per code object, and each stage's runners compile
+functions of their own (``fresh``), so an earlier run's entries neither count towards this one's limit nor
 disappear from the caller's functions.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _torch_loggers() -> list[logging.Logger]:
 
 def fresh_function(function: Callable) -> Callable:
     """A copy of ``function`` with a code object of its own: Dynamo keeps compiled code, and counts
-    recompilations, per code object, so a copy compiled by a new ``CompiledStep`` starts with none (no global
+    recompilations, per code object, so a copy compiled by a new stage's runner starts with none (no global
     reset)."""
     code = function.__code__.replace(co_name=function.__code__.co_name)
     copy = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,

@@ -1,4 +1,4 @@
-"""The optimizer's settings and update function for the compiled update of ``step.CompiledStep``."""
+"""The optimizer's settings and update function for the compiled update of ``functions.PerFunctionRunner``."""
 from __future__ import annotations
 
 from typing import Any, Callable

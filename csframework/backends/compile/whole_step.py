@@ -9,11 +9,12 @@ Inductor artifact are cached under ``cache_dir()``, so an identical run loads th
 
 It applies (``refusal`` says why not) to a single-process CPU stage stepping a built-in or preinitialisable
 optimizer, one micro-batch a step, and no plugin hooked inside the step (traced, such a hook would run once, not
-every step). Dynamic loss scaling (``precision=float16``) is part of the graph: ``CompiledStep`` hands over a
-``graph/precision.GraphPrecision``, whose overflow check, skipped update (``torch.where``) and new scale are
+every step). Dynamic loss scaling (``precision=float16``) is part of the graph: ``session.CompileSession`` hands over
+a ``graph/precision.GraphPrecision``, whose overflow check, skipped update (``torch.where``) and new scale are
 graph operations, its scale and growth tracker graph state. Otherwise, and when the step does not trace
-(data-dependent code in the model), ``step.CompiledStep`` compiles the step's functions with ``torch.compile``
-instead. A new batch shape (the short last batch) compiles one more graph, reused every epoch.
+(data-dependent code in the model), the step's functions are compiled with ``torch.compile`` instead
+(``functions.PerFunctionRunner``, which ``whole_runner.WholeStepRunner`` installs in its place, once). A new
+batch shape (the short last batch) compiles one more graph, reused every epoch.
 """
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ class WholeStep:
 
     def __init__(self, run: Any, precision: Any, max_grad_norm: float | None, *, cache: CompileCache,
                  max_graphs: int, config_patches: dict, on_compile: Callable[[Compiled, float], Any],
-                 on_untraced: Callable[[str], Any]):
+                 on_untraced: Callable[[str], Any], on_full: Callable[[], Any]):
         self.run, self.precision, self.max_grad_norm = run, precision, max_grad_norm
-        self.on_compile, self.on_untraced = on_compile, on_untraced
+        self.on_compile, self.on_untraced, self.on_full = on_compile, on_untraced, on_full
         scaler = getattr(precision, "scaler", None)  # in-graph loss scaling: its tensors are the graph's state
         extras = scaler.state_attrs() if isinstance(scaler, GraphLossScaler) else []
         self.graphs = StaticStep(self._step, "train_step", retrace=False, cache=cache, keyed=True,
@@ -91,8 +92,9 @@ class WholeStep:
         self.refused: tuple[str, str] | None = None
         self._started = 0.0
 
-    def _step(self, batch: Any) -> dict:
-        return step.train_step(self.run, self.precision, self.run.module, [batch], self.max_grad_norm)
+    def _step(self, batch: Any, run: Any = None) -> dict:
+        run = self.run if run is None else run
+        return step.train_step(run, self.precision, run.module, [batch], self.max_grad_norm)
 
     def _compiled(self, compiled: Compiled) -> None:
         info = compiled.report.get("graph_compiler", {})
@@ -123,13 +125,15 @@ class WholeStep:
         if self.refused is not None:
             return None
         if prepared is None:
-            self.full = True
+            if not self.full:
+                self.full = True
+                self.on_full()
             return self.eager(batch)
         return self.graphs.execute(prepared, global_step)
 
-    def eager(self, batch: Any) -> dict:
-        """The same step without a graph."""
-        return self._step(batch)
+    def eager(self, batch: Any, run: Any = None) -> dict:
+        """The same step without a graph (of ``run``, a stand-in for the run: the payoff check's)."""
+        return self._step(batch, run)
 
 
 def batch_shapes(compiled: Compiled) -> tuple:
