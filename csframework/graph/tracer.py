@@ -497,6 +497,8 @@ def detailed_difference(old: Signature, new: Signature, state: State) -> str:
         for i, (a, b) in enumerate(zip(o_layout, n_layout)):
             if a != b:
                 name = state.names[i] if i < len(state.names) else f"#{i}"
+                if a[:3] == b[:3]:  # only requires_grad (a parameter frozen or unfrozen)
+                    return f"state tensor {name}: requires_grad {a[3]} when traced, {b[3]} now"
                 return f"state tensor {name}: {_describe(a)} when traced, {_describe(b)} now"
         return f"the number of state tensors changed from {len(o_layout)} to {len(n_layout)}"
     if o_hyper != n_hyper:
