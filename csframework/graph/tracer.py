@@ -126,7 +126,7 @@ class GuardMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.recorder is not None:
+        if self.recorder is not None and not self.recorder.where_on_difference:
             self.recorder.where = user_location(1)
         kind = _READS.get(func)
         if kind is not None:

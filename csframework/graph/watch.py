@@ -69,6 +69,7 @@ class StateWatch:
         self.modules = [m for module in modules for m in walk(module, [])]
         mods = self.modules  # torch never replaces these dicts of a module, only their entries
         self.dicts = [*map(_PARAMETERS, mods), *map(_BUFFERS, mods), *map(_CHILDREN, mods)]
+        self.views = [d.values() for d in self.dicts]  # live views: made once
         self.optimizers = list(optimizers)
         self.extras = [(obj, attr) for obj, attr, _ in extras]
         self.tensors = list(tensors)
@@ -86,9 +87,8 @@ class StateWatch:
 
     def _take(self) -> tuple[list, list]:
         """(objects compared by identity, values compared by ``==``)."""
-        dicts = self.dicts
-        objects = [*chain.from_iterable(map(_VALUES, dicts))]
-        values: list = [*map(len, dicts), *map(_TRAINING, self.modules)]
+        objects = [*chain.from_iterable(self.views)]
+        values: list = [*map(len, self.dicts), *map(_TRAINING, self.modules)]
         for part in _LAYOUT:
             values += map(part, self.tensors)
         for opt, per_group in zip(self.optimizers, self.settings):
@@ -107,10 +107,10 @@ class StateWatch:
     def unchanged(self) -> bool:
         """Whether everything the snapshot holds is still the same (a removed setting or state counts as a
         change)."""
+        old_objects, old_values = self.snapshot
         try:
             objects, values = self._take()
-        except (KeyError, AttributeError, TypeError):
+            return (len(objects) == len(old_objects) and all(map(operator.is_, objects, old_objects))
+                    and values == old_values)
+        except (KeyError, AttributeError, TypeError, RuntimeError):  # e.g. a state entry that is no dict
             return False
-        old_objects, old_values = self.snapshot
-        return (len(objects) == len(old_objects) and all(map(operator.is_, objects, old_objects))
-                and values == old_values)
