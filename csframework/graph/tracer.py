@@ -45,7 +45,8 @@ from . import flat
 from .passes import fresh_outputs
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
 from .watch import StateWatch, walk
-from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
+from .errors import (Where, called_from, first_refusal, translate, tracing_error, user_frame_here,
+                     user_location)
 
 # -- the active trace ---------------------------------------------------------------------------------------
 
@@ -665,12 +666,11 @@ class StepTracer:
         inputs = _inputs(state, leaves, traced.arg_positions, global_step, reuse=True)
         with torch.no_grad():
             outs = run_graph(*inputs)
-        fresh = None
-        if run_graph == traced.gm.forward:
-            if traced.fresh is None:
-                traced.fresh = fresh_outputs(traced.gm)
-            fresh = traced.fresh
-        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks, fresh)
+        interpreted = run_graph == traced.gm.forward
+        if interpreted and traced.fresh is None:
+            traced.fresh = fresh_outputs(traced.gm)
+        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks,
+                        traced.fresh if interpreted else None)
 
     def run_checked(self, args: tuple, kwargs: dict, state: State, expected: Recording, global_step: int):
         """Run the step's Python on the live tensors, each operation checked against the first trace's stream
@@ -701,7 +701,7 @@ class StepTracer:
                     t.grad = None
             if recorder.diverged is None:
                 raise
-            cause = _first_refusal(e)  # an error that unwinding through a differing operation (a profiler
+            cause = first_refusal(e)  # an error that unwinding through a differing operation (a profiler
             if cause is not None:      # range's exit) would hide
                 raise cause from None
             raise Diverged(recorder.diverged) from None
@@ -731,17 +731,6 @@ def _fake_tensors_take_foreach():
             types.remove(FakeTensor)
 
 
-def _first_refusal(error: BaseException) -> BaseException | None:
-    """The emulator's own refusal (``TracingError``, ``CompileError``) that ``error`` was raised while
-    handling, if any."""
-    seen = error.__context__
-    while seen is not None:
-        if isinstance(seen, (TracingError, CompileError)):
-            return seen
-        seen = seen.__context__
-    return None
-
-
 def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tensor], n_closure_tensors: int,
              writebacks: Sequence[int], fresh: Sequence[bool] | None = None):
     """After a step's graph ran: write the rebound state back, run the step closures with copies of their
@@ -752,10 +741,8 @@ def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tens
         n_clo = n_closure_tensors
         for pos, value in zip(writebacks, outs[n_out + n_clo:]):
             state.tensors[pos].copy_(value)
-        if fresh is None:
-            results = [t.clone() for t in outs[:n_out + n_clo]]
-        else:
-            results = [t if own else t.clone() for t, own in zip(outs[:n_out + n_clo], fresh)]
+        owned = fresh if fresh is not None else [False] * (n_out + n_clo)
+        results = [t if own else t.clone() for t, own in zip(outs[:n_out + n_clo], owned)]
     for opt in state.optimizers:
         opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
     closure_values = iter(results[n_out:])
