@@ -4,6 +4,7 @@ model (tiny transformer, AdamW, clipping), and the time to trace and compile the
     python -m benchmarks.csx_emulator [--rounds N]       # the figures (fresh processes, interleaved)
     python -m benchmarks.csx_emulator --detail           # one process: trace, steps, retrace cost
     python -m benchmarks.csx_emulator --contestant csx   # one measurement (a JSON line)
+    python -m benchmarks.csx_emulator --own-time         # the emulator's own work per step (issue 52)
 
 Each contestant process builds the run, times ``backend.train_batch`` (the whole optimizer step: forward,
 backward, clipping, update, schedule) on one fixed batch for ``--steps`` steps after warm-up, and reports the
@@ -12,6 +13,14 @@ loading and logging are not part of it. The csx contestant also reports its firs
 step's trace + graph compile seconds. The figures' csx contestants share one compile directory: the first
 csx process (run once, before the rounds) finds it empty (the cold figure), the rounds find it filled (the
 cached figure).
+
+The emulator's own work per step (``--own-time``, issue 52's CSX target: at most 50 us) is a step's CPU time
+less the CPU time of the graph's operations alone: in one process, on the blobs MLP with
+``backend.graph_compiler=none`` (the interpreted graph, the default), steps of ``backend.train_batch``
+alternate with calls of the same graph's generated code (``GraphModule.forward``, every node's ATen
+operation and nothing else) on the same live tensors; the difference of their medians (and of their 10th
+percentiles, nearer a quiet machine's figure on a shared one) is what the emulator adds around the operations (state check, graph inputs, outputs and step closures), and with
+``backend.retrace_every_iteration=true`` also what checking each operation against the first trace costs.
 """
 from __future__ import annotations
 
@@ -86,6 +95,66 @@ def contestant(name: str, steps: int, compile_dir: str | None, graph_compiler: s
     return result
 
 
+def own_time(retrace: bool, steps: int = 400) -> dict:
+    """The emulator's own CPU time per step (see the module's docstring): median step less median graph."""
+    import torch
+
+    from csframework.graph.tracer import _inputs
+    from torch.utils import _pytree as pytree
+
+    torch.set_num_threads(int(os.environ.get("CSF_BENCH_THREADS", "1")))
+    extra = ["backend.graph_compiler=none", *(["backend.retrace_every_iteration=true"] if retrace else [])]
+    with tempfile.TemporaryDirectory() as workdir:
+        run, batch = make_run("csx", "mlp", extra, workdir)
+        step_times(run, batch, 20)
+        train_step = run.backend.train_step
+        compiled = train_step.first[1]
+        leaves, _ = pytree.tree_flatten((([batch],), {}))
+        state, _ = train_step.tracer.collect(leaves)
+        inputs = _inputs(state, leaves, compiled.traced.arg_positions, run.global_step)
+        graph = compiled.gm.forward
+
+        def graph_once():
+            with torch.no_grad():
+                graph(*inputs)
+
+        step, ops = [], []
+        for _ in range(steps):  # alternated, so that both see the same machine
+            step += step_times(run, batch, 1, time.process_time)
+            start = time.process_time()
+            graph_once()
+            ops.append(time.process_time() - start)
+    step_us, ops_us = 1e6 * statistics.median(step), 1e6 * statistics.median(ops)
+    # the quietest tenth of each: on a shared machine the other processes' caches and interruptions inflate
+    # some iterations, and the least disturbed ones are nearest to a quiet machine's figure
+    quiet_step, quiet_ops = (1e6 * statistics.quantiles(times, n=10)[0] for times in (step, ops))
+    return {"contestant": "own-retrace" if retrace else "own", "step_us": step_us, "graph_ops_us": ops_us,
+            "own_us_per_step": step_us - ops_us, "own_us_quietest": quiet_step - quiet_ops,
+            "graph_ops": len(compiled.gm.graph.nodes)}
+
+
+def own_figures(rounds: int) -> list:
+    """Issue 52's CSX figure: the emulator's own CPU time per step, without and with retracing."""
+    from . import harness
+
+    base = harness.python(MODULE)
+    results = harness.interleaved({"own": [*base, "--contestant", "own"],
+                                   "own-retrace": [*base, "--contestant", "own-retrace"]}, rounds)
+    command = f"python -m {MODULE} --own-time --rounds {rounds}"
+    return [
+        harness.Figure("CSX emulator's own CPU time per step (blobs MLP, graph_compiler=none): step less the "
+                       "graph's operations", "us", [r["own_us_per_step"] for r in results["own"]],
+                       target="<= 50 us", limit=50.0, command=command, kind="value"),
+        harness.Figure("the same, the quietest tenth of the steps and of the graph's runs (10th percentiles)", "us",
+                       [r["own_us_quietest"] for r in results["own"]], target="<= 50 us", limit=50.0,
+                       command=command, kind="value"),
+        harness.Figure("the same with retrace_every_iteration=true (each operation checked)", "us",
+                       [r["own_us_per_step"] for r in results["own-retrace"]], command=command, kind="value"),
+        harness.Figure("the graph's operations alone (what the figures above leave out)", "us",
+                       [r["graph_ops_us"] for r in results["own"]], command=command, kind="value"),
+    ]
+
+
 def figures(rounds: int, steps: int = 20) -> list:
     from . import harness
 
@@ -122,6 +191,7 @@ def figures(rounds: int, steps: int = 20) -> list:
                        target="<= 2 s", limit=2.0, command=command, kind="value"),
         harness.Figure("CSX trace+compile, cold (empty cache)", "s", [cold["trace_compile_s"]], command=command,
                        kind="value"),
+        *own_figures(rounds),
     ]
 
 
@@ -176,8 +246,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of fresh processes")
     parser.add_argument("--steps", type=int, default=20, help="steady-state steps timed per process")
-    parser.add_argument("--contestant", choices=["csx", "cpu", "compiled"],
-                        help="one measurement, printed as JSON (compiled: cpu with backend.compile=true)")
+    parser.add_argument("--contestant", choices=["csx", "cpu", "compiled", "own", "own-retrace"],
+                        help="one measurement, printed as JSON (compiled: cpu with backend.compile=true; own: the "
+                             "emulator's own time per step, own-retrace: with retracing)")
+    parser.add_argument("--own-time", action="store_true", help="only the emulator's own time per step")
     parser.add_argument("--compile-dir", default=None, help="the csx contestant's compile directory")
     parser.add_argument("--graph-compiler", choices=["inductor", "none"], default=None,
                         help="the csx contestant's backend.graph_compiler (default: the config's)")
@@ -186,8 +258,13 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="--detail's repeats")
     parser.add_argument("--threads", type=int, default=0, help="--detail's torch threads (0: torch's default)")
     args = parser.parse_args(argv)
-    if args.contestant:
+    if args.contestant in ("own", "own-retrace"):
+        print(json.dumps(own_time(args.contestant == "own-retrace")))
+    elif args.contestant:
         print(json.dumps(contestant(args.contestant, args.steps, args.compile_dir, args.graph_compiler)))
+    elif args.own_time:
+        from . import harness
+        print(harness.table(own_figures(args.rounds)))
     elif args.detail:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
                                         "support"))  # the test fixtures (mlp model)

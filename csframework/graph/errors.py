@@ -10,7 +10,7 @@ from types import FrameType
 
 import torch
 
-from ..errors import TracingError
+from ..errors import CompileError, TracingError
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 #: The framework's directory, from this package's location: its code between the user's step and torch is
@@ -152,3 +152,14 @@ def _op_of(error: BaseException) -> str:
         return f"operation {func}"
     first = str(error).strip().splitlines()
     return first[0][:160] if first else type(error).__name__
+
+
+def first_refusal(error: BaseException) -> BaseException | None:
+    """The emulator's own refusal (``TracingError``, ``CompileError``) that ``error`` was raised while
+    handling, if any."""
+    seen = error.__context__
+    while seen is not None:
+        if isinstance(seen, (TracingError, CompileError)):
+            return seen
+        seen = seen.__context__
+    return None

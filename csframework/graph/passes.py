@@ -35,6 +35,42 @@ def _mutates(node: Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
 
 
+#: Operations whose schema declares a fresh result that may still share its input's memory.
+_UNDECLARED_VIEWS = {aten._unsafe_view.default, aten.lift_fresh.default}
+
+
+def _may_alias(node: Node) -> bool:
+    """Whether ``node``'s result may share memory with one of its arguments (a view, an in-place update, one
+    result of an operation that returns several, an operation of unknown schema)."""
+    if node.target is operator.getitem:
+        return True  # the result of the operation it takes it from
+    schema = getattr(node.target, "_schema", None)
+    return (schema is None or node.target in _UNDECLARED_VIEWS
+            or any(r.alias_info is not None for r in schema.returns))
+
+
+def fresh_outputs(gm: GraphModule) -> tuple[bool, ...]:
+    """For each output of the graph: whether it is memory that nothing after the step writes into: shared
+    with no input (state, batch) nor constant of the graph, and returned once. The others (an input, a view
+    of one, a state tensor updated in place) are copied for the caller, as the state changes in place at the
+    next step."""
+    shares_input: set[Node] = set()
+    output = None
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            shares_input.add(node)
+        elif node.op == "output":
+            output = node
+        elif _may_alias(node) and any(arg in shares_input for arg in node.all_input_nodes):
+            shares_input.add(node)
+    if output is None:
+        return ()
+    results = [a for a in torch.utils._pytree.tree_leaves(output.args[0])]
+    counts = Counter(results)
+    return tuple(isinstance(r, Node) and r.op == "call_function" and r not in shares_input and counts[r] == 1
+                 for r in results)
+
+
 def eliminate_dead_code(graph: torch.fx.Graph) -> None:
     """Remove operations whose results nothing uses, keeping those that update a tensor in place.
 

@@ -24,6 +24,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from .errors import user_location
 from .passes import _const_desc, op_name
 
 
@@ -36,6 +37,9 @@ class OpRecorder(TorchDispatchMode):
     of the torch call that issued it (``wheres``, set by the tracer's ``GuardMode`` through ``where``)."""
 
     supports_higher_order_operators = True  # passed on untouched; they make the stream opaque (below)
+    #: Whether the user's line of an operation is looked up only for a differing one (``CheckingRecorder``,
+    #: which stops at it, with the user's code on the stack), not for each (``where``, set by ``GuardMode``).
+    where_on_difference = False
 
     def __init__(self, inputs: Sequence[torch.Tensor]):
         super().__init__()
@@ -153,6 +157,8 @@ class CheckingRecorder(OpRecorder):
     running the step this way executes the graph; the first differing one stops the step (``diverged``).
     Before an operation writes into a state tensor, that tensor is saved once (``restore`` puts it back)."""
 
+    where_on_difference = True  # the user's line of each operation costs a walk up the stack: only the differing one
+
     def __init__(self, inputs: Sequence[torch.Tensor], n_state: int, expected: Recording):
         super().__init__(inputs)
         self.expected = expected
@@ -169,7 +175,7 @@ class CheckingRecorder(OpRecorder):
         expected = self.expected.ops
         if index >= len(expected) or expected[index] != entry:
             self.ops.append(entry)
-            self.wheres.append(self.where)
+            self.wheres.append(user_location())
             self.diverged = Recording(self.ops, self.wheres).first_difference(self.expected) or "the traces differ"
             raise Diverged(self.diverged)
         if func._schema.is_mutable:

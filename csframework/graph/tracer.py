@@ -41,8 +41,12 @@ from torch.utils import _pytree as pytree
 from ..compat import TORCH
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
+from . import flat
+from .passes import fresh_outputs
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
-from .errors import Where, called_from, translate, tracing_error, user_frame_here, user_location
+from .watch import StateWatch, walk
+from .errors import (Where, called_from, first_refusal, translate, tracing_error, user_frame_here,
+                     user_location)
 
 # -- the active trace ---------------------------------------------------------------------------------------
 
@@ -123,7 +127,7 @@ class GuardMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.recorder is not None:
+        if self.recorder is not None and not self.recorder.where_on_difference:
             self.recorder.where = user_location(1)
         kind = _READS.get(func)
         if kind is not None:
@@ -224,6 +228,7 @@ class State:
     lrs: list[float]
     hyper: tuple
     layout: tuple
+    feeds: list[torch.Tensor] = field(default_factory=list)  # the learning rates' and global step's tensors
 
 
 def collect_state(modules: Sequence[torch.nn.Module], optimizers: Sequence, extras: Sequence[tuple]) -> State:
@@ -272,37 +277,6 @@ def collect_state(modules: Sequence[torch.nn.Module], optimizers: Sequence, extr
         slots.append(Slot(obj, attr, add(t, kind, f"{kind}.{attr}"), kind))
     layout = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in tensors)
     return State(tensors, kinds, names, slots, list(optimizers), lrs, tuple(hyper), layout)
-
-
-def _walk(module, out: list) -> list:
-    out.append(module)
-    for child in module._modules.values():
-        if child is not None:
-            _walk(child, out)
-    return out
-
-
-def quick_key(modules, optimizers, extras) -> list:
-    """Identities of every state tensor, the modules' modes and the optimizers' settings: equal keys mean
-    ``collect_state`` would give the same state."""
-    key = []
-    for module in modules:
-        for m in _walk(module, []):
-            key.append(m.training)
-            key.extend(map(id, m._parameters.values()))
-            key.append(None)
-            key.extend(map(id, m._buffers.values()))
-            key.append(None)
-    for opt in optimizers:
-        for group in opt.param_groups:
-            key.extend(map(id, group["params"]))
-            key.extend(v if isinstance(v, (int, float, str, bool, tuple, type(None))) else repr(v)
-                       for k, v in group.items() if k not in ("params", "lr"))
-        for p, st in opt.state.items():
-            key.append(id(p))
-            key.extend(id(v) if isinstance(v, torch.Tensor) else v for v in st.values())
-    key.extend(id(getattr(obj, attr)) for obj, attr, _ in extras)
-    return key
 
 
 def _freeze(value):
@@ -477,6 +451,7 @@ class Traced:
     seconds: float
     recording: Recording | None = None  # the operation stream (what retraces replay and compare); None: a
     # higher-order operator hid part of it, and every retrace is a whole trace
+    fresh: tuple[bool, ...] | None = None  # passes.fresh_outputs of the graph, once it is final
 
 
 @dataclass
@@ -498,12 +473,16 @@ def _arg_meta(leaf):
     return ("python", _freeze(leaf))
 
 
-def signature(state: State, modules, leaves) -> Signature:
-    flags = tuple(m.training for module in modules for m in _walk(module, []))
-    values = (state.layout, state.hyper, flags, tuple(_arg_meta(x) for x in leaves))
-    return Signature(values, ("state tensors (parameters, buffers, optimizer state)",
-                              "optimizer settings (other than the learning rate) and Python optimizer state",
-                              "train/eval mode of the compiled modules", "the step's arguments"))
+_SIGNATURE_LABELS = ("state tensors (parameters, buffers, optimizer state)",
+                     "optimizer settings (other than the learning rate) and Python optimizer state",
+                     "train/eval mode of the compiled modules", "the step's arguments")
+
+
+def signature(state: State, modules, leaves, flags: tuple | None = None) -> Signature:
+    """What a graph traced now would be specialised on; ``flags``: the modules' train/eval modes, if known."""
+    if flags is None:
+        flags = tuple(m.training for module in modules for m in walk(module, []))
+    return Signature((state.layout, state.hyper, flags, tuple(map(_arg_meta, leaves))), _SIGNATURE_LABELS)
 
 
 def detailed_difference(old: Signature, new: Signature, state: State) -> str:
@@ -519,6 +498,8 @@ def detailed_difference(old: Signature, new: Signature, state: State) -> str:
         for i, (a, b) in enumerate(zip(o_layout, n_layout)):
             if a != b:
                 name = state.names[i] if i < len(state.names) else f"#{i}"
+                if a[:3] == b[:3]:  # only requires_grad (a parameter frozen or unfrozen)
+                    return f"state tensor {name}: requires_grad {a[3]} when traced, {b[3]} now"
                 return f"state tensor {name}: {_describe(a)} when traced, {_describe(b)} now"
         return f"the number of state tensors changed from {len(o_layout)} to {len(n_layout)}"
     if o_hyper != n_hyper:
@@ -541,23 +522,28 @@ class StepTracer:
         # cannot let a higher-order operator (torch.cond) pass, so there every retrace is a whole trace
         self.record = record and TORCH >= (2, 5)
         self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
+        self._user_preinitialized = [opt for opt in self.optimizers if not graph_optim.is_builtin(opt)]
+        self._cached: tuple[StateWatch, State] | None = None
         self.compute_context = compute_context or contextlib.nullcontext
 
     # -- state ------------------------------------------------------------------------------------------
     def collect(self, leaves) -> tuple[State, Signature]:
         """The live state and the signature of this call. The full collection (names, slots, layout) is
-        redone only when the identity of a state tensor, a module's mode or an optimizer setting changed."""
-        for opt in self.optimizers:
+        redone only when something it depends on changed (``watch.StateWatch``)."""
+        for opt in self._user_preinitialized:  # the user's own ``preinitialize()``: called at every step
             graph_optim.preinitialize(opt)
-        key = quick_key(self.modules, self.optimizers, self.extras)
-        cached = getattr(self, "_cached", None)
-        if cached is not None and cached[0] == key:
-            state = cached[1]
+        cached = self._cached
+        if cached is not None and cached[0].unchanged():
+            watch, state = cached
             state.lrs = [float(g["lr"]) for opt in self.optimizers for g in opt.param_groups]
         else:
+            # the built-in optimizers' state is created if missing (it is, unchanged, when the watch holds)
+            for opt in self.optimizers:
+                graph_optim.preinitialize(opt)
             state = collect_state(self.modules, self.optimizers, self.extras)
-            self._cached = (key, state)
-        return state, signature(state, self.modules, leaves)
+            watch = StateWatch(self.modules, self.optimizers, self.extras, state.tensors)
+            self._cached = (watch, state)
+        return state, signature(state, self.modules, leaves, watch.flags)
 
     # -- tracing ----------------------------------------------------------------------------------------
     def trace(self, args: tuple, kwargs: dict, state: State) -> Traced:
@@ -675,11 +661,16 @@ class StepTracer:
     @staticmethod
     def execute(run_graph: Callable, traced: Traced, state: State, leaves: list, global_step: int):
         """Run the graph (``run_graph``: the GraphModule's ``forward`` or its compiled code) on the live
-        tensors; run the step closures; return the outputs (copies)."""
-        inputs = _inputs(state, leaves, traced.arg_positions, global_step)
+        tensors; run the step closures; return the outputs (copies, but for those of the interpreted graph
+        that are memory of their own: ``passes.fresh_outputs``)."""
+        inputs = _inputs(state, leaves, traced.arg_positions, global_step, reuse=True)
         with torch.no_grad():
             outs = run_graph(*inputs)
-        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks)
+        interpreted = run_graph == traced.gm.forward
+        if interpreted and traced.fresh is None:
+            traced.fresh = fresh_outputs(traced.gm)
+        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks,
+                        traced.fresh if interpreted else None)
 
     def run_checked(self, args: tuple, kwargs: dict, state: State, expected: Recording, global_step: int):
         """Run the step's Python on the live tensors, each operation checked against the first trace's stream
@@ -710,7 +701,7 @@ class StepTracer:
                     t.grad = None
             if recorder.diverged is None:
                 raise
-            cause = _first_refusal(e)  # an error that unwinding through a differing operation (a profiler
+            cause = first_refusal(e)  # an error that unwinding through a differing operation (a profiler
             if cause is not None:      # range's exit) would hide
                 raise cause from None
             raise Diverged(recorder.diverged) from None
@@ -740,27 +731,18 @@ def _fake_tensors_take_foreach():
             types.remove(FakeTensor)
 
 
-def _first_refusal(error: BaseException) -> BaseException | None:
-    """The emulator's own refusal (``TracingError``, ``CompileError``) that ``error`` was raised while
-    handling, if any."""
-    seen = error.__context__
-    while seen is not None:
-        if isinstance(seen, (TracingError, CompileError)):
-            return seen
-        seen = seen.__context__
-    return None
-
-
 def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tensor], n_closure_tensors: int,
-             writebacks: Sequence[int]):
+             writebacks: Sequence[int], fresh: Sequence[bool] | None = None):
     """After a step's graph ran: write the rebound state back, run the step closures with copies of their
-    values, and return copies of the outputs in the step's structure."""
-    with torch.no_grad():
+    values, and return copies of the outputs in the step's structure (``fresh``: the outputs that need no
+    copy)."""
+    with torch.no_grad():  # (a copy made here needs no ``detach``)
         n_out = len(traced.out_tensor_positions)
         n_clo = n_closure_tensors
         for pos, value in zip(writebacks, outs[n_out + n_clo:]):
             state.tensors[pos].copy_(value)
-        results = [t.detach().clone() for t in outs[:n_out + n_clo]]
+        owned = fresh if fresh is not None else [False] * (n_out + n_clo)
+        results = [t if own else t.clone() for t, own in zip(outs[:n_out + n_clo], owned)]
     for opt in state.optimizers:
         opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
     closure_values = iter(results[n_out:])
@@ -768,22 +750,32 @@ def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tens
         call_leaves = list(closure.leaves)
         for pos in closure.positions:
             call_leaves[pos] = next(closure_values)
-        c_args, c_kwargs = pytree.tree_unflatten(call_leaves, closure.spec)
+        c_args, c_kwargs = flat.unflatten(call_leaves, closure.spec)
         closure.fn(*c_args, **c_kwargs)
     out_leaves = list(traced.out_leaves)
     for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
         out_leaves[pos] = value
-    return pytree.tree_unflatten(out_leaves, traced.out_spec)
+    return flat.unflatten(out_leaves, traced.out_spec)
 
 
-def _inputs(state: State, leaves: list, arg_positions: list[int], global_step: int = 0) -> list:
+def _inputs(state: State, leaves: list, arg_positions: list[int], global_step: int = 0,
+            reuse: bool = False) -> list:
     """A graph's inputs, in order: the state tensors, one learning rate per param group, the global step and
-    the step's tensor arguments."""
-    inputs = list(state.tensors)
-    inputs += [torch.tensor(lr, dtype=torch.float64) for lr in state.lrs]
-    inputs.append(torch.tensor(global_step, dtype=torch.int64))
-    inputs += [leaves[i] for i in arg_positions]
-    return inputs
+    the step's tensor arguments. ``reuse``: the rates and step go into tensors kept with ``state`` (filled
+    anew at every call, so a graph that wrote into one changes nothing) instead of new ones (``torch.tensor``
+    costs some microseconds each)."""
+    if not reuse:
+        feeds = [*(torch.tensor(lr, dtype=torch.float64) for lr in state.lrs),
+                 torch.tensor(global_step, dtype=torch.int64)]
+    else:
+        feeds = state.feeds
+        if len(feeds) != len(state.lrs) + 1:
+            with torch.inference_mode(False):  # normal tensors, which either mode may fill
+                feeds = state.feeds = [*(torch.zeros((), dtype=torch.float64) for _ in state.lrs),
+                                       torch.zeros((), dtype=torch.int64)]
+        for feed, value in zip(feeds, [*state.lrs, global_step]):
+            feed.fill_(value)
+    return [*state.tensors, *feeds, *map(leaves.__getitem__, arg_positions)]
 
 
 def step_closure(fn: Callable) -> Callable:

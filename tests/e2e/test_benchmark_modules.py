@@ -106,3 +106,16 @@ def test_csx_headline_figures():
     assert len(figures) == 5
     for figure in figures:
         check(figure, "csx_headline", baseline=figure.kind == "ratio")
+
+
+@pytest.mark.parametrize("retrace", [False, True], ids=["interpreted", "retrace"])
+def test_csx_own_time_measures_a_step_against_its_graph_alone(retrace):
+    """``benchmarks.csx_emulator --own-time`` (issue 52): one process steps the blobs MLP on ``device=csx`` and
+    runs the same graph alone; a step is the graph's operations and the emulator's own work."""
+    from benchmarks import csx_emulator
+
+    result = csx_emulator.own_time(retrace, steps=30)
+    assert result["contestant"] == ("own-retrace" if retrace else "own") and result["graph_ops"] > 50
+    assert 0 < result["graph_ops_us"] < result["step_us"]
+    assert result["own_us_per_step"] == pytest.approx(result["step_us"] - result["graph_ops_us"])
+    assert result["own_us_quietest"] > 0

@@ -1,0 +1,137 @@
+"""What the CSX emulator does around a step's graph, made cheap for issue 52 (at most 50 us of its own work a
+step): the state checked by identity (``graph/watch.py``), arguments and outputs handled without torch's
+general pytree (``graph/flat.py``), outputs copied only where they share an input's memory
+(``passes.fresh_outputs``). Each must see every change the slower code saw, and some it missed."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+import csframework as csf
+from csframework.backends.csx import lowlevel
+from csframework.graph import flat, passes
+from csframework.graph import optim as graph_optim
+from csframework.graph.watch import StateWatch
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state():
+    lowlevel._reset()
+    yield
+    lowlevel._reset()
+
+
+Pair = collections.namedtuple("Pair", "a b")
+T = torch.ones(2)
+TREES = [T, 3, None, "s", (), [], {}, (T, [T, {"b": T, "a": 2}]), {"z": (T, None), "a": [1.5, T]},
+         Pair(T, [T]), collections.OrderedDict(b=T, a=T), collections.defaultdict(list, x=[T]),
+         nn.Parameter(torch.ones(1)), ((([(T, T)],),), {"k": {"deep": [(T,)]}})]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=range(len(TREES)))
+def test_flat_gives_what_pytree_gives(tree):
+    expected, spec = pytree.tree_flatten(tree)
+    got = flat.leaves(tree)
+    assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected))
+    rebuilt = flat.unflatten(got, spec)
+    assert type(rebuilt) is type(tree)
+    assert pytree.tree_flatten(rebuilt)[1] == spec
+    assert all(a is b for a, b in zip(pytree.tree_leaves(rebuilt), expected))
+    with pytest.raises(ValueError):
+        flat.unflatten(got + [0], spec)
+
+
+def watched():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW([{"params": model[0].parameters()},
+                                   {"params": model[2].parameters(), "weight_decay": 0.0}], lr=1e-3)
+    graph_optim.preinitialize(optimizer)
+    tensors = [*model.parameters(), *model.buffers(),
+               *(v for st in optimizer.state.values() for v in st.values())]
+    return model, optimizer, StateWatch([model], [optimizer], [], tensors)
+
+
+CHANGES = {
+    "a parameter replaced": lambda m, o: setattr(m[0], "weight", nn.Parameter(m[0].weight.detach().clone())),
+    "a buffer added": lambda m, o: m[2].register_buffer("extra", torch.zeros(1)),
+    "a layer replaced": lambda m, o: m.__setitem__(1, nn.BatchNorm1d(8)),
+    "evaluation mode": lambda m, o: m.eval(),
+    "a parameter frozen": lambda m, o: m[2].bias.requires_grad_(False),
+    "a parameter resized in place": lambda m, o: setattr(m[2].bias, "data", torch.zeros(3)),
+    "the model in float64 (identities kept)": lambda m, o: m.double(),
+    "an optimizer setting": lambda m, o: o.param_groups[1].__setitem__("weight_decay", 0.1),
+    "a setting made a tensor": lambda m, o: o.param_groups[0].__setitem__("eps", torch.tensor([1e-8, 1e-8])),
+    "a setting removed": lambda m, o: o.param_groups[0].pop("amsgrad"),
+    "a parameter moved to the other group": lambda m, o: o.param_groups[1]["params"].insert(
+        0, o.param_groups[0]["params"].pop()),
+    "a group added": lambda m, o: o.add_param_group({"params": [nn.Parameter(torch.ones(1))]}),
+    "the optimizer's state loaded": lambda m, o: o.load_state_dict(o.state_dict()),
+    "a state entry rebound": lambda m, o: o.state[m[0].weight].__setitem__("exp_avg", torch.zeros(8, 4)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_the_state_watch_sees_every_change(change):
+    model, optimizer, watch = watched()
+    assert watch.unchanged()
+    optimizer.param_groups[0]["lr"] = 0.5  # a graph input, not part of the state
+    model[0].weight.data.add_(1.0)  # values change at every step
+    assert watch.unchanged()
+    CHANGES[change](model, optimizer)
+    assert not watch.unchanged()
+
+
+def low_level_training(tmp_path, change, steps=4):
+    """The low-level CSX loop, ``change(model)`` made before step 3 (without retracing)."""
+    backend = csf.backend("CSX", compile_dir=str(tmp_path / "compile"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = csf.compile(model, backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @csf.trace
+    def step(x, y):
+        loss = nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss, model[2].bias, model[2].bias[:2], loss * 2
+
+    returned = []
+    for i in range(steps):
+        if i == 2:
+            change(model)
+        g = torch.Generator().manual_seed(i)
+        returned.append(step(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)))
+    return returned
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda m: m[2].bias.requires_grad_(False), "state tensor 2.bias: requires_grad True when traced, False now"),
+    (lambda m: setattr(m[2].bias, "data", torch.zeros(5)), r"state tensor 2.bias: shape \[4\] float32 when traced, "
+                                                           r"shape \[5\] float32 now"),
+], ids=["frozen", "resized"])
+def test_a_state_tensor_changed_in_place_needs_a_new_graph(tmp_path, change, needle):
+    """A parameter frozen (it would go on being updated) or resized in place keeps its identity; the graph
+    traced for it does not fit any more: refused, naming the tensor (before issue 52 both went unseen)."""
+    with pytest.raises(csf.CompileError, match=f"iteration 3 has different inputs.*{needle}"):
+        low_level_training(tmp_path, change)
+
+
+def test_outputs_sharing_the_state_are_copies_and_the_others_are_not(tmp_path):
+    returned = low_level_training(tmp_path, lambda m: None)
+    first, last = returned[0], returned[-1]
+    # the bias moved at every step, not what step 1 returned of it
+    assert not torch.equal(first[1], last[1]) and not torch.equal(first[2], last[2])
+    assert torch.equal(first[2], first[1][:2])
+    # the graph's own results (loss, loss * 2) are handed out as made; the bias and its view are copied
+    gm = make_fx(lambda p, x: (x.sum(), p, p[:2], p.add_(1), x * 2, (x * 3).view(-1)))(torch.ones(3),
+                                                                                       torch.ones(2, 2))
+    passes.postprocess(gm)
+    assert passes.fresh_outputs(gm) == (True, False, False, False, True, True)
