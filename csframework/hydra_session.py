@@ -29,7 +29,8 @@ from .errors import ConfigError, clipped, clipped_words
 
 #: csframework's own configs (``conf/``, shipped as ``csframework.conf``): what ``@hydra.main``'s
 #: ``config_path`` names and every composition searches (after a user's ``--config-dir``).
-CONFIG_PATH = "pkg://csframework.conf"
+CONFIG_MODULE = "csframework.conf"
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 #: The ``RunConfig`` schema's name in Hydra's ConfigStore; ``conf/config.yaml``'s defaults list starts with it.
 SCHEMA_NAME = "csframework_schema"
 TASK_NAME = "csframework"
@@ -84,11 +85,18 @@ def parse_command_line(argv: list[str]):
 
 def import_object(path: str) -> Any:
     """The object at the dotted ``path`` (a class, function or module attribute), as Hydra's ``_target_``
-    finds it; raises what the import raised. (``hydra.utils.get_object`` would also log the error, and the
-    callers report it themselves, in one line.)"""
-    from hydra._internal.utils import _locate
+    finds it (``hydra.utils.get_object``); raises what the import raised. The callers report it themselves,
+    in one line, so ``get_object``'s own error log is silenced."""
+    import logging
 
-    return _locate(path)
+    from hydra.utils import get_object
+
+    log = logging.getLogger("hydra.utils")
+    disabled, log.disabled = log.disabled, True
+    try:
+        return get_object(path)
+    finally:
+        log.disabled = disabled
 
 
 def main_app(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
@@ -99,19 +107,46 @@ def main_app(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
     return hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")(task)
 
 
-def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, from_shell: bool,
-             sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()):
+def _initialize() -> Any:
+    """Hydra initialised on csframework's configs (what ``@hydra.main``'s ``config_path`` gives), through
+    the public ``initialize_config_module``: ``GlobalHydra`` set until cleared; returns its config loader."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    initialize_config_module(config_module=CONFIG_MODULE, job_name=TASK_NAME, version_base="1.3")
+    return GlobalHydra.instance().config_loader()
+
+
+def _with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
+    """``overrides`` searching ``config_dir`` after csframework's configs, where the CLI's ``--config-dir``
+    puts it: first in ``hydra.searchpath`` (public composition has no ``--config-dir``; a ``hydra.searchpath``
+    override of the user's keeps its entries after it)."""
+    if config_dir is None:
+        return overrides
+    if not os.path.isdir(config_dir):
+        raise ConfigError(f"config_dir: no such directory: {config_dir}")
+    entries = [f"file://{os.path.abspath(config_dir)}"]
+    rest = []
+    for item in overrides:
+        if item.split("=", 1)[0] == "hydra.searchpath":
+            entries += [f"file://{d}" for d in user_config_dirs([item])]
+        else:
+            rest.append(item)
+    return rest + ["hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"]
+
+
+def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, from_shell: bool = False,
+             sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> DictConfig:
     """The one composition: checks the overrides (a setting of a ``disabled`` plugin's section, which is
-    gone: not among ``sections``) and the user's config files (``check_config_files``), creates the Hydra
-    instance (``GlobalHydra`` set) searching ``config_dir`` and then csframework's configs, as the CLI's
-    ``--config-dir`` does, and composes ``config_name`` with ``overrides`` for a run. Returns
-    ``(hydra, cfg)``, ``cfg`` with its ``hydra`` node; ``from_shell``: the overrides came from a command
-    line (the command line's run: Hydra's logging configured too). Raises ``ConfigError`` (one line naming
+    gone: not among ``sections``) and the user's config files (``check_config_files``), initialises Hydra on
+    csframework's configs (``_initialize``; ``GlobalHydra`` set until cleared) searching ``config_dir`` too,
+    as the CLI's ``--config-dir`` does, and composes ``config_name`` with ``overrides`` for a run
+    (``hydra.compose``; ``from_shell``: the overrides came from a command line, the command line's run: its
+    errors spelled for a shell, Hydra's logging configured). Returns the config with its ``hydra`` node. Raises ``ConfigError`` (one line naming
     the key or file; a primary config that is not there, with the ones that are) with ``GlobalHydra``
     cleared."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
+    from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import MissingConfigException
     from hydra.types import RunMode
@@ -121,29 +156,25 @@ def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, 
         if problem:
             raise ConfigError(problem)
     check_config_files(user_config_dirs(overrides, config_dir))
-    search_path = create_config_search_path(CONFIG_PATH)  # what @hydra.main's config_path gives
-    if config_dir is not None:
-        if not os.path.isdir(config_dir):
-            raise ConfigError(f"config_dir: no such directory: {config_dir}")
-        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
-                            anchor=SearchPathQuery(provider="schema"))
-    GlobalHydra.instance().clear()
+    searching = _with_config_dir(overrides, config_dir)
     with _composition_errors():
-        hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=search_path)  # sets GlobalHydra
+        loader = _initialize()
         try:
-            cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN,
-                                       with_log_configuration=from_shell, from_shell=from_shell)
+            if not from_shell:
+                return hydra_compose(config_name=config_name, overrides=searching, return_hydra_config=True)
+            return GlobalHydra.instance().hydra.compose_config(  # type: ignore[union-attr]
+                config_name=config_name, overrides=searching, run_mode=RunMode.RUN, from_shell=True,
+                with_log_configuration=True)
         except MissingConfigException as e:
             if e.missing_cfg_file != config_name:
                 raise
-            raise ConfigError(_missing_primary(config_name, hydra)) from e
-        return hydra, cfg
+            raise ConfigError(_missing_primary(config_name, loader)) from e
 
 
-def _missing_primary(config_name: str, hydra) -> str:
+def _missing_primary(config_name: str, loader) -> str:
     """The error for a primary config (``--config-name``) that is not in the search path: the ones that
     are, and the closest ("did you mean", as for a group's options)."""
-    found = [n for n in hydra.config_loader.get_group_options("") if not n.startswith("_") and n != SCHEMA_NAME]
+    found = [n for n in loader.get_group_options("") if not n.startswith("_") and n != SCHEMA_NAME]
     close = closest(config_name, found)
     hint = f"; did you mean `--config-name {close}`?" if close else ""
     return (f"--config-name: no primary config '{config_name}' in the config search path (available: "
@@ -178,14 +209,10 @@ def written_configs(groups: Iterable[str], config_name: str = "config") -> tuple
     """The primary config ``config_name`` and each option of ``groups`` (name -> its config), as their files
     (or the ConfigStore entries backends and plugins put there) write them: not merged, not resolved. Searched
     as every composition searches (csframework's configs, the ConfigStore); what the config reference lists."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
 
-    GlobalHydra.instance().clear()
     try:
-        hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=create_config_search_path(CONFIG_PATH))
-        loader = hydra.config_loader
+        loader = _initialize()
         sources = loader.get_sources()
 
         def load(path: str) -> Any:  # the first source on the search path that has it, as Hydra picks
@@ -236,8 +263,7 @@ def plugins_of_config_files(overrides: Sequence[str], config_dir: str | None, co
     choosing = [o for o in overrides
                 if "." not in o.split("=", 1)[0] or o.lstrip("+~").startswith(("plugins.", "hydra."))]
     try:
-        _, cfg = _compose(choosing, config_dir, config_name, from_shell=False)
-        return plugin_choices(cfg)
+        return plugin_choices(_compose(choosing, config_dir, config_name))
     except ConfigError:
         return None
     finally:
@@ -256,8 +282,7 @@ def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, c
     register_schemas(sections)
     register_config_files(config_files)
     try:
-        _, cfg = _compose(list(overrides), config_dir, config_name, from_shell=False, sections=sections,
-                          disabled=disabled)
+        cfg = _compose(list(overrides), config_dir, config_name, sections=sections, disabled=disabled)
         with _composition_errors():
             resolve_run_dir(cfg)
         return cfg
@@ -318,7 +343,8 @@ def compose_run(overrides: Sequence[str], config_dir: str | None, config_name: s
     from omegaconf import open_dict, read_write
 
     overrides = list(overrides)
-    hydra, cfg = _compose(overrides, config_dir, config_name, from_shell=True, sections=sections, disabled=disabled)
+    cfg = _compose(overrides, config_dir, config_name, from_shell=True, sections=sections, disabled=disabled)
+    hydra = GlobalHydra.instance().hydra
     if cfg.hydra.mode == RunMode.MULTIRUN:
         GlobalHydra.instance().clear()
         return None
