@@ -93,17 +93,21 @@ def main_app(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
 
 
 @contextlib.contextmanager
-def _session() -> Iterator[Any]:
+def _session(primary_dir: str | None = None) -> Iterator[Any]:
     """Hydra initialised on csframework's configs (what ``@hydra.main``'s ``config_path`` gives) through the
-    public ``initialize_config_module``, for one composition; yields its config loader. A session running
-    before (a multirun's, whose start checks its jobs' values) is back afterwards."""
-    from hydra import initialize_config_module
+    public ``initialize_config_module`` (``initialize_config_dir`` on ``primary_dir`` instead, which then
+    comes first), for one composition; yields its config loader. A session running before (a multirun's,
+    whose start checks its jobs' values) is back afterwards."""
+    from hydra import initialize_config_dir, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     running = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     GlobalHydra.instance().clear()
     try:
-        initialize_config_module(config_module=CONFIG_MODULE, job_name=TASK_NAME, version_base="1.3")
+        if primary_dir is None:
+            initialize_config_module(config_module=CONFIG_MODULE, job_name=TASK_NAME, version_base="1.3")
+        else:
+            initialize_config_dir(config_dir=primary_dir, job_name=TASK_NAME, version_base="1.3")
         yield GlobalHydra.instance().config_loader()
     finally:
         GlobalHydra.instance().clear()
@@ -111,16 +115,10 @@ def _session() -> Iterator[Any]:
             GlobalHydra.instance().initialize(running)
 
 
-def _with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
-    """``overrides`` searching ``config_dir`` after csframework's configs, where the CLI's ``--config-dir``
-    puts it: first in ``hydra.searchpath`` (public composition has no ``--config-dir``; a ``hydra.searchpath``
-    override of the user's keeps its entries after it)."""
-    if config_dir is None:
-        return overrides
-    if not os.path.isdir(config_dir):
-        raise ConfigError(f"config_dir: no such directory: {config_dir}")
-    entries = [f"file://{os.path.abspath(config_dir)}"]
-    rest = []
+def _searching(overrides: list[str], directory: str) -> list[str]:
+    """``overrides`` that search ``directory`` (``file://``/``pkg://``) first in ``hydra.searchpath`` (the
+    public way to add a directory; a ``hydra.searchpath`` override of the user's keeps its entries after it)."""
+    entries, rest = [directory], []
     for item in overrides:
         if item.split("=", 1)[0] == "hydra.searchpath":
             entries += [f"file://{d}" for d in user_config_dirs([item])]
@@ -145,21 +143,32 @@ def _compose(overrides: list[str], config_dir: str | None, config_name: str,
         if problem:
             raise ConfigError(problem)
     check_config_files(user_config_dirs(overrides, config_dir))
-    searching = _with_config_dir(overrides, config_dir)
-    with composition_errors(), _session() as loader:
-        try:
-            return hydra_compose(config_name=config_name, overrides=searching, return_hydra_config=True)
-        except MissingConfigException as e:
-            if e.missing_cfg_file != config_name:
-                raise
-            raise ConfigError(_missing_primary(config_name, loader, searching)) from e
+    if config_dir is not None and not os.path.isdir(config_dir):
+        raise ConfigError(f"config_dir: no such directory: {config_dir}")
+    user_dir = os.path.abspath(config_dir) if config_dir is not None else None
+    searching = _searching(overrides, f"file://{user_dir}") if user_dir else overrides
+    with composition_errors():
+        with _session() as loader:
+            try:
+                return hydra_compose(config_name=config_name, overrides=searching, return_hydra_config=True)
+            except MissingConfigException as e:
+                if e.missing_cfg_file != config_name:
+                    raise
+                if user_dir is None or not os.path.isfile(os.path.join(user_dir, f"{config_name}.yaml")):
+                    raise ConfigError(_missing_primary(config_name, loader, searching)) from e
+        # a primary config of the user's directory: Hydra finds a primary config only in the directory it is
+        # initialised on (one added by hydra.searchpath is searched too late), so that directory comes first
+        with _session(user_dir):
+            return hydra_compose(config_name=config_name, overrides=_searching(overrides, CONFIG_PATH),
+                                 return_hydra_config=True)
 
 
 def missing_primary(config_name: str, config_dir: str | None) -> str:
     """The error for a primary config (``--config-name``) that is in neither ``config_dir`` nor csframework's
     configs (``_missing_primary``)."""
     with _session() as loader:
-        return _missing_primary(config_name, loader, _with_config_dir([], config_dir))
+        return _missing_primary(config_name, loader,
+                                _searching([], f"file://{os.path.abspath(config_dir)}") if config_dir else [])
 
 
 def _missing_primary(config_name: str, loader, overrides: list[str]) -> str:
