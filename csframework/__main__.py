@@ -26,15 +26,20 @@ def command_line(argv: list[str]) -> argparse.Namespace:
     """What csframework reads of the command line before Hydra does: the config directory and name (the
     user's config files are checked before Hydra reads them), ``--help`` and the overrides (those that
     choose plugins or a config file). Hydra parses the whole command line itself."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--help", "-h", action="store_true")
-    for flag, short in (("--config-dir", "-cd"), ("--config-path", "-cp"), ("--config-name", "-cn")):
-        parser.add_argument(flag, short)
-    args, rest = parser.parse_known_args(argv)
-    args.overrides = [a for a in rest if not a.startswith("-") and ("=" in a or a.startswith("~"))]
-    if args.config_path and not os.path.isabs(args.config_path):
-        args.config_path = None  # relative to Hydra's calling module: csframework's own configs
-    return args
+    def flag(long: str, short: str) -> str | None:
+        for i, item in enumerate(argv):
+            if item in (long, short) and i + 1 < len(argv):
+                return argv[i + 1]
+            if item.startswith(long + "="):
+                return item[len(long) + 1:]
+        return None
+
+    config_path = flag("--config-path", "-cp")
+    return argparse.Namespace(
+        help="--help" in argv or "-h" in argv, config_dir=flag("--config-dir", "-cd"),
+        config_name=flag("--config-name", "-cn"),
+        config_path=config_path if config_path and os.path.isabs(config_path) else None,  # else csframework's
+        overrides=[a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))])
 
 
 def main() -> None:
