@@ -51,6 +51,7 @@ def main() -> None:
     try:
         try:
             found = api.command_line_composition(args.overrides, for_run=True)
+            hydra_session.check_disabled_sections(args.overrides, found.sections, found.disabled)
             check_config_files(user_config_dirs(args.overrides, args.config_dir, args.config_path))
             if args.help:
                 sys.argv.append(help_footer(found))

@@ -127,6 +127,16 @@ def _searching(overrides: list[str], directory: str) -> list[str]:
     return rest + ["hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"]
 
 
+def check_disabled_sections(overrides: Iterable[str], sections: Mapping[str, type] | None,
+                            disabled: Iterable[str]) -> None:
+    """Raise ``ConfigError`` for an override setting the section of a ``disabled`` plugin (gone: not among
+    ``sections``), saying so, where Hydra would only call the key unknown."""
+    for item in overrides:
+        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
+        if problem:
+            raise ConfigError(problem)
+
+
 def _compose(overrides: list[str], config_dir: str | None, config_name: str,
              sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> DictConfig:
     """The one composition outside ``@hydra.main`` (``csf.compose``, a sweep's check of its values): checks the
@@ -138,10 +148,7 @@ def _compose(overrides: list[str], config_dir: str | None, config_name: str,
     from hydra import compose as hydra_compose
     from hydra.errors import MissingConfigException
 
-    for item in overrides:
-        problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
-        if problem:
-            raise ConfigError(problem)
+    check_disabled_sections(overrides, sections, disabled)
     check_config_files(user_config_dirs(overrides, config_dir))
     if config_dir is not None and not os.path.isdir(config_dir):
         raise ConfigError(f"config_dir: no such directory: {config_dir}")
