@@ -185,6 +185,16 @@ class BatchReader(Dataset):
         return describe(self.dataset)
 
 
+def samples_in(batch) -> int | None:
+    """The samples in a batch: the length of its first tensor (fields of lists, tuples and dicts walked in
+    order, strings skipped); ``None`` when it has no tensor with a batch dimension."""
+    if type(batch) in (list, tuple) and batch and isinstance(batch[0], torch.Tensor):  # (x, y, ...): no walk
+        first = batch[0]
+    else:
+        first = first_array(batch)
+    return len(first) if isinstance(first, torch.Tensor) and first.ndim else None
+
+
 def first_array(batch: Any, depth: int = 0):
     """The first tensor or NumPy array in ``batch`` (lists, tuples and dicts walked in order), or ``None``."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):

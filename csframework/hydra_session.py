@@ -1,10 +1,10 @@
-"""The Hydra session: the one module that talks to Hydra's bootstrap (its search path, ConfigStore, the
-Hydra instance that composes and runs, and every ``hydra._internal`` name csframework needs).
+"""The Hydra session: the one module that talks to Hydra's bootstrap (ConfigStore, ``@hydra.main``, the
+compose API), on Hydra's public API only.
 
-Composition is one function (``_compose``: the config checks, the search path, a Hydra instance and its
-``compose_config``); ``compose_dict`` / ``compose`` (``csf.compose``, the CLI's check of a sweep's values)
-and ``compose_run`` (the CLI's single run, kept with the Hydra instance that then runs it, ``run``) call it.
-A sweep's jobs are composed by Hydra's own ``@hydra.main`` (``main_app``) on the same search path.
+The CLI is Hydra's ``@hydra.main`` (``main_app``) with one task function: Hydra composes the run or the
+sweep's jobs and chooses what the command line asks for. Outside it, composition is one function
+(``_compose``: the config checks, then ``hydra.compose`` in a ``_session`` on the same configs), which
+``compose_dict`` / ``compose`` (``csf.compose``, a sweep's check of its values) call.
 
 Composition knows no plugin: what it needs from them comes in as arguments (``backends``: the ``backend``
 schema of each device type; ``config_files``: the config directories of backend plugins; ``sections``: the
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -29,7 +28,8 @@ from .errors import ConfigError, clipped, clipped_words
 
 #: csframework's own configs (``conf/``, shipped as ``csframework.conf``): what ``@hydra.main``'s
 #: ``config_path`` names and every composition searches (after a user's ``--config-dir``).
-CONFIG_PATH = "pkg://csframework.conf"
+CONFIG_MODULE = "csframework.conf"
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 #: The ``RunConfig`` schema's name in Hydra's ConfigStore; ``conf/config.yaml``'s defaults list starts with it.
 SCHEMA_NAME = "csframework_schema"
 TASK_NAME = "csframework"
@@ -68,82 +68,120 @@ def register_config_files(directories: Iterable[str]) -> None:
             ConfigStore.instance().store(group=None if group == "." else group, name=file.stem, node=node)
 
 
-def parse_command_line(argv: list[str]):
-    """Hydra's parse of the command line (``args.overrides``, ``args.config_dir``, ``args.multirun``, ...),
-    or ``None`` for a usage error or ``--version`` (Hydra reports it when ``@hydra.main`` parses it again)."""
-    import io
-
-    from hydra._internal.utils import get_args_parser
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            return get_args_parser().parse_args(argv)
-    except SystemExit:
-        return None
-
-
 def import_object(path: str) -> Any:
     """The object at the dotted ``path`` (a class, function or module attribute), as Hydra's ``_target_``
-    finds it; raises what the import raised. (``hydra.utils.get_object`` would also log the error, and the
-    callers report it themselves, in one line.)"""
-    from hydra._internal.utils import _locate
+    finds it (``hydra.utils.get_object``); raises what the import raised. The callers report it themselves,
+    in one line, so ``get_object``'s own error log is silenced."""
+    import logging
 
-    return _locate(path)
+    from hydra.utils import get_object
+
+    log = logging.getLogger("hydra.utils")
+    disabled, log.disabled = log.disabled, True
+    try:
+        return get_object(path)
+    finally:
+        log.disabled = disabled
 
 
 def main_app(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
-    """``task`` as Hydra's ``@hydra.main`` app on csframework's configs: what runs a sweep's jobs, and help,
-    info and ``--cfg``."""
+    """``task`` as Hydra's ``@hydra.main`` app on csframework's configs: the CLI (a run, a sweep, ``--help``,
+    ``--cfg``, ``--info``: Hydra's own dispatch chooses)."""
     import hydra
 
     return hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")(task)
 
 
-def _compose(overrides: list[str], config_dir: str | None, config_name: str, *, from_shell: bool,
-             sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()):
-    """The one composition: checks the overrides (a setting of a ``disabled`` plugin's section, which is
-    gone: not among ``sections``) and the user's config files (``check_config_files``), creates the Hydra
-    instance (``GlobalHydra`` set) searching ``config_dir`` and then csframework's configs, as the CLI's
-    ``--config-dir`` does, and composes ``config_name`` with ``overrides`` for a run. Returns
-    ``(hydra, cfg)``, ``cfg`` with its ``hydra`` node; ``from_shell``: the overrides came from a command
-    line (the command line's run: Hydra's logging configured too). Raises ``ConfigError`` (one line naming
-    the key or file; a primary config that is not there, with the ones that are) with ``GlobalHydra``
-    cleared."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
+@contextlib.contextmanager
+def _session(primary_dir: str | None = None) -> Iterator[Any]:
+    """Hydra initialised on csframework's configs (what ``@hydra.main``'s ``config_path`` gives) through the
+    public ``initialize_config_module`` (``initialize_config_dir`` on ``primary_dir`` instead, which then
+    comes first), for one composition; yields its config loader. A session running before (a multirun's,
+    whose start checks its jobs' values) is back afterwards."""
+    from hydra import initialize_config_dir, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import MissingConfigException
-    from hydra.types import RunMode
 
+    running = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        if primary_dir is None:
+            initialize_config_module(config_module=CONFIG_MODULE, job_name=TASK_NAME, version_base="1.3")
+        else:
+            initialize_config_dir(config_dir=primary_dir, job_name=TASK_NAME, version_base="1.3")
+        yield GlobalHydra.instance().config_loader()
+    finally:
+        GlobalHydra.instance().clear()
+        if running is not None:
+            GlobalHydra.instance().initialize(running)
+
+
+def _searching(overrides: list[str], directory: str) -> list[str]:
+    """``overrides`` that search ``directory`` (``file://``/``pkg://``) first in ``hydra.searchpath`` (the
+    public way to add a directory; a ``hydra.searchpath`` override of the user's keeps its entries after it)."""
+    entries, rest = [directory], []
+    for item in overrides:
+        if item.split("=", 1)[0] == "hydra.searchpath":
+            entries += [f"file://{d}" for d in user_config_dirs([item])]
+        else:
+            rest.append(item)
+    return rest + ["hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"]
+
+
+def check_disabled_sections(overrides: Iterable[str], sections: Mapping[str, type] | None,
+                            disabled: Iterable[str]) -> None:
+    """Raise ``ConfigError`` for an override setting the section of a ``disabled`` plugin (gone: not among
+    ``sections``), saying so, where Hydra would only call the key unknown."""
     for item in overrides:
         problem = disabled_section(item.split("=", 1)[0].lstrip("+~"), disabled, sections)
         if problem:
             raise ConfigError(problem)
+
+
+def _compose(overrides: list[str], config_dir: str | None, config_name: str,
+             sections: Mapping[str, type] | None = None, disabled: Iterable[str] = ()) -> DictConfig:
+    """The one composition outside ``@hydra.main`` (``csf.compose``, a sweep's check of its values): checks the
+    overrides (a setting of a ``disabled`` plugin's section, which is gone: not among ``sections``) and the
+    user's config files (``check_config_files``), and composes ``config_name`` with ``overrides`` for a run
+    (``hydra.compose`` in a ``_session``) searching ``config_dir`` too, as the CLI's ``--config-dir`` does.
+    Returns the config with its ``hydra`` node. Raises ``ConfigError`` (one line naming the key or file; a
+    primary config that is not there, with the ones that are)."""
+    from hydra import compose as hydra_compose
+    from hydra.errors import MissingConfigException
+
+    check_disabled_sections(overrides, sections, disabled)
     check_config_files(user_config_dirs(overrides, config_dir))
-    search_path = create_config_search_path(CONFIG_PATH)  # what @hydra.main's config_path gives
-    if config_dir is not None:
-        if not os.path.isdir(config_dir):
-            raise ConfigError(f"config_dir: no such directory: {config_dir}")
-        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
-                            anchor=SearchPathQuery(provider="schema"))
-    GlobalHydra.instance().clear()
-    with _composition_errors():
-        hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=search_path)  # sets GlobalHydra
-        try:
-            cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN,
-                                       with_log_configuration=from_shell, from_shell=from_shell)
-        except MissingConfigException as e:
-            if e.missing_cfg_file != config_name:
-                raise
-            raise ConfigError(_missing_primary(config_name, hydra)) from e
-        return hydra, cfg
+    if config_dir is not None and not os.path.isdir(config_dir):
+        raise ConfigError(f"config_dir: no such directory: {config_dir}")
+    user_dir = os.path.abspath(config_dir) if config_dir is not None else None
+    searching = _searching(overrides, f"file://{user_dir}") if user_dir else overrides
+    with composition_errors():
+        with _session() as loader:
+            try:
+                return hydra_compose(config_name=config_name, overrides=searching, return_hydra_config=True)
+            except MissingConfigException as e:
+                if e.missing_cfg_file != config_name:
+                    raise
+                if user_dir is None or not os.path.isfile(os.path.join(user_dir, f"{config_name}.yaml")):
+                    raise ConfigError(_missing_primary(config_name, loader, searching)) from e
+        # a primary config of the user's directory: Hydra finds a primary config only in the directory it is
+        # initialised on (one added by hydra.searchpath is searched too late), so that directory comes first
+        with _session(user_dir):
+            return hydra_compose(config_name=config_name, overrides=_searching(overrides, CONFIG_PATH),
+                                 return_hydra_config=True)
 
 
-def _missing_primary(config_name: str, hydra) -> str:
+def missing_primary(config_name: str, config_dir: str | None) -> str:
+    """The error for a primary config (``--config-name``) that is in neither ``config_dir`` nor csframework's
+    configs (``_missing_primary``)."""
+    with _session() as loader:
+        return _missing_primary(config_name, loader,
+                                _searching([], f"file://{os.path.abspath(config_dir)}") if config_dir else [])
+
+
+def _missing_primary(config_name: str, loader, overrides: list[str]) -> str:
     """The error for a primary config (``--config-name``) that is not in the search path: the ones that
     are, and the closest ("did you mean", as for a group's options)."""
-    found = [n for n in hydra.config_loader.get_group_options("") if not n.startswith("_") and n != SCHEMA_NAME]
+    found = [n for n in loader.get_group_options("", overrides=overrides) if not n.startswith("_") and n != SCHEMA_NAME]
     close = closest(config_name, found)
     hint = f"; did you mean `--config-name {close}`?" if close else ""
     return (f"--config-name: no primary config '{config_name}' in the config search path (available: "
@@ -151,41 +189,36 @@ def _missing_primary(config_name: str, hydra) -> str:
 
 
 @contextlib.contextmanager
-def _composition_errors() -> Iterator[None]:
-    """Turns Hydra's, OmegaConf's and YAML's errors into a ``ConfigError`` (``describe_error``); clears
-    ``GlobalHydra`` on any error."""
+def composition_errors() -> Iterator[None]:
+    """Turns Hydra's, OmegaConf's and YAML's errors into a ``ConfigError`` (``describe_error``), in one line."""
     import yaml
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
     try:
         yield
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
-        GlobalHydra.instance().clear()
         raise ConfigError(clipped_words(describe_error(e))) from e  # a value quoted whole: clipped
     except OSError as e:
-        GlobalHydra.instance().clear()
         if e.errno != errno.ENAMETOOLONG:
             raise
         raise ConfigError(f"{clipped(e.filename)}: {e.strerror}: an override names a config group option or key "
                           "longer than a file name may be; shorten it") from e
-    except BaseException:
-        GlobalHydra.instance().clear()
-        raise
+
+
+class CallbackError(BaseException):
+    """A ``CsfError`` raised in a Hydra callback, carried past Hydra's guard (which turns an ``Exception`` of a
+    callback into a warning) to the CLI, which reports ``error`` in one line."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 def written_configs(groups: Iterable[str], config_name: str = "config") -> tuple[Any, dict[str, dict[str, Any]]]:
     """The primary config ``config_name`` and each option of ``groups`` (name -> its config), as their files
     (or the ConfigStore entries backends and plugins put there) write them: not merged, not resolved. Searched
     as every composition searches (csframework's configs, the ConfigStore); what the config reference lists."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        hydra = Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=create_config_search_path(CONFIG_PATH))
-        loader = hydra.config_loader
+    with _session() as loader:
         sources = loader.get_sources()
 
         def load(path: str) -> Any:  # the first source on the search path that has it, as Hydra picks
@@ -194,8 +227,6 @@ def written_configs(groups: Iterable[str], config_name: str = "config") -> tuple
         options = {group: {name: load(f"{group}/{name}") for name in loader.get_group_options(group)}
                    for group in groups}
         return load(config_name), options
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def resolve_run_dir(cfg: DictConfig) -> str:
@@ -205,8 +236,9 @@ def resolve_run_dir(cfg: DictConfig) -> str:
 
     saved = HydraConfig.instance().cfg
     try:
-        HydraConfig.instance().set_config(cfg)
-        return str(OmegaConf.select(cfg, "hydra.run.dir"))
+        with composition_errors():
+            HydraConfig.instance().set_config(cfg)
+            return str(OmegaConf.select(cfg, "hydra.run.dir"))
     finally:
         HydraConfig.instance().cfg = saved
 
@@ -228,7 +260,6 @@ def plugins_of_config_files(overrides: Sequence[str], config_dir: str | None, co
     as an override); ``None`` when even that does not compose. The schema of ``sections`` is registered
     again afterwards."""
     from hydra.core.config_store import ConfigStore
-    from hydra.core.global_hydra import GlobalHydra
 
     open_schema = OmegaConf.create(OmegaConf.to_container(cached_schema(sections, composing=True), enum_to_str=True))
     OmegaConf.set_struct(open_schema, False)
@@ -236,12 +267,10 @@ def plugins_of_config_files(overrides: Sequence[str], config_dir: str | None, co
     choosing = [o for o in overrides
                 if "." not in o.split("=", 1)[0] or o.lstrip("+~").startswith(("plugins.", "hydra."))]
     try:
-        _, cfg = _compose(choosing, config_dir, config_name, from_shell=False)
-        return plugin_choices(cfg)
+        return plugin_choices(_compose(choosing, config_dir, config_name))
     except ConfigError:
         return None
     finally:
-        GlobalHydra.instance().clear()
         register_schemas(sections)
 
 
@@ -251,18 +280,11 @@ def compose_dict(overrides: Sequence[str] = (), config_dir: str | None = None, c
     """The composed ``DictConfig`` (with the ``hydra`` node, its run directory checked), searching
     ``config_dir`` and then csframework's configs as the CLI's ``--config-dir`` does; ``disabled``: the
     disabled plugins, whose sections are gone (setting one says so). Raises ``ConfigError``."""
-    from hydra.core.global_hydra import GlobalHydra
-
     register_schemas(sections)
     register_config_files(config_files)
-    try:
-        _, cfg = _compose(list(overrides), config_dir, config_name, from_shell=False, sections=sections,
-                          disabled=disabled)
-        with _composition_errors():
-            resolve_run_dir(cfg)
-        return cfg
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = _compose(list(overrides), config_dir, config_name, sections=sections, disabled=disabled)
+    resolve_run_dir(cfg)
+    return cfg
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config_name: str = "config", *,
@@ -282,83 +304,3 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None, config
     cfg = compose_dict(overrides, config_dir, config_name, config_files=config_files, sections=sections,
                        disabled=disabled)
     return to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections, named=named)
-
-
-@dataclass
-class ComposedRun:
-    """A single run's config, composed once by the Hydra instance that then runs it (``run_composed``)."""
-
-    hydra: Any
-    """The Hydra instance (``GlobalHydra`` holds it until the run ends)."""
-    cfg: DictConfig
-    """The composed config with its ``hydra`` node; ``hydra.run.dir`` an absolute path."""
-    config: RunConfig
-    """``cfg`` typed."""
-    config_name: str
-
-    @property
-    def run_dir(self) -> str:
-        return str(self.cfg.hydra.run.dir)
-
-
-def compose_run(overrides: Sequence[str], config_dir: str | None, config_name: str, *,
-                backends: Mapping[str, type], sections: Mapping[str, type] | None = None,
-                named: Mapping[str, tuple[str, type]] | None = None,
-                disabled: Iterable[str] = ()) -> ComposedRun | None:
-    """Compose a command line's single run once, as Hydra's run would, with the Hydra instance that will run
-    it; ``None`` when the config itself asks for a sweep (``hydra.mode``), which is left to ``@hydra.main``.
-    ``hydra.run.dir`` is resolved (``${now:...}`` once, here) to an absolute path, and the config typed as
-    inside the job (``hydra.job.env_set`` applied); ``backends``, ``sections``, ``named`` as in
-    ``config.to_run_config``, ``disabled`` as in ``compose``. Raises ``ConfigError`` (one line naming the key
-    or file) if it does not compose."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.utils import env_override
-    from hydra.types import RunMode
-    from omegaconf import open_dict, read_write
-
-    overrides = list(overrides)
-    hydra, cfg = _compose(overrides, config_dir, config_name, from_shell=True, sections=sections, disabled=disabled)
-    if cfg.hydra.mode == RunMode.MULTIRUN:
-        GlobalHydra.instance().clear()
-        return None
-    with _composition_errors():
-        HydraConfig.instance().set_config(cfg)  # as during the run: `${hydra:...}` resolves
-        run_dir = str(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute())
-        with read_write(cfg.hydra), open_dict(cfg.hydra):  # (HydraConfig.set_config made it read-only)
-            if cfg.hydra.mode is None:  # as Hydra records a run whose config does not set the mode
-                cfg.hydra.mode = RunMode.RUN
-                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-            cfg.hydra.run.dir = run_dir
-            cfg.hydra.runtime.output_dir = run_dir
-        with env_override(cfg.hydra.job.env_set):  # as inside the job: `${oc.env:...}` sees env_set
-            config = to_run_config(cfg, explicit_groups(overrides), backends=backends, sections=sections,
-                                   named=named)
-    return ComposedRun(hydra, cfg, config, config_name)
-
-
-def run_composed(composed: ComposedRun, task: Callable[[DictConfig], Any]) -> None:
-    """What ``Hydra.run`` does after composing: the run callbacks, and ``task`` in Hydra's ``run_job`` (run
-    directory, job logging, ``HydraConfig``); an unexpected error is reported as Hydra reports it (exit
-    status 1). ``GlobalHydra`` is cleared afterwards."""
-    from hydra._internal.callbacks import Callbacks
-    from hydra._internal.utils import run_and_report
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.utils import run_job
-    from hydra.types import HydraContext
-
-    cfg, name = composed.cfg, composed.config_name
-
-    def run_it() -> None:
-        callbacks = Callbacks(cfg)
-        callbacks.on_run_start(config=cfg, config_name=name)
-        context = HydraContext(config_loader=composed.hydra.config_loader, callbacks=callbacks)
-        ret = run_job(hydra_context=context, task_function=task, config=cfg, job_dir_key="hydra.run.dir",
-                      job_subdir_key=None)
-        callbacks.on_run_end(config=cfg, config_name=name, job_return=ret)
-        _ = ret.return_value  # raises the job's exception, as Hydra.run does
-
-    try:
-        run_and_report(run_it)
-    finally:
-        GlobalHydra.instance().clear()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .batched import first_array
+from .batched import samples_in
 from .collect import Collector
 from .data import epoch_batches, is_iterable
 from .errors import ConfigError
@@ -390,13 +390,3 @@ def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
     dist.all_reduce(packed)
     counted = packed[len(keys):].tolist()  # one read of the device for every count
     return {k: packed[i] for i, k in enumerate(keys)}, {k: int(n) for k, n in zip(keys, counted)}
-
-
-def samples_in(batch) -> int | None:
-    """The samples in a batch: the length of its first tensor (fields of lists, tuples and dicts walked in
-    order, strings skipped); ``None`` when it has no tensor with a batch dimension."""
-    if type(batch) in (list, tuple) and batch and isinstance(batch[0], torch.Tensor):  # (x, y, ...): no walk
-        first = batch[0]
-    else:
-        first = first_array(batch)
-    return len(first) if isinstance(first, torch.Tensor) and first.ndim else None

@@ -15,7 +15,7 @@ import torch
 from .data import PREDICT, build_loader
 from .errors import ConfigError
 from .jsonout import dumps
-from .loop import samples_in
+from .batched import samples_in
 
 if TYPE_CHECKING:
     from .protocol import RunProtocol

@@ -35,7 +35,7 @@ from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, m
                     record_row, row_overrides, write_table)
 
 __all__ = ["start", "SweepEnded", "finish", "forward_signals", "run_sweep_job", "record_row",
-           "read_rows", "write_table"]
+           "read_rows", "started", "write_table"]
 
 _SWEEP_DIR: Path | None = None  # the sweep directory of the multirun this process is the parent of
 _OBJECTIVE = "val/loss"
@@ -239,6 +239,14 @@ def forward_signals():
         os.environ.pop(PARENT_ENV, None)
 
 
+_FORWARDING = contextlib.ExitStack()  # the signal forwarding of the multirun running now, closed by finish
+
+
+def start_forwarding() -> None:
+    """``forward_signals`` from the multirun's start (``check.start_checked``) until ``finish``."""
+    _FORWARDING.enter_context(forward_signals())
+
+
 def _stop_idle_workers() -> None:
     """Every job has ended: stop joblib's loky workers now (else the interpreter's exit waits several
     seconds for them) and leave Ray (a cluster started on the fly stops; its workers' last log lines are
@@ -252,12 +260,18 @@ def _stop_idle_workers() -> None:
         ray.shutdown()
 
 
+def started() -> bool:
+    """Whether this process started a multirun (``SweepCallback``): the CLI then ends with ``finish``."""
+    return _SWEEP_DIR is not None
+
+
 def finish() -> ExitCode:
-    """After the multirun: no process of the sweep's left (``leftovers``), ``sweep.png`` (unless interrupted);
-    on stderr the sweep's end (``end_line``), then the jobs that failed or were stopped; returns the multirun's
-    exit status."""
+    """After the multirun: the signals no longer forwarded (``start_forwarding``), no process of the sweep's
+    left (``leftovers``), ``sweep.png`` (unless interrupted); on stderr the sweep's end (``end_line``), then
+    the jobs that failed or were stopped; returns the multirun's exit status."""
     from .plot import write_sweep_plot
 
+    _FORWARDING.close()
     _stop_idle_workers()
     if _SWEEP_DIR is None:
         return ExitCode.OK

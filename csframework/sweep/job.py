@@ -22,9 +22,7 @@ one-line note; a job directory recording other overrides (another sweep's) is re
 Everything in the sweep directory is read and written through ``files.SafeDir``: a job directory that is a
 link or not a directory is refused for that job, before the run writes anything.
 
-In a worker process (joblib/loky, submitit, Ray), a watchdog thread ends the process when the multirun's
-parent is gone (killed outright, SIGKILL included): a running job gets a SIGTERM (its step, a checkpoint,
-``interrupted``) and ``WATCHDOG_GRACE_S`` seconds; an idle worker exits at once.
+In a worker process, a watchdog ends the process when the multirun's parent is gone (``.watchdog``).
 """
 from __future__ import annotations
 
@@ -52,13 +50,9 @@ from ..summary_file import read_summary
 from .marks import (INTERRUPTED, REFUSED, SAID, first_in_sweep, interrupted_by, mark_interrupted, refuse,
                     refused_jobs, reset_stop)
 from .table import make_row, override_columns, read_rows, record_row, recorded_overrides, row_overrides
+from .watchdog import PARENT_ENV, job_running, start_time, start_watchdog
 
 JOBS = ".jobs"  # one file per job process running now (its pid), for the parent to forward signals to
-PARENT_ENV = "CSFRAMEWORK_SWEEP_PARENT"  # the pid of the multirun's parent, inherited by worker processes
-#: How often a worker's watchdog looks for the multirun's parent, and how long a running job then has to
-#: save its checkpoint before the worker exits anyway.
-WATCHDOG_POLL_S = 0.5
-WATCHDOG_GRACE_S = 10.0
 
 _job_caught: list[int] = []  # the stop signals the running job's set-up caught (``_job_signals``)
 
@@ -128,7 +122,7 @@ def dead_jobs(sweep_dir: Path) -> dict[int, int]:
     try:
         jobs = SafeDir(sweep_dir).sub(JOBS, create=False)
         for name in jobs.names():
-            if name.isdigit() and _start_time(int(name)) is None:
+            if name.isdigit() and start_time(int(name)) is None:
                 with contextlib.suppress(OSError, ValueError, CsfError):
                     text = jobs.read(name, 32).decode("ascii", "replace").strip()
                     if text.isdigit():
@@ -138,60 +132,6 @@ def dead_jobs(sweep_dir: Path) -> dict[int, int]:
     except (OSError, CsfError):  # no .jobs (no job started) or not a real directory: none known
         pass
     return found
-
-
-# -- the worker's watchdog -----------------------------------------------------------------------------
-_job_running = threading.Event()
-_watchdog: list[threading.Thread] = []
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of process ``pid`` (from /proc: tells a reused pid apart), None when it is gone or a
-    zombie; ``"?"`` where there is no /proc and the process exists."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
-    except FileNotFoundError:
-        if Path("/proc/self").exists():
-            return None
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return "?"
-
-
-def _watch(parent: int, started: str) -> None:
-    while _start_time(parent) == started:
-        time.sleep(WATCHDOG_POLL_S)
-    if _job_running.is_set():  # a job runs: let it save its checkpoint, as on a SIGTERM of the multirun
-        with contextlib.suppress(OSError):
-            os.write(2, f"csframework: the multirun's process {parent} is gone: stopping this worker's job "
-                        f"(exit within {WATCHDOG_GRACE_S:g} s)\n".encode())
-        os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + WATCHDOG_GRACE_S
-        while _job_running.is_set() and time.monotonic() < deadline:
-            time.sleep(0.1)
-    os._exit(exit_status(signal.SIGTERM))
-
-
-def start_watchdog() -> None:
-    """In a worker process of a multirun (``PARENT_ENV`` names another process): once, a daemon thread
-    that ends this process when the multirun's parent is gone."""
-    parent = os.environ.get(PARENT_ENV, "")
-    if _watchdog or not parent.isdigit() or int(parent) == os.getpid():
-        return
-    started = _start_time(int(parent))
-    if started is None:  # gone already
-        os._exit(exit_status(signal.SIGTERM))
-    thread = threading.Thread(target=_watch, args=(int(parent), started), name="csframework-sweep-watchdog",
-                              daemon=True)
-    thread.start()
-    _watchdog.append(thread)
 
 
 # -- a job ---------------------------------------------------------------------------------------------
@@ -267,10 +207,10 @@ def run_sweep_job(cfg, run_job) -> float | None:
     objective is not a finite number."""
     try:
         start_watchdog()
-        _job_running.set()
+        job_running.set()
         return _run_sweep_job(cfg, run_job)
     finally:
-        _job_running.clear()
+        job_running.clear()
 
 
 def _run_sweep_job(cfg, run_job) -> float | None:

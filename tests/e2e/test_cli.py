@@ -239,24 +239,25 @@ def test_multirun_runs_one_job_per_choice(tmp_path, cli_env):
     assert len((sweep / "sweep.csv").read_text().splitlines()) == 3
 
 
-def test_a_single_run_composes_its_config_once(tmp_path, cli_env):
-    """The CLI parses the command line once and composes a run's config once (its check and its run share
-    it; Hydra composes no more), with one plugin manager, the composition's, handed to the run (issue 42);
-    Hydra's record of the run is as Hydra writes it: mode RUN, the run directory and the overrides."""
+def test_a_single_run_is_composed_by_hydra_alone(tmp_path, cli_env):
+    """A run goes the one way through Hydra (issue 51): ``@hydra.main`` composes it (its dispatch's look at
+    ``hydra.mode``, then the run's; csframework composes nothing itself) and its task types it, with one
+    plugin manager, the command line's, handed to the run; Hydra's record of the run is as Hydra writes it:
+    mode RUN, the run directory and the overrides."""
     run_dir = tmp_path / "run"
     script = textwrap.dedent('''
         import sys
         from hydra._internal.hydra import Hydra
-        composed = []
+        composed, own = [], []
         compose_config = Hydra.compose_config
         def counting(self, *args, **kwargs):
             composed.append(kwargs.get("run_mode"))
             return compose_config(self, *args, **kwargs)
         Hydra.compose_config = counting
         from csframework import hydra_session, plugins
-        parses, managers = [], []
-        parse = hydra_session.parse_command_line
-        hydra_session.parse_command_line = lambda argv: parses.append(argv) or parse(argv)
+        compose = hydra_session._compose
+        hydra_session._compose = lambda *args, **kwargs: own.append(args) or compose(*args, **kwargs)
+        managers = []
         manager_init = plugins.CheckingManager.__init__
         def counted(self, *args, **kwargs):
             managers.append(self)
@@ -266,14 +267,14 @@ def test_a_single_run_composes_its_config_once(tmp_path, cli_env):
         try:
             main()
         finally:
-            print("compositions:", len(composed), "parses:", len(parses), "plugin managers:", len(managers))
+            print("compositions:", len(composed), "own:", len(own), "plugin managers:", len(managers))
     ''')
     argv = [*TINY, "loop.max_steps=2", f"hydra.run.dir={run_dir}", "+hydra.job.env_set.CSF_TEST_SEED=5",
             "seed=${oc.env:CSF_TEST_SEED}"]
     r = subprocess.run([sys.executable, "-c", script, *argv], env=cli_env, cwd=tmp_path, capture_output=True,
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "compositions: 1 parses: 1 plugin managers: 1" in r.stdout, r.stdout
+    assert "compositions: 2 own: 0 plugin managers: 1" in r.stdout, r.stdout
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     record = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
     assert record["mode"] == "RUN" and record["run"]["dir"] == str(run_dir)

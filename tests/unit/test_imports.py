@@ -24,18 +24,6 @@ def test_no_import_circle_among_csframeworks_modules():
     assert cycle is None, " -> ".join(cycle)
 
 
-def test_only_the_hydra_session_imports_hydras_private_modules():
-    """Hydra's private ``hydra._internal`` may change in any release: one module holds every use of it."""
-    users = set()
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            if any(name == "hydra._internal" or name.startswith("hydra._internal.") for name in names):
-                users.add(module_name(path))
-    assert users == {"csframework.hydra_session"}
-
-
 def test_the_cycle_finder_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -231,7 +231,7 @@ def test_val_metrics_are_means_over_samples_whatever_the_batch_sizes(tmp_path):
 
 
 def test_a_batch_counts_the_rows_of_its_first_tensor_whatever_comes_before_it():
-    from csframework.loop import samples_in
+    from csframework.batched import samples_in
 
     x = torch.zeros(5, 3)
     assert samples_in([x, torch.zeros(5)]) == 5

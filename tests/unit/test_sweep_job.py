@@ -129,12 +129,12 @@ def test_a_worker_exits_within_seconds_of_its_multirun_parent_being_killed(tmp_p
     once, a worker running a job gets a SIGTERM first (here it ignores it) and exits after the grace."""
     worker = textwrap.dedent("""
         import os, signal, sys, time
-        from csframework.sweep import job
-        job.WATCHDOG_GRACE_S = 2.0
+        from csframework.sweep import watchdog
+        watchdog.WATCHDOG_GRACE_S = 2.0
         signal.signal(signal.SIGTERM, lambda *a: open(sys.argv[1], "a").write("term\\n"))
-        job.start_watchdog()
+        watchdog.start_watchdog()
         if sys.argv[2] == "busy":
-            job._job_running.set()
+            watchdog.job_running.set()
         open(sys.argv[1], "a").write("ready\\n")
         time.sleep(120)
     """)
