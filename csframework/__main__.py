@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from . import api, command, hydra_session, sweep
+from . import api, command, hydra_session
 from .cli.job import task
 from .cli.process_group import leave_process_group
 from .cli.report import error_lines, report_error  # noqa: F401 - the CLI's report, as tests and docs name it
@@ -20,6 +20,7 @@ from .cli.run_dir import CREATED, remove_if_empty
 from .config import check_config_files, user_config_dirs
 from .config.backend import backend_settings_help
 from .errors import ConfigError, CsfError, ExitCode
+from .multirun import SweepEnded, multirun_started, sweeper_overrides
 
 
 def command_line(argv: list[str]) -> argparse.Namespace:
@@ -46,7 +47,7 @@ def main() -> None:
     """Entry point of ``python -m csframework`` and the ``csframework`` console script."""
     command.ARGV = list(sys.argv)  # summary.json records the command as typed; hints continue it
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it cannot compose: reported here, in one line
-    sys.argv[1:] = sweep.sweeper_overrides(sys.argv[1:])
+    sys.argv[1:] = sweeper_overrides(sys.argv[1:])
     args = command_line(sys.argv[1:])
     try:
         try:
@@ -74,7 +75,7 @@ def run_hydra(args: argparse.Namespace, found: api.Composition) -> None:
             with hydra_session.composition_errors():
                 hydra_session.main_app(task(found))()
             break
-        except sweep.SweepEnded:  # a joblib worker died: every job of its batch has its row
+        except SweepEnded:  # a joblib worker died: every job of its batch has its row
             break
         except ConfigError as e:
             missing = getattr(e.__cause__, "missing_cfg_file", None)
@@ -85,8 +86,10 @@ def run_hydra(args: argparse.Namespace, found: api.Composition) -> None:
             if attempt == 2 or chosen is None or chosen == (found.enabled, found.disabled):
                 raise
             found = api.composition((), *chosen, for_run=True)
-    if sweep.started():
-        sys.exit(sweep.finish())
+    if multirun_started():
+        from .sweep import finish as finish_sweep
+
+        sys.exit(finish_sweep())
 
 
 def help_footer(found: api.Composition) -> str:

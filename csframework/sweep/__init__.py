@@ -31,6 +31,7 @@ from .job import JOBS, PARENT_ENV, dead_jobs, describe, exit_status_of, handling
 from .leftovers import GRACE_SECONDS, end_sweep_processes
 from .marks import INTERRUPTED, REFUSED, SAID, mark_interrupted, refused_jobs, reset_stop
 from .plot import PLOT, PLOT_SVG, swept_keys
+from ..multirun import SweepEnded
 from .table import (LOCK, TABLE_CSV, TABLE_JSON, job_files, load_rows, locked, make_row, read_rows, rebuild_rows,
                     record_row, row_overrides, write_table)
 
@@ -69,12 +70,6 @@ def start(config) -> None:
             raise
         sys.stderr.write(f"csframework: {printable(' '.join(str(e).split()))}\n")
         sys.exit(ExitCode.CONFIG_ERROR)
-
-
-class SweepEnded(SystemExit):
-    """The launcher cannot go on (a joblib worker process died): every job of its batch has its row; the
-    multirun ends with ``finish`` (``ExitCode.FAILED``). A ``SystemExit``, so that Hydra does not report it as a
-    crash with a traceback."""
 
 
 def guard_launcher(target: str) -> None:
@@ -344,11 +339,3 @@ def _older_than_sweep(sweep_dir: Path, row: dict) -> bool:
 def _line(row: dict) -> str:
     overrides = [f"{k}={v}" for k, v in row_overrides(row).items()]
     return f"  - {describe(row['job'], overrides)}: {printable(str(row.get('run_dir')))}"
-
-
-def sweeper_overrides(argv: list[str]) -> list[str]:
-    """The command line, with Optuna's direction following ``sweep.direction`` unless it is given."""
-    if any(a.startswith("hydra/sweeper=optuna") for a in argv) and not any(
-            a.startswith("hydra.sweeper.direction=") for a in argv):
-        return [*argv, "hydra.sweeper.direction=${sweep.direction}"]
-    return argv
