@@ -42,6 +42,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 #: Appended to every command line that runs: a few steps and a short evaluation (the documents' runs take
 #: minutes); Hydra takes the last value of a key given twice.
 SHORT = ["loop.max_steps=2", "loop.eval_every=2", "loop.eval_steps=1", "loop.log_every=1"]
+SHORT_KEYS = {setting.split("=")[0] for setting in SHORT}
 
 
 @dataclass(frozen=True)
@@ -421,8 +422,9 @@ def shared_key(argv: list[str], work: Path, setup_env: dict) -> tuple | None:
     differ: the line names something of its working directory (a file the setup wrote, a run or sweep
     directory, a checkpoint to resume), whose state earlier lines of its own block make. Otherwise the
     result depends on the text and the setup's environment only (its ``PYTHONPATH`` adds the working
-    directory, whose modules the line does not name)."""
-    text = " ".join(argv)
+    directory, whose modules the line does not name). A setting that ``SHORT`` gives again is left out of
+    the text: the run takes ``SHORT``'s value."""
+    text = " ".join(arg for arg in argv if not (arg.split("=")[0] in SHORT_KEYS and arg.split("=", 1)[-1].isdigit()))
     names = {entry.name.split(".")[0] for entry in work.iterdir()}
     if "resume=" in text or ".dir=" in text or any(name in text for name in names):
         return None
@@ -432,16 +434,21 @@ def shared_key(argv: list[str], work: Path, setup_env: dict) -> tuple | None:
 def test_only_a_line_that_names_nothing_of_its_working_directory_is_shared(tmp_path):
     """The README's tour and the CLI reference share their runs of the default and of ``mode=check``, but not
     of a line that writes a run directory a later line of the block reads, nor of one naming the user's files."""
-    (tmp_path / "bare").mkdir()
-    (tmp_path / "tour").mkdir()
-    setup_env = tour(tmp_path / "tour")
-    assert shared_key(["python", "-m", "csframework", "mode=check"], tmp_path / "tour", setup_env) == \
-        shared_key(["python", "-m", "csframework", "mode=check"], tmp_path / "bare", {}) is not None
+    bare, users = tmp_path / "bare", tmp_path / "tour"
+    bare.mkdir()
+    users.mkdir()
+    users_env = tour(users)
+    cli = ["python", "-m", "csframework"]
+    assert shared_key([*cli, "mode=check"], users, users_env) == shared_key([*cli, "mode=check"], bare, {}) is not None
     for line in ("checkpoint.resume=auto hydra.run.dir=outputs/my-run", "hydra.sweep.dir=multirun/lr x=1",
                  "plugins.enable=[my_plugin:MyPlugin]", "--config-dir conf model=my_model"):
-        assert shared_key(["python", "-m", "csframework", *line.split()], tmp_path / "tour", setup_env) is None, line
-    assert shared_key(["python", "-m", "csframework"], tmp_path / "bare", {"CSFRAMEWORK_PLUGINS_AUTOLOAD": "toy"}) \
-        != shared_key(["python", "-m", "csframework"], tmp_path / "bare", {}), "a setup's other settings change a run"
+        assert shared_key([*cli, *line.split()], users, users_env) is None, line
+    assert shared_key(cli, bare, {"CSFRAMEWORK_PLUGINS_AUTOLOAD": "toy"}) != shared_key(cli, bare, {}), \
+        "a setup's other settings change a run"
+    joblib = [*cli, "-m", "hydra/launcher=joblib", "optimizer=sgd,adamw"]
+    assert shared_key([*joblib, "loop.max_steps=100"], bare, {}) == shared_key(joblib, bare, {})  # SHORT's steps
+    assert shared_key([*joblib, "loop.max_steps=100,200"], bare, {}) != shared_key(joblib, bare, {}), \
+        "a sweep over a setting SHORT gives is a sweep still"
 
 
 @pytest.mark.slow
