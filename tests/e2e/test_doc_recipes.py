@@ -4,7 +4,9 @@ block of those documents, named by its document and the start of its first line,
 - ``Run``: its command lines run, in order, in one fresh working directory (``python`` is this
   interpreter; ``python -m csframework`` lines run in a fork server, ``torchrun`` lines as processes),
   each followed by ``SHORT`` (a few steps instead of hundreds; every other word is the document's); a
-  line that cannot run here is named in ``skip`` with the reason;
+  line that cannot run here is named in ``skip`` with the reason; a line that names nothing of its working
+  directory and that an earlier block had (the README's tour, the CLI reference and the guides repeat many)
+  is not run again: its result is checked again (``runs_made``);
 - ``Python``: the block runs as a script, after a ``prelude`` that defines what the block takes as given
   (the user's ``MyModel``, ``loader`` ...) and before ``after`` (code that uses what it defines);
 - ``Config``: YAML that goes into a primary config of the user's (``defaults: [config, _self_]`` and the
@@ -40,6 +42,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 #: Appended to every command line that runs: a few steps and a short evaluation (the documents' runs take
 #: minutes); Hydra takes the last value of a key given twice.
 SHORT = ["loop.max_steps=2", "loop.eval_every=2", "loop.eval_steps=1", "loop.log_every=1"]
+SHORT_KEYS = {setting.split("=")[0] for setting in SHORT}
 
 
 @dataclass(frozen=True)
@@ -406,20 +409,72 @@ def run_commands(argvs: list[list[str]], work: Path, env: dict) -> list[dict]:
     return results
 
 
+@pytest.fixture(scope="module")
+def runs_made() -> dict:
+    """A command line's result, for the lines that several blocks have (the README's tour, the CLI
+    reference and the guides repeat many): each runs once, and every block that has it checks that result.
+    Keyed by ``shared_key``."""
+    return {}
+
+
+def shared_key(argv: list[str], work: Path, setup_env: dict) -> tuple | None:
+    """What a command line's result depends on, or ``None`` when another block's run of the same text may
+    differ: the line names something of its working directory (a file the setup wrote, a run or sweep
+    directory, a checkpoint to resume), whose state earlier lines of its own block make. Otherwise the
+    result depends on the text and the setup's environment only (its ``PYTHONPATH`` adds the working
+    directory, whose modules the line does not name). A setting that ``SHORT`` gives again is left out of
+    the text: the run takes ``SHORT``'s value."""
+    text = " ".join(arg for arg in argv if not (arg.split("=")[0] in SHORT_KEYS and arg.split("=", 1)[-1].isdigit()))
+    names = {entry.name.split(".")[0] for entry in work.iterdir()}
+    if "resume=" in text or ".dir=" in text or any(name in text for name in names):
+        return None
+    return text, tuple(sorted((k, v) for k, v in setup_env.items() if k != "PYTHONPATH"))
+
+
+def test_only_a_line_that_names_nothing_of_its_working_directory_is_shared(tmp_path):
+    """The README's tour and the CLI reference share their runs of the default and of ``mode=check``, but not
+    of a line that writes a run directory a later line of the block reads, nor of one naming the user's files."""
+    bare, users = tmp_path / "bare", tmp_path / "tour"
+    bare.mkdir()
+    users.mkdir()
+    users_env = tour(users)
+    cli = ["python", "-m", "csframework"]
+    assert shared_key([*cli, "mode=check"], users, users_env) == shared_key([*cli, "mode=check"], bare, {}) is not None
+    for line in ("checkpoint.resume=auto hydra.run.dir=outputs/my-run", "hydra.sweep.dir=multirun/lr x=1",
+                 "plugins.enable=[my_plugin:MyPlugin]", "--config-dir conf model=my_model"):
+        assert shared_key([*cli, *line.split()], users, users_env) is None, line
+    assert shared_key(cli, bare, {"CSFRAMEWORK_PLUGINS_AUTOLOAD": "toy"}) != shared_key(cli, bare, {}), \
+        "a setup's other settings change a run"
+    joblib = [*cli, "-m", "hydra/launcher=joblib", "optimizer=sgd,adamw"]
+    assert shared_key([*joblib, "loop.max_steps=100"], bare, {}) == shared_key(joblib, bare, {})  # SHORT's steps
+    assert shared_key([*joblib, "loop.max_steps=100,200"], bare, {}) != shared_key(joblib, bare, {}), \
+        "a sweep over a setting SHORT gives is a sweep still"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", listed(Run), ids=str)
-def test_the_commands_of_a_block_run_as_written(block, tmp_path, cli_env):
+def test_the_commands_of_a_block_run_as_written(block, tmp_path, cli_env, runs_made):
     how = entry(block)[1]
     work = tmp_path / "work"
     work.mkdir()
-    env = dict(cli_env, **(SETUPS[how.setup](work) if how.setup else {}))
+    setup_env = SETUPS[how.setup](work) if how.setup else {}
+    env = dict(cli_env, **setup_env)
     argvs = [argv for argv in commands(block) if not any(text in " ".join(argv) for text in how.skip)]
     if how.again:
         assert len(argvs) == 1, block
         argvs *= 2
     if any(argv[0] == "torchrun" for argv in argvs) and not TORCHRUN.exists():
         pytest.skip("torchrun not found")
-    for argv, result in zip(argvs, run_commands(argvs, work, env)):
+    keys = [None if how.again else shared_key(argv, work, setup_env) for argv in argvs]
+    to_run = [argv for argv, key in zip(argvs, keys) if key is None or key not in runs_made]
+    ran = iter(run_commands(to_run, work, env))
+    results = []
+    for argv, key in zip(argvs, keys):
+        result = runs_made[key] if key is not None and key in runs_made else next(ran)
+        if key is not None:
+            runs_made[key] = result
+        results.append(result)
+    for argv, result in zip(argvs, results):
         assert result["returncode"] == 0 and "Traceback" not in result["stderr"], \
             f"{' '.join(argv)}:\n{result['stderr'][-3000:]}"
     if how.again:  # the same command again: every job completed before is not run again
