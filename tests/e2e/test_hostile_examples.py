@@ -22,7 +22,8 @@ def forged_run(tmp_path, text_path: str):
     (run / "checkpoints").mkdir(parents=True)
     config = (f"data:\n  train:\n    path: {text_path}\n    num_chars: null\n    block_size: 8\n"
               "model:\n  _target_: gpt.CharGPT\n  block_size: 8\n  layers: 1\n  heads: 1\n  width: 8\n")
-    write_checkpoint(run / "checkpoints", "step-00000001", {"model": {"w": torch.zeros(2)}}, {"global_step": 1},
+    write_checkpoint(run / "checkpoints", "step-00000001", {"model": {"w": torch.zeros(2)}, "loop": {"global_step": 1}},
+                     {"global_step": 1},
                      config)
     return run
 

@@ -49,7 +49,8 @@ def tests_sharing_a_fixture(path: Path) -> frozenset[str] | None:
     shared = {name for name, f in fixtures.items() if _fixture_scope(f) in SHARED_SCOPES}
     nested = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
               and node not in top and _fixture_scope(node) in SHARED_SCOPES]
-    classes = any(isinstance(node, ast.ClassDef) for node in tree.body)  # their tests are not named here
+    # test classes (pytest collects ``Test*``): their tests are not named here; other classes are helpers
+    classes = any(isinstance(node, ast.ClassDef) and node.name.startswith("Test") for node in tree.body)
     if nested or (shared and (classes or "autouse" in text or "usefixtures" in text)):
         return WHOLE_FILE
     grown = True

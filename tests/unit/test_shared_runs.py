@@ -59,6 +59,10 @@ def test_the_tests_sharing_a_module_scoped_fixture_are_one_unit_and_the_others_a
     assert scopes._split_scope("test_shared.py::test_through_a_fixture[2]") == "test_shared.py"
     assert scopes._split_scope("test_shared.py::test_alone") == "test_shared.py::test_alone"  # session: per worker
     assert scopes._split_scope("test_class.py::TestX::test_y") == "test_class.py"
+    # a helper class (no Test* name: pytest collects no test from it) does not keep the file whole
+    (tmp_path / "test_helper.py").write_text("class Block:\n    pass\n\n\n" + SHARED)
+    assert scopes._split_scope("test_helper.py::test_direct") == "test_helper.py"
+    assert scopes._split_scope("test_helper.py::test_alone") == "test_helper.py::test_alone"
 
 
 def test_the_suites_shared_runs_stay_together_and_the_rest_spreads():
