@@ -174,11 +174,26 @@ def test_quiet_names_the_hooks_nobody_implements_until_the_registrations_change(
     assert hooks.quiet() == (None, frozenset())
 
 
+def run_registering_at_step_3(late, tmp_path) -> csf.Run:
+    """A 6-step run (logging every 3) whose plugin registers ``late`` in ``on_train_step_end`` of step 3,
+    in the middle of the epoch."""
+    import fixtures
+
+    class Registers:
+        name = "registers"
+
+        @csf.hookimpl
+        def on_train_step_end(self, run, step):
+            if step == 3:
+                run.hooks.pm.register(late, name="late")
+
+    return csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=3"), plugins=[Registers()],
+                   output_dir=tmp_path)
+
+
 def test_the_loop_skips_hooks_nobody_implements_and_calls_one_registered_mid_epoch(tmp_path):
     """The loop does not call a hook without implementations at each step; a plugin registered during the
     epoch (here in ``on_train_step_end`` of step 3) is called from the next batch on."""
-    import fixtures
-
     started: list[int] = []
 
     class Late:
@@ -188,16 +203,7 @@ def test_the_loop_skips_hooks_nobody_implements_and_calls_one_registered_mid_epo
         def on_train_batch_start(self, batch_idx):
             started.append(batch_idx)
 
-    class Registers:
-        name = "registers"
-
-        @csf.hookimpl
-        def on_train_step_end(self, run, step):
-            if step == 3:
-                run.hooks.pm.register(Late(), name="late")
-
-    run = csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=3"), plugins=[Registers()],
-                  output_dir=tmp_path)
+    run = run_registering_at_step_3(Late(), tmp_path)
     called: list[int] = []
     through = run.hooks.on_train_batch_start
 
@@ -215,8 +221,6 @@ def test_the_step_skips_its_hooks_nobody_implements_and_calls_one_registered_mid
     """The step's own hooks (``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``) are
     not called while nobody implements them (``RunState.quiet``, set by the loop during an epoch); a plugin
     registered during the epoch (in ``on_train_step_end`` of step 3) is called from the next batch on."""
-    import fixtures
-
     seen: list[int] = []
 
     class Late:
@@ -226,16 +230,7 @@ def test_the_step_skips_its_hooks_nobody_implements_and_calls_one_registered_mid
         def on_before_backward(self, run):
             seen.append(run.micro_step)
 
-    class Registers:
-        name = "registers"
-
-        @csf.hookimpl
-        def on_train_step_end(self, run, step):
-            if step == 3:
-                run.hooks.pm.register(Late(), name="late")
-
-    run = csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=3"), plugins=[Registers()],
-                  output_dir=tmp_path)
+    run = run_registering_at_step_3(Late(), tmp_path)
     called: dict[str, list[int]] = {}
     for name in ("on_before_backward", "on_after_backward", "on_before_optimizer_step"):
         def counting(_through=getattr(run.hooks, name), _name=name, **kwargs):
