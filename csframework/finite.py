@@ -10,7 +10,7 @@ import torch
 from .errors import NonFiniteLossError
 
 if TYPE_CHECKING:
-    from .protocol import RunProtocol
+    from .protocol import LoopRun, RunProtocol
 
 
 def check_parameters_finite(run: RunProtocol) -> None:
@@ -26,7 +26,7 @@ def check_parameters_finite(run: RunProtocol) -> None:
                                  "lower optimizer.lr, set optimizer.max_grad_norm, or use loss scaling")
 
 
-def check_finite(run: RunProtocol, losses: torch.Tensor | None = None) -> torch.Tensor | None:
+def check_finite(run: LoopRun, losses: torch.Tensor | None = None) -> torch.Tensor | None:
     """Raise ``NonFiniteLossError`` naming the step if a loss since the last log is NaN or infinite.
 
     Under dynamic loss scaling such a step was skipped by the scaler, which is not an error until the scale

@@ -34,7 +34,7 @@ Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consum
             on_log_metrics(val metrics, step)         # of loop.eval_every_epochs ends), and at the stage's
                                                       # last step (its final evaluation)
             on_log_metrics(metrics, step)             # at a step the checkpoint plugin saves at (its
-                                                      # RunState.save_due), the metrics not yet logged
+                                                      # run.set_save_due), the metrics not yet logged
         on_train_batch_end(batch, outputs, batch_idx)
     on_train_step_end(step, outputs)                  # once per optimizer step; the built-in checkpoint plugin
                                                       # saves here, after the evaluation of the same step
@@ -167,7 +167,7 @@ def on_fit_start(run: RunProtocol) -> None:
     built-in checkpoint plugin loads ``checkpoint.resume`` first, so ``run.global_step`` already tells where
     training resumes.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     """
 
 
@@ -175,7 +175,7 @@ def on_fit_start(run: RunProtocol) -> None:
 def on_fit_end(run: RunProtocol) -> None:
     """Once, when ``run.fit()`` or ``run.validate()`` finished without error (``run.status == "completed"``).
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     """
 
 
@@ -183,7 +183,7 @@ def on_fit_end(run: RunProtocol) -> None:
 def on_train_start(run: RunProtocol) -> None:
     """At the start of each stage's training (``run.stage`` names it), before the first epoch.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     """
 
 
@@ -192,7 +192,7 @@ def on_train_end(run: RunProtocol) -> None:
     """At the end of each stage's training, after its last step and its final evaluation (if any: it runs
     within the last step, or just before this hook when a stop was requested after that step's evaluation).
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     """
 
 
@@ -200,7 +200,7 @@ def on_train_end(run: RunProtocol) -> None:
 def on_train_epoch_start(run: RunProtocol, epoch: int) -> None:
     """Before the first batch of training epoch ``epoch`` (0-based, counted across the stage).
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param epoch: the training epoch, 0-based, counted across the stage.
     """
 
@@ -209,7 +209,7 @@ def on_train_epoch_start(run: RunProtocol, epoch: int) -> None:
 def on_train_epoch_end(run: RunProtocol, epoch: int) -> None:
     """After the last batch of epoch ``epoch``, or when the stage ends inside the epoch.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param epoch: the training epoch, 0-based, counted across the stage.
     """
 
@@ -219,7 +219,7 @@ def on_train_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
     """Before the forward pass of each training batch. ``batch`` is on the run's device;
     ``batch_idx`` counts batches within the epoch.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param batch: the batch, on the run's device.
     :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
     """
@@ -231,7 +231,7 @@ def on_train_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], ba
     device: read them with ``float()`` only when needed, since that synchronises). On the last batch of a
     step this runs after the optimizer step, the metric logging and the evaluation of that step.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param batch: the batch, on the run's device.
     :param outputs: the model's outputs with tensors detached, still on the device.
     :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
@@ -258,7 +258,7 @@ def on_eval_start(run: RunProtocol) -> None:
     """Before an evaluation: once, before the passes over every evaluation set (``data.val``, then
     ``data.eval``'s; the model is in eval mode).
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     """
 
 
@@ -271,7 +271,7 @@ def on_eval_end(run: RunProtocol, metrics: dict[str, float]) -> None:
     holds the outputs named in ``loop.collect`` (name -> CPU tensor, every sample once in dataset order;
     complete on global rank 0, empty elsewhere; possibly memory-mapped, valid during this hook).
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param metrics: metric names (``train/loss``, ``lr``, ``val/loss`` ...) to floats.
     """
 
@@ -281,7 +281,7 @@ def on_eval_epoch_start(run: RunProtocol, epoch: int) -> None:
     """Before the first batch of each evaluation set's pass (``run.eval_set`` names the set); ``epoch`` is
     the current training epoch.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param epoch: the training epoch, 0-based, counted across the stage.
     """
 
@@ -290,7 +290,7 @@ def on_eval_epoch_start(run: RunProtocol, epoch: int) -> None:
 def on_eval_epoch_end(run: RunProtocol, epoch: int) -> None:
     """After the last batch of each evaluation set's pass (``run.eval_set`` names the set).
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param epoch: the training epoch, 0-based, counted across the stage.
     """
 
@@ -299,7 +299,7 @@ def on_eval_epoch_end(run: RunProtocol, epoch: int) -> None:
 def on_eval_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
     """Before the forward pass of each evaluation batch.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param batch: the batch, on the run's device.
     :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
     """
@@ -309,7 +309,7 @@ def on_eval_batch_start(run: RunProtocol, batch: Any, batch_idx: int) -> None:
 def on_eval_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], batch_idx: int) -> None:
     """After each evaluation batch; ``outputs`` as in ``on_train_batch_end``.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param batch: the batch, on the run's device.
     :param outputs: the model's outputs with tensors detached, still on the device.
     :param batch_idx: the batch's index within the epoch (training) or the evaluation pass.
@@ -321,7 +321,7 @@ def on_eval_batch_end(run: RunProtocol, batch: Any, outputs: dict[str, Any], bat
 def on_before_backward(run: RunProtocol, loss: torch.Tensor) -> None:
     """Before ``backward`` of each batch; ``loss`` is the (unscaled) loss tensor.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param loss: the (unscaled) loss tensor of this micro-batch.
     """
 
@@ -330,7 +330,7 @@ def on_before_backward(run: RunProtocol, loss: torch.Tensor) -> None:
 def on_after_backward(run: RunProtocol) -> None:
     """After ``backward`` of each batch; gradients may still be loss-scaled and are accumulated.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     """
 
 
@@ -338,7 +338,7 @@ def on_after_backward(run: RunProtocol) -> None:
 def on_before_optimizer_step(run: RunProtocol, optimizer: torch.optim.Optimizer) -> None:
     """Once per step, before gradient clipping and ``optimizer.step()``; gradients are unscaled.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param optimizer: the stage's optimizer, gradients unscaled.
     """
 
@@ -349,7 +349,7 @@ def on_log_metrics(run: RunProtocol, metrics: dict[str, float], step: int) -> No
     """Metrics to record: ``metrics`` maps names (``train/loss``, ``lr``, ``val/loss`` ...) to floats at
     global step ``step``. Logger plugins (CSV, TensorBoard, W&B ...) implement this.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param metrics: metric names (``train/loss``, ``lr``, ``val/loss`` ...) to floats.
     :param step: the global step the metrics belong to.
     """
@@ -367,7 +367,7 @@ def on_checkpoint_save(run: RunProtocol, state: dict[str, Any]) -> None:
     of that step exists, the previous ones stay complete and indexed, the run fails (exit 1) with
     ``summary.json`` at the true step.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param state: the plugins' checkpoint state: ``{plugin name: JSON value}``.
     """
 
@@ -376,7 +376,7 @@ def on_checkpoint_save(run: RunProtocol, state: dict[str, Any]) -> None:
 def on_checkpoint_load(run: RunProtocol, state: dict[str, Any]) -> None:
     """A checkpoint was loaded; ``state`` is the mapping that ``on_checkpoint_save`` filled.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param state: the plugins' checkpoint state: ``{plugin name: JSON-able value}``.
     """
 
@@ -387,6 +387,6 @@ def on_exception(run: RunProtocol, error: BaseException) -> None:
     the error propagates after all implementations ran. An implementation that raises is logged
     (``on_exception_failed``, naming the plugin); the others still run and ``error`` is what propagates.
 
-    :param run: the ``Run`` (its position is ``run.state``; see ``Run`` for what it exposes).
+    :param run: the ``Run`` (what it exposes: ``RunProtocol``; its position: ``run.global_step`` ...).
     :param error: the exception that stops the run.
     """

@@ -28,11 +28,11 @@ from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
 
 if TYPE_CHECKING:
-    from .protocol import RunProtocol
+    from .protocol import LoopRun
     from .state import RunState
 
 
-def fit(run: RunProtocol) -> str:
+def fit(run: LoopRun) -> str:
     """Train every stage from ``run``'s position (``run.stage_index``, set on resume) to the end; returns
     the run's final status (``completed``, or a backend's dry run's: CSX ``compiled`` / ``validated``)."""
     for index in range(run.stage_index, len(run.stages)):
@@ -54,7 +54,7 @@ def _stage_done(state: RunState, loop) -> bool:
     return state.epoch >= loop.max_epochs
 
 
-def train_stage(run: RunProtocol) -> None:
+def train_stage(run: LoopRun) -> None:
     """Train the current stage until ``loop.max_steps`` steps or ``loop.max_epochs`` epochs."""
     hooks, loop, state = run.hooks, run.stage_config.loop, run.state
     state.clear_pending()
@@ -83,7 +83,7 @@ def train_stage(run: RunProtocol) -> None:
     hooks.on_train_end(run=run)
 
 
-def train_epoch(run: RunProtocol, epoch: int) -> bool:
+def train_epoch(run: LoopRun, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
     # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
@@ -140,7 +140,7 @@ def _stage_end_in(batches, epoch: int, start: int, loop) -> int | None:
     return start + len(batches)
 
 
-def finished(run: RunProtocol) -> bool:
+def finished(run: LoopRun) -> bool:
     """Whether the run is at its end: its last stage has taken its steps, or ``request_stop`` ended it (the
     plugins' settings unchanged since), and, with ``data.val``, evaluated the last one (so a run resumed from
     the checkpoint of its last step has nothing left to do)."""
@@ -155,7 +155,7 @@ def finished(run: RunProtocol) -> bool:
     return _stage_done(state, run.stage_config.loop) or state.stage_step >= run.total_steps(run.stage_config)
 
 
-def end_step(run: RunProtocol, parts: tuple, batch, outputs: dict, batch_idx: int, final: bool,
+def end_step(run: LoopRun, parts: tuple, batch, outputs: dict, batch_idx: int, final: bool,
              quiet: frozenset[str]) -> None:
     """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
     last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
@@ -203,7 +203,7 @@ def end_step(run: RunProtocol, parts: tuple, batch, outputs: dict, batch_idx: in
         raise Interrupted(state.stop_signal, state.global_step)
 
 
-def _drop_partial_step(run: RunProtocol, accum: int) -> None:
+def _drop_partial_step(run: LoopRun, accum: int) -> None:
     """A stage ends at a step boundary: the gradients of micro-batches after the last step (``max_epochs``
     with epochs that ``grad_accum_steps`` does not divide) are dropped, not carried into the next stage or
     a later run (a checkpoint does not hold gradients, so a resumed run could not carry them)."""
@@ -216,7 +216,7 @@ def _drop_partial_step(run: RunProtocol, accum: int) -> None:
                                 "to use every batch")
 
 
-def log_train_metrics(run: RunProtocol) -> None:
+def log_train_metrics(run: LoopRun) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
     pending = run.state.pending
     if not pending.get("loss"):
@@ -239,7 +239,7 @@ def log_train_metrics(run: RunProtocol) -> None:
     run.report(metrics)
 
 
-def _training_rate(run: RunProtocol) -> float:
+def _training_rate(run: LoopRun) -> float:
     """Steps per second of training since the last log: the time spent evaluating and compiling in between
     left out (so a log after an evaluation or the first compiled step reads the same rate as any other, and
     ``summary.json``'s ``steps_per_sec``, the whole fit's, means the same: ``RunState.train_seconds``)."""
@@ -253,7 +253,7 @@ def _training_rate(run: RunProtocol) -> float:
     return (run.global_step - step) / busy
 
 
-def compile_seconds(run: RunProtocol) -> float:
+def compile_seconds(run: LoopRun) -> float:
     """Seconds the backend has spent compiling (``backend.compile``) or tracing (CSX) so far, also kept in
     ``run.state.compile_seconds``; 0 for a backend that does not say (``Backend.compile_seconds``)."""
     seconds = getattr(run.backend, "compile_seconds", None)
@@ -272,7 +272,7 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
-def evaluate(run: RunProtocol) -> dict:
+def evaluate(run: LoopRun) -> dict:
     """One pass over each evaluation set (``data.val``, ``data.eval``: at most ``loop.eval_steps`` batches
     each); returns ``<set>/*`` (``val/*``): the mean over samples of every scalar output (each batch's value weighted by its samples, so a short last batch
     counts for what it holds; an output that only some batches return is averaged over those).
@@ -301,7 +301,7 @@ def evaluate(run: RunProtocol) -> dict:
     return metrics
 
 
-def _evaluate(run: RunProtocol) -> dict:
+def _evaluate(run: LoopRun) -> dict:
     """``on_eval_start``, a pass over each evaluation set (``_evaluate_set``), ``on_eval_end`` with the
     metrics of all; ``loop.collect`` collects the first set's outputs (``data.val``'s)."""
     hooks, loop = run.hooks, run.stage_config.loop
@@ -338,7 +338,7 @@ def _evaluate(run: RunProtocol) -> dict:
     return metrics
 
 
-def _evaluate_set(run: RunProtocol, name: str, loader, collector: Collector | None, whole: bool = False) -> dict:
+def _evaluate_set(run: LoopRun, name: str, loader, collector: Collector | None, whole: bool = False) -> dict:
     """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches drawn over the whole set,
     ``data.eval_sample``; ``whole``: all, a test set's); returns ``<name>/*``, per-sample means of scalars."""
     hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop

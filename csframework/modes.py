@@ -11,10 +11,10 @@ from .errors import ConfigError
 from .fresh_run import writing
 
 if TYPE_CHECKING:
-    from .protocol import RunProtocol
+    from .protocol import LoopRun
 
 
-def validate(run: RunProtocol) -> dict:
+def validate(run: LoopRun) -> dict:
     """Evaluate on ``data.val`` once (``mode=validate``); returns the run's summary, as ``fit`` does, whose
     ``metrics`` hold the ``val/*`` results. ``run.mode == "validate"`` and ``run.status == "validating"``
     meanwhile; the checkpoint plugin restores ``checkpoint.resume`` first (a path evaluates a trained run's
@@ -24,7 +24,7 @@ def validate(run: RunProtocol) -> dict:
     return _once(run, "validate", "validating", lambda: loop.evaluate(run))
 
 
-def test(run: RunProtocol) -> dict:
+def test(run: LoopRun) -> dict:
     """Evaluate the test sets (``data.test``, ``data.test_sets``) once, whole (``mode=test``,
     ``csframework.testset``), with the weights of ``checkpoint.resume``: a run directory's best checkpoint
     (``checkpoint.keep_best``), else its newest; returns the run's summary, whose ``metrics`` hold
@@ -34,7 +34,7 @@ def test(run: RunProtocol) -> dict:
     return _once(run, "test", "testing", lambda: testset.test_pass(run))
 
 
-def predict(run: RunProtocol) -> dict:
+def predict(run: LoopRun) -> dict:
     """Write the model's per-sample outputs for ``data.predict`` to ``predictions.jsonl`` in the run
     directory (``mode=predict``, ``csframework.predict``), with the weights ``test`` would use; returns the
     run's summary, whose ``predictions`` names the file, its rows and the outputs written."""

@@ -1,10 +1,10 @@
-"""The contracts on the lowest floor: what a hook, the step and a backend may read and call on a run
-(``RunProtocol``), what the loop and the run call on a backend (``Backend``), and how a plugin supplies a
-backend (``BackendSpec``).
+"""The contracts on the lowest floor: what a hook may read and call on a run (``RunProtocol``), what the
+loop, the step and the backends may (``LoopRun``: that and the loop's record, ``run.state``), what the loop
+and the run call on a backend (``Backend``), and how a plugin supplies a backend (``BackendSpec``).
 
 Hooks (``hookspecs``), the step sequence (``step``), the loop and the backends are typed against these, not
 against ``run.Run``, so nothing below ``run.py`` imports it, not even for the type checker; ``run.Run``
-satisfies ``RunProtocol`` (checked by the type checker in ``run.py``).
+satisfies ``LoopRun`` (checked by the type checker in ``run.py``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 
 class RunProtocol(Protocol):
-    """A run as plugins, the step and backends see it (``run.Run`` is the implementation)."""
+    """A run as plugins see it (``run.Run`` is the implementation): what a hook may read and call on ``run``,
+    each piece under one name. The loop's record (``run.state``) and the current stage (``run.current``) are
+    read through ``run.<name>`` here, not through their holders."""
 
     config: RunConfig
     """The run's config (read-only once validated)."""
@@ -34,8 +36,6 @@ class RunProtocol(Protocol):
     """The current stage's optimizer (a backend's ``attach`` may replace it)."""
     scheduler: Any
     """The learning-rate schedule (``csframework.schedule``; a backend's ``attach`` may replace it)."""
-    state: RunState
-    """The position, stop requests and metrics, written by the loop."""
     log: Any
     """A bound structlog logger: ``run.log.info(<event name>, key=value)`` lands in ``events.jsonl``."""
     output_dir: Path
@@ -49,6 +49,8 @@ class RunProtocol(Protocol):
     """Entries a plugin adds to ``summary.json``."""
     already_complete: bool
     """``fit`` resumed the run at its end (``checkpoint.resume``): nothing is trained, no checkpoint written."""
+    error_file: Path | None
+    """The run directory's ``error.txt``, once the user's code (a forward, a dataset, a plugin) failed the run."""
     eval_outputs: dict[str, torch.Tensor]
     """During ``on_eval_end``: the outputs named in ``loop.collect``."""
     stages: list[tuple[str, RunConfig]]
@@ -87,6 +89,8 @@ class RunProtocol(Protocol):
     @property
     def distribution(self) -> dict[str, Any]:
         """Under torchrun: ``world_size``, ``strategy``, ``process_group`` (gloo/nccl); else empty."""
+
+    # -- the loop's record, read-only: ``RunState``'s field of the same name documents each -----------------
     @property
     def global_step(self) -> int: ...
     @property
@@ -98,9 +102,32 @@ class RunProtocol(Protocol):
     @property
     def batch_in_epoch(self) -> int: ...
     @property
-    def metrics(self) -> dict[str, float]: ...
+    def micro_step(self) -> int: ...
+    @property
+    def epoch_end(self) -> bool: ...
+    @property
+    def last_eval_step(self) -> int: ...
+    @property
+    def stop_signal(self) -> int | None: ...
+    @property
+    def stopping(self) -> bool: ...
     @property
     def stop_reason(self) -> str | None: ...
+    @property
+    def metrics(self) -> dict[str, float]: ...
+    @property
+    def carried(self) -> Any: ...
+    @property
+    def eval_seconds(self) -> float: ...
+    @property
+    def compile_seconds(self) -> float: ...
+    @property
+    def train_seconds(self) -> float: ...
+    @property
+    def train_steps(self) -> int: ...
+
+    def closes_epochs(self, every: int | None) -> bool:
+        """Whether the step that just ended closed epoch ``every``, ``2 * every``, ... (``False`` for ``None``)."""
 
     def request_stop(self, reason: str) -> None:
         """End training after the current step, as at a normal end."""
@@ -111,24 +138,36 @@ class RunProtocol(Protocol):
     def scale_lr(self, factor: float) -> None:
         """Multiply every learning rate by ``factor`` for the rest of the stage, as the schedule respects."""
 
+    def set_save_due(self, due: Callable[[int], bool] | None) -> None:
+        """Tell the loop at which steps the caller saves the run's state (``Run.set_save_due``)."""
+
+    def check_finite(self) -> None:
+        """Raise ``NonFiniteLossError`` if the run went non-finite (the checkpoint plugin asks before saving)."""
+
     def summary(self) -> dict: ...
 
     def total_steps(self, cfg: RunConfig) -> int: ...
-
-    def enter_stage(self, index: int) -> None: ...
 
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
 
-    def flush_metrics(self) -> None: ...
 
-    def check_finite(self) -> None: ...
+class LoopRun(RunProtocol, Protocol):
+    """A run as csframework's own machinery sees it (the loop, the step, the backends, the checkpoint
+    layout): ``RunProtocol`` and the loop's record itself, which the loop writes and they read."""
+
+    state: RunState
+    """The loop's record: the position, the stop request, the pending outputs and the metrics."""
+
+    def enter_stage(self, index: int) -> None:
+        """Build stage ``index`` (``Run.enter_stage``)."""
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """Executes a run's steps on one device type. Built per stage by ``BackendSpec.create(run)``."""
+    """Executes a run's steps on one device type. Built per stage by ``BackendSpec.create(run)``. The run it
+    is handed is a ``LoopRun``: what it passes on to ``csframework.step``, which reads the loop's record."""
 
     device_type: str
     """The device type it runs (``"CPU"``, ``"CSX"`` ...)."""
@@ -149,21 +188,21 @@ class Backend(Protocol):
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to the device; returns the module the steps call (e.g. a DDP wrapper)."""
 
-    def attach(self, run: RunProtocol) -> None:
+    def attach(self, run: LoopRun) -> None:
         """Called once the stage's model, optimizer and schedule exist (before any step)."""
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the device."""
 
-    def train_batch(self, run: RunProtocol, batch: Any, last: bool) -> dict:
+    def train_batch(self, run: LoopRun, batch: Any, last: bool) -> dict:
         """One micro-batch of the step (``last``: the step's final one, after which the optimizer steps, see
         ``csframework.step``); returns the outputs (detached tensors), or ``{}`` if it has none yet."""
 
-    def eval_batch(self, run: RunProtocol, batch: Any) -> dict:
+    def eval_batch(self, run: LoopRun, batch: Any) -> dict:
         """The outputs of one evaluation batch (detached tensors). The loop calls it under
         ``torch.inference_mode()``, or ``torch.no_grad()`` with ``loop.inference_mode=false``."""
 
-    def dry_stage(self, run: RunProtocol) -> None:
+    def dry_stage(self, run: LoopRun) -> None:
         """Prepare the current stage without training (only called when ``dry_run`` is set)."""
 
     def loss_scale(self) -> float | None:
@@ -227,7 +266,7 @@ class BackendSpec:
     schema: type
     """The dataclass of the ``backend`` settings, with a ``type`` field: composition types ``backend`` with
     it, so an unknown key or a wrong type names ``backend.<key>``."""
-    create: Callable[[RunProtocol], Backend]
+    create: Callable[[LoopRun], Backend]
     """Builds the backend of the current stage (``run.stage_config``); ``run.backend`` is the previous
     stage's backend, if any."""
     config_path: str | None = None

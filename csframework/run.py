@@ -1,6 +1,6 @@
 """``Run``: assembles model, stages (``csframework.stage``: backend, data, optimizer, schedule), precision
-and plugins from a ``RunConfig``, and exposes them and the run's position (``run.state``, which the loop
-owns) to plugins."""
+and plugins from a ``RunConfig``, and exposes them and the run's position (the loop's record, ``run.state``)
+to plugins, each under one name (``protocol.RunProtocol``)."""
 from __future__ import annotations
 
 import copy
@@ -22,10 +22,12 @@ from .builtin.checkpoint import schema
 from .builtin.logs import quiet_logger
 from .config import RunConfig, run_stages
 from .config.readonly import freeze
-from .data import total_steps
+from .data import FrameworkLoader, total_steps
 from .errors import ConfigError, ValidationError, WrongProcessError
 from .files import SafeDir
 from .jsonout import JsonDict
+from .mirror import Mirror, RecordView
+from .param_groups import ParamGroup
 from .plugins import Hooks, backend_specs, build_manager, check_sections, named_backend_specs, validation_problems
 from .protocol import Backend
 from .fresh_run import writing
@@ -37,25 +39,17 @@ from .stage import Stage, backend_spec, build_stage
 from .state import RunState
 from .targets import build
 
-class Run:
+class Run(RecordView):
     """One run: ``Run(config, plugins=[...]).fit()``.
 
-    Attributes plugins rely on: ``config`` (the run's ``RunConfig``, a copy of the one given, read-only
-    once validated), ``stage`` / ``stage_config`` (the current stage's name and merged config, read-only
-    too), ``model``, ``module`` (what the steps call: a DDP wrapper under
-    DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type`` (``"CPU"|"GPU"|"CSX"|...``),
-    ``output_dir``, ``log`` (a structlog logger), ``mode`` (``"fit"``, ``"validate"``, ``"test"`` or
-    ``"predict"``: what the run is doing), ``status``, ``rank`` / ``world_size``, and ``state``
-    (``RunState``: the position, the stop request and the metrics, written by the loop), whose fields are
-    also read-only properties here: ``global_step``, ``stage_index``, ``stage_step``, ``epoch``,
-    ``batch_in_epoch``, ``micro_step``, ``stop_signal`` (the SIGINT/SIGTERM that asked a running ``fit`` to
-    stop, else ``None``), ``stopping`` (set at the step boundary where the run stops for it: the checkpoint
-    plugin saves then), ``stop_reason`` (set by ``request_stop``) and ``metrics`` (latest value of every
-    reported metric); during ``on_eval_end`` ``eval_outputs`` (the outputs named in ``loop.collect``, name ->
-    CPU tensor in dataset order; complete on rank 0, empty on the other ranks; see ``csframework.collect``).
-    Plugins may add entries to ``summary_extra`` (merged into ``summary.json``). ``already_complete``:
-    ``fit`` resumed the run at its end and had nothing to train. ``error_file``: the run directory's
-    ``error.txt``, which holds the traceback when the user's code (a forward, a dataset, a plugin) failed it.
+    A plugin reads and calls what ``protocol.RunProtocol`` lists, each piece under one name: ``config`` and
+    ``stage_config`` (read-only copies), ``stage``, ``model``, ``module``, ``optimizer``, ``scheduler``,
+    ``backend``, ``output_dir``, ``files``, ``log``, ``mode``, ``status``, ``rank``/``world_size``,
+    ``summary_extra``, ``eval_outputs`` (in ``on_eval_end``), ``already_complete``, ``error_file`` ... and the
+    loop's record as ``run.global_step``, ``run.epoch``, ``run.stopping``, ``run.metrics`` ... (read-only:
+    ``RunState`` documents each). ``run.state`` is that record itself (``RunState``), which the loop writes
+    and csframework's loop, step and backends read (``protocol.LoopRun``); it stays readable, but a plugin
+    reads ``run.<name>``.
     """
 
     def __init__(self, config: RunConfig, plugins: Iterable[Any] = (),
@@ -113,18 +107,6 @@ class Run:
         self.state.carried = carried.for_model(self.model, self.stages)  # None: a stateless model
         self.enter_stage(0)
 
-    # -- the state, read-only -------------------------------------------------------------------------------
-    global_step = property(lambda self: self.state.global_step, doc="Optimizer steps taken, over all stages.")
-    stage_index = property(lambda self: self.state.stage_index, doc="The current stage's index.")
-    stage_step = property(lambda self: self.state.stage_step, doc="Optimizer steps taken in this stage.")
-    epoch = property(lambda self: self.state.epoch, doc="The stage's current training epoch (0-based).")
-    batch_in_epoch = property(lambda self: self.state.batch_in_epoch, doc="Batches of the epoch consumed.")
-    micro_step = property(lambda self: self.state.micro_step, doc="Batches of the stage consumed.")
-    stop_signal = property(lambda self: self.state.stop_signal, doc="The signal that asked fit to stop.")
-    stopping = property(lambda self: self.state.stopping, doc="This step is the last before stopping.")
-    metrics = property(lambda self: self.state.metrics, doc="The latest value of every reported metric.")
-    stop_reason = property(lambda self: self.state.stop_reason, doc="Why request_stop ended training, or None.")
-
     @property
     def files(self) -> SafeDir:
         """The run directory through csframework's safe file layer (``csframework.files.SafeDir``): what a
@@ -160,12 +142,12 @@ class Run:
         (``None`` for the first stage's: the only time it is not set)."""
         return self._current.backend if self._current is not None else None  # type: ignore[return-value]
 
-    # the current stage's parts, as ``csframework.stage.Stage`` documents them
-    module = property(lambda self: self.current.module, doc="What the steps call: the model or its wrapper.")
-    train_loader = property(lambda self: self.current.train_loader, doc="The stage's training loader.")
-    eval_loaders = property(lambda self: self.current.eval_loaders, doc="The evaluation sets' loaders by name.")
-    val_loader = property(lambda self: self.current.val_loader, doc="The first evaluation set's loader, or None.")
-    param_groups = property(lambda self: self.current.param_groups, doc="The optimizer's parameter groups.")
+    # the current stage's parts (``run.current``), read-only
+    module: Mirror[torch.nn.Module] = Mirror("current")
+    train_loader: Mirror[FrameworkLoader] = Mirror("current")
+    eval_loaders: Mirror[dict[str, FrameworkLoader]] = Mirror("current")
+    val_loader: Mirror[FrameworkLoader | None] = Mirror("current")
+    param_groups: Mirror[list[ParamGroup]] = Mirror("current")
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -279,9 +261,9 @@ class Run:
             self._current.release()
 
     def flush_metrics(self) -> None:
-        """Deprecated (called from a hook, it dispatched ``on_log_metrics`` inside it): ``RunState.save_due``."""
-        warnings.warn("Run.flush_metrics is deprecated: set run.state.save_due (RunState.save_due), and the loop "
-                      "reports the pending metrics before the hooks of a step you save at", DeprecationWarning, 2)
+        """Deprecated (called from a hook, it dispatched ``on_log_metrics`` inside it): ``set_save_due``."""
+        warnings.warn("Run.flush_metrics is deprecated: call run.set_save_due(due), and the loop reports the "
+                      "pending metrics before the hooks of a step you save at", DeprecationWarning, 2)
         if self.state.pending.get("loss"):
             loop.log_train_metrics(self)
 
@@ -341,7 +323,7 @@ class Run:
 
 
 if TYPE_CHECKING:  # the type checker verifies that Run is what hooks, the step and backends are typed against
-    from .protocol import RunProtocol
+    from .protocol import LoopRun
 
-    def _is_a_run(run: Run) -> RunProtocol:
+    def _is_a_run(run: Run) -> LoopRun:
         return run

@@ -31,7 +31,7 @@ from torch import Tensor
 from .errors import ModelError, one_line
 
 if TYPE_CHECKING:
-    from .protocol import RunProtocol
+    from .protocol import LoopRun
 
 
 class PrecisionOps(Protocol):
@@ -77,7 +77,7 @@ def detached(outputs: dict) -> dict:
     return {k: v.detach() if isinstance(v, Tensor) and v.requires_grad else v for k, v in outputs.items()}
 
 
-def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batch: Any, accum: int) -> dict:
+def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], batch: Any, accum: int) -> dict:
     """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs.
     ``module``: what computes the model's outputs from a batch (the module, or its compiled forward)."""
     hooks, state = run.hooks, run.state
@@ -110,7 +110,7 @@ def micro_batch(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any
 _FLOAT_AND_INTEGER = re.compile(r"(?is)(?=.*\b(long|int)\b)(?=.*\b(float|half|bfloat16|double)\b)")
 
 
-def integer_batch_problem(run: RunProtocol, batch: Any, error: RuntimeError) -> str | None:
+def integer_batch_problem(run: LoopRun, batch: Any, error: RuntimeError) -> str | None:
     """When ``forward`` failed on a dtype mismatch and every tensor of ``batch`` is integer (token ids: the
     default ``data=stdlib_text`` with a model of float inputs), the refusal naming the data setting; else ``None``."""
     tensors = [t for t in _tensors(batch) if isinstance(t, torch.Tensor)]
@@ -151,7 +151,7 @@ def loss_problem(loss: Any) -> str | None:
     return None
 
 
-def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | None) -> None:
+def apply_gradients(run: LoopRun, ops: PrecisionOps, max_grad_norm: float | None) -> None:
     """The end of a step: unscale, ``on_before_optimizer_step``, clip, optimizer step, scale update,
     ``zero_grad``."""
     optimizer = run.optimizer
@@ -165,7 +165,7 @@ def apply_gradients(run: RunProtocol, ops: PrecisionOps, max_grad_norm: float | 
     optimizer.zero_grad(set_to_none=True)
 
 
-def train_step(run: RunProtocol, ops: PrecisionOps, module: Callable[[Any], Any], batches: Iterable[Any],
+def train_step(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], batches: Iterable[Any],
                max_grad_norm: float | None) -> dict:
     """A whole step over its micro-batches at once; returns the outputs of the last one (detached)."""
     batches = list(batches)

@@ -16,14 +16,14 @@ from .errors import CheckpointNotFound, ConfigError, DamagedCheckpoint
 from .rng import rng_state, seed_everything, set_rng_state
 
 if TYPE_CHECKING:
-    from .protocol import RunProtocol
+    from .protocol import LoopRun
 
 
-def has_test_sets(run: RunProtocol) -> bool:
+def has_test_sets(run: LoopRun) -> bool:
     return bool(test_sets(run.stage_config.data))
 
 
-def test_pass(run: RunProtocol) -> dict[str, float]:
+def test_pass(run: LoopRun) -> dict[str, float]:
     """Evaluate every test set whole; returns (and reports) ``<set>/*``, the means over samples of every
     scalar output. Training's random generators are left as they were (as ``loop.evaluate`` does)."""
     from .loop import _evaluate_set
@@ -54,7 +54,7 @@ def test_pass(run: RunProtocol) -> dict[str, float]:
     return metrics
 
 
-def test_after_fit(run: RunProtocol) -> dict[str, float]:
+def test_after_fit(run: LoopRun) -> dict[str, float]:
     """The test pass at the end of a fit, with the best checkpoint's weights loaded into ``run.model`` when
     ``checkpoint.keep_best`` kept one (they stay loaded: the model ends with the weights it was tested
     with, as Hugging Face's ``load_best_model_at_end``); ``summary.json`` names them as ``tested_weights``."""
@@ -65,7 +65,7 @@ def test_after_fit(run: RunProtocol) -> dict[str, float]:
     return metrics
 
 
-def _load_best(run: RunProtocol) -> str:
+def _load_best(run: LoopRun) -> str:
     """Load the run directory's best checkpoint into ``run.model``; returns what the model holds then: that
     checkpoint's path in the run directory, or ``last`` (no best kept, or a sharded model, which the
     checkpoint's whole weights cannot be loaded into here)."""

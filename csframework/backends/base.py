@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..protocol import Backend, BackendSpec, RunProtocol
+from ..protocol import Backend, BackendSpec, LoopRun
 
 __all__ = ["Backend", "BackendBase", "BackendSpec"]
 
@@ -27,13 +27,13 @@ class BackendBase:
     host_group = None
     dry_run: str | None = None
 
-    def attach(self, run: RunProtocol) -> None:
+    def attach(self, run: LoopRun) -> None:
         pass
 
     def to_device(self, batch: Any) -> Any:
         return batch
 
-    def dry_stage(self, run: RunProtocol) -> None:
+    def dry_stage(self, run: LoopRun) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no dry run")
 
     def loss_scale(self) -> float | None:

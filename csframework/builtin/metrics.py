@@ -50,11 +50,11 @@ class MetricsPlugin:
         self.file = None
         self.writer = None
         self.model = None
-        self.started: tuple[float, ...] | None = None  # at on_fit_start: perf_counter and run.state's timings
+        self.started: tuple[float, ...] | None = None  # at on_fit_start: perf_counter and the run's timings
 
     @hookimpl
     def on_fit_start(self, run):
-        self.started = (time.perf_counter(), *_timings(run.state))
+        self.started = (time.perf_counter(), *_timings(run))
         self.model = model_summary(run.model)
         run.log.info("model", **self.model)
         if run.rank != 0:
@@ -129,7 +129,7 @@ class MetricsPlugin:
         out: dict[str, Any] = {"model": model, "peak_memory": peak_memory(run.device_type),
                                "command_line": command_line()}
         if self.started is not None:
-            evals, compiles, seconds, steps = (now - then for now, then in zip(_timings(run.state), self.started[1:]))
+            evals, compiles, seconds, steps = (now - then for now, then in zip(_timings(run), self.started[1:]))
             out.update(wall_seconds=round(time.perf_counter() - self.started[0], 3), eval_seconds=round(evals, 3),
                        compile_seconds=round(compiles, 3), train_seconds=round(seconds, 3),
                        steps_per_sec=round(steps / seconds, 3) if seconds > 0 else None)
@@ -160,8 +160,8 @@ def composed_overrides() -> list[str] | None:
     return [str(o) for o in task if not str(o).lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
-def _timings(state) -> tuple[float, float, float, int]:
-    """``(eval_seconds, compile_seconds, train_seconds, train_steps)`` of ``run.state``: ``summary.json``'s
+def _timings(run) -> tuple[float, float, float, int]:
+    """``(eval_seconds, compile_seconds, train_seconds, train_steps)`` of ``run``: ``summary.json``'s
     ``steps_per_sec`` is the fit's training steps per second of training, evaluation and compilation left
     out, as each log's is for the steps since the previous log."""
-    return state.eval_seconds, state.compile_seconds, state.train_seconds, state.train_steps
+    return run.eval_seconds, run.compile_seconds, run.train_seconds, run.train_steps

@@ -375,5 +375,5 @@ def test_a_checkpoint_step_reports_its_metrics_before_the_steps_hooks_not_inside
 
 def test_run_flush_metrics_is_deprecated(tmp_path):
     run = csf.Run(fixtures.compose(), output_dir=tmp_path)
-    with pytest.warns(DeprecationWarning, match="RunState.save_due"):
+    with pytest.warns(DeprecationWarning, match=r"run\.set_save_due"):
         run.flush_metrics()

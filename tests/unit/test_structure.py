@@ -12,7 +12,7 @@ from import_graph import PACKAGE, circles, import_graph
 FLOORS = [
     ("base helpers", ["errors", "compat", "command", "jsonout", "rng", "state", "console_once", "models", "defaults",
                       "defaults.*", "files", "privatedir", "signals", "process_state", "batched", "sampling",
-                      "summary_file", "collect", "rundir", "previous_runs"]),
+                      "summary_file", "collect", "rundir", "previous_runs", "mirror"]),
     ("config: schemas, composition, _target_ lookup", ["config", "config.*", "hydra_session", "targets"]),
     ("contracts: protocol, hooks, plugins", ["protocol", "hooks", "hookspecs", "plugins", "failures"]),
     ("the parts of a stage", ["precision", "schedule", "plateau", "param_groups", "data", "collate", "step", "carried",

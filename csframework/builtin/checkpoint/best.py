@@ -44,7 +44,7 @@ class BestTracker:
         """Whether an evaluation at this step reported the monitor (a training metric, ``train/*``, logged
         every ``loop.log_every`` steps, does not count) better than the best checkpoint so far."""
         monitor = run.stage_config.checkpoint.keep_best.monitor
-        if not monitor or monitor.startswith("train/") or run.state.last_eval_step != run.global_step:
+        if not monitor or monitor.startswith("train/") or run.last_eval_step != run.global_step:
             return False
         return self.value_now(run) is not None and self.improves(run, root)
 

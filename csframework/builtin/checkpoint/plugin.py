@@ -201,7 +201,7 @@ class CheckpointPlugin:
         check_optimizer()  # the stage it was saved in is entered now
         run.metrics.update(meta.get("metrics") or {})
         run.hooks.on_checkpoint_load(run=run, state=meta.get("plugins") or {})
-        self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
+        self.saved_step, self.saved_eval_step = run.global_step, run.last_eval_step
         run.log.info("resumed", path=str(path), step=run.global_step, stage=run.stage)
         if run.mode == "fit":
             changes = changed_settings(read_config_yaml(path), run.stage_config, run.stage)
@@ -215,20 +215,19 @@ class CheckpointPlugin:
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         self.every_epochs = run.stage_config.checkpoint.every_epochs
         self.run = run
-        run.state.save_due = self._due  # the loop asks before the step's hooks
+        run.set_save_due(self._due)  # the loop asks before the step's hooks
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
 
     def _due(self, step: int) -> bool:
-        """Whether a checkpoint is saved at ``step`` (``RunState.save_due``: the loop asks once a step, before
+        """Whether a checkpoint is saved at ``step`` (``Run.set_save_due``: the loop asks once a step, before
         its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
         run = self.run
-        state = run.state
         # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
         # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
-        due = state.stopping or bool(self.every and step % self.every == 0) \
-            or bool(self.every_epochs and state.closes_epochs(self.every_epochs)) \
-            or (state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
+        due = run.stopping or bool(self.every and step % self.every == 0) \
+            or bool(self.every_epochs and run.closes_epochs(self.every_epochs)) \
+            or (run.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
         self.due_step = step if due else None
         return due
 
@@ -242,7 +241,7 @@ class CheckpointPlugin:
         if self.saved_step != run.global_step:
             if run.stage_config.checkpoint.save_at_end:
                 self.save(run)
-        elif self.saved_eval_step != run.state.last_eval_step:
+        elif self.saved_eval_step != run.last_eval_step:
             # the final evaluation came after this step's checkpoint (a stop requested after the step's
             # evaluation, in on_train_batch_end or on_train_step_end): written again, so that it holds that
             # evaluation's metrics (and keep_best can choose it)
@@ -254,7 +253,7 @@ class CheckpointPlugin:
 
         Refuses (``NonFiniteLossError``) when the run has gone non-finite, so the last good checkpoint is never
         replaced by a non-finite state: the loop reported (and so checked) the losses not yet logged before
-        the step's hooks (``RunState.save_due``); the parameters and the loss scale are checked here.
+        the step's hooks (``Run.set_save_due``); the parameters and the loss scale are checked here.
         """
         sharded = run.backend.sharded
         if run.rank != 0 and not sharded:
@@ -270,7 +269,7 @@ class CheckpointPlugin:
                 if error:
                     raise CheckpointWriteError(f"checkpoint: rank 0 failed to complete it: {error}")
                 self.best.recorded(self.best.best_after_saving(run, root, name))  # as rank 0 indexed it
-                self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
+                self.saved_step, self.saved_eval_step = run.global_step, run.last_eval_step
                 return None
             try:
                 path = self._complete(run, root, name, sharded)
@@ -322,7 +321,7 @@ class CheckpointPlugin:
                 store.remove_checkpoint(root, old)
         self.best.recorded(best)
         self._name_best(run, best)
-        self.saved_step, self.saved_eval_step = run.global_step, run.state.last_eval_step
+        self.saved_step, self.saved_eval_step = run.global_step, run.last_eval_step
         run.log.info("checkpoint_saved", path=str(path))
         return path
 

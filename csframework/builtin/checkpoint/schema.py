@@ -17,7 +17,7 @@ from ...config.schema import plugin_sections
 from ...data import is_iterable
 from ...errors import ConfigError, DamagedCheckpoint
 from ...param_groups import resume_problem
-from ...protocol import RunProtocol
+from ...protocol import LoopRun
 from ...rng import rng_state, set_rng_state
 from .readback import optimizer_problems, position_problems, saved_group_count, scaler_problems, schedule_problems
 
@@ -42,24 +42,24 @@ class Field:
     """One entry of ``state.pt``."""
 
     key: str
-    save: Callable[[RunProtocol, dict], Any]
+    save: Callable[[LoopRun, dict], Any]
     """Its value for a run (the second argument: the backend's whole model and optimizer state, when not
     sharded: ``Backend.checkpoint_state`` hands out both at once)."""
-    check: Callable[[RunProtocol, dict], list[str]]
+    check: Callable[[LoopRun, dict], list[str]]
     """What in a read-back state's value this run's config refuses (the whole state given: some rules depend
     on other fields); a problem makes the checkpoint damaged."""
-    load: Callable[[RunProtocol, dict], None]
+    load: Callable[[LoopRun, dict], None]
     """Put the value back into the run (``StateMismatch`` when it belongs to another run)."""
 
 
 # -- the parts --------------------------------------------------------------------------------------------
-def _save_loop(run: RunProtocol, _: dict) -> dict:
+def _save_loop(run: LoopRun, _: dict) -> dict:
     stopped = run.stop_reason is not None
-    return {**{key: getattr(run.state, key) for key in POSITION}, "stage": run.stage,
+    return {**{key: getattr(run, key) for key in POSITION}, "stage": run.stage,
             "stop_reason": run.stop_reason, "stop_settings": _stop_settings(run) if stopped else None}
 
 
-def _check_loop(run: RunProtocol, state: dict) -> list[str]:
+def _check_loop(run: LoopRun, state: dict) -> list[str]:
     found = position_problems(run, state["loop"])
     if not found:
         loop = state["loop"]
@@ -68,14 +68,14 @@ def _check_loop(run: RunProtocol, state: dict) -> list[str]:
     return found
 
 
-def _load_loop(run: RunProtocol, state: dict) -> None:
+def _load_loop(run: LoopRun, state: dict) -> None:
     """Enter the saved stage, then its position; a stopped run stays stopped unless what decides a stop
     changed (``_stop_settings``)."""
     loop, names = state["loop"], [name for name, _ in run.stages]
     if names[loop["stage_index"]] != loop["stage"]:
         raise StateMismatch("loop", f"it was saved in stage '{loop['stage']}', which this run does not have at "
                                     f"that position (stages: {names})")
-    if loop["stage_index"] != run.state.stage_index:
+    if loop["stage_index"] != run.stage_index:
         run.enter_stage(loop["stage_index"])
     for key in POSITION:
         setattr(run.state, key, loop[key])
@@ -83,13 +83,13 @@ def _load_loop(run: RunProtocol, state: dict) -> None:
         run.state.stop_reason = loop["stop_reason"]  # finished means finished: loop.finished says so
 
 
-def _load_sharded(run: RunProtocol, state: dict) -> None:
+def _load_sharded(run: LoopRun, state: dict) -> None:
     if state["sharded"] != run.backend.sharded:
         how = "sharded (strategy=fsdp)" if state["sharded"] else "whole (strategy single or ddp)"
         raise StateMismatch("sharded", f"it was written {how}; resume it with the same kind of strategy")
 
 
-def _load_param_groups(run: RunProtocol, state: dict) -> None:
+def _load_param_groups(run: LoopRun, state: dict) -> None:
     """Refuse optimizer state of other parameter groups: torch would load it by position, giving one group's
     state and settings to another's parameters."""
     saved, optimizer = state["param_groups"], state["optimizer"]
@@ -123,7 +123,7 @@ def model_mismatch(model: torch.nn.Module, saved: dict) -> list[str]:
     return problems
 
 
-def _check_model(_: RunProtocol, state: dict) -> list[str]:
+def _check_model(_: LoopRun, state: dict) -> list[str]:
     model = state["model"]
     if state["sharded"]:  # its shards are in sharded/, checked by the backend
         return [] if model is None else ["model: a sharded checkpoint keeps it in sharded/"]
@@ -134,7 +134,7 @@ def _check_model(_: RunProtocol, state: dict) -> list[str]:
     return []
 
 
-def _load_model(run: RunProtocol, state: dict) -> None:
+def _load_model(run: LoopRun, state: dict) -> None:
     if state["model"] is None:  # sharded: the checkpoint plugin loads it (Backend.load_sharded)
         return
     problems = model_mismatch(run.model, state["model"])  # the one check: after it, a strict load fits
@@ -143,7 +143,7 @@ def _load_model(run: RunProtocol, state: dict) -> None:
     run.model.load_state_dict(state["model"])
 
 
-def _load_optimizer(run: RunProtocol, state: dict) -> None:
+def _load_optimizer(run: LoopRun, state: dict) -> None:
     if state["optimizer"] is not None:
         run.optimizer.load_state_dict(state["optimizer"])
 
@@ -158,7 +158,7 @@ def plain_rates(state: dict) -> dict:
     return state
 
 
-def _save_data(run: RunProtocol, _: dict) -> dict | None:
+def _save_data(run: LoopRun, _: dict) -> dict | None:
     """The training dataset's own state, for an ``IterableDataset`` that has one and is read in this process
     (``data.num_workers=0``); otherwise resume re-reads the epoch to its position. ``pass_ended``: a short
     last batch made the dataset's iterator end, so its state is already the next pass's."""
@@ -168,32 +168,32 @@ def _save_data(run: RunProtocol, _: dict) -> dict | None:
     return None
 
 
-def _load_data(run: RunProtocol, state: dict) -> None:
+def _load_data(run: LoopRun, state: dict) -> None:
     data, loader = state["data"], run.train_loader
     if data is not None and is_iterable(loader) and loader.num_workers == 0:
         loader.dataset.load_state_dict(data["state"], pass_ended=data["pass_ended"])
 
 
-def _load_carried(run: RunProtocol, state: dict) -> None:
-    if run.state.carried is not None:  # a stateful model: where its state was (none saved: a pass's start)
+def _load_carried(run: LoopRun, state: dict) -> None:
+    if run.carried is not None:  # a stateful model: where its state was (none saved: a pass's start)
         device = next(iter(run.model.parameters()), torch.empty(0)).device
-        run.state.carried.load_state_dict(state["carried"], device)
+        run.carried.load_state_dict(state["carried"], device)
 
 
-def _is(kind: type, key: str, optional: bool = False) -> Callable[[RunProtocol, dict], list[str]]:
+def _is(kind: type, key: str, optional: bool = False) -> Callable[[LoopRun, dict], list[str]]:
     """A check that the field ``key`` is a ``kind`` (or ``None``, if ``optional``)."""
-    def check(_: RunProtocol, state: dict) -> list[str]:
+    def check(_: LoopRun, state: dict) -> list[str]:
         value = state[key]
         ok = type(value) is kind if kind is bool else isinstance(value, kind)
         return [] if ok or (optional and value is None) else [f"{key}: {type(value).__name__} is not a {kind.__name__}"]
     return check
 
 
-def _no_check(_: RunProtocol, __: dict) -> list[str]:
+def _no_check(_: LoopRun, __: dict) -> list[str]:
     return []
 
 
-def _check_data(_: RunProtocol, state: dict) -> list[str]:
+def _check_data(_: LoopRun, state: dict) -> list[str]:
     data = state["data"]
     if data is None or (isinstance(data, dict) and set(data) == {"state", "pass_ended"}
                         and type(data["pass_ended"]) is bool):
@@ -201,7 +201,7 @@ def _check_data(_: RunProtocol, state: dict) -> list[str]:
     return ["data: it is not a table of state and pass_ended"]
 
 
-def _check_param_groups(_: RunProtocol, state: dict) -> list[str]:
+def _check_param_groups(_: LoopRun, state: dict) -> list[str]:
     groups = state["param_groups"]
     if groups is None or (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
         return []
@@ -226,7 +226,7 @@ FIELDS = (
                             else ["backend: it is not a table"]),
           lambda run, state: run.backend.load_state_dict(state["backend"])),
     Field("rng", lambda _, __: rng_state(), _is(dict, "rng"), lambda _, state: set_rng_state(state["rng"])),
-    Field("carried", lambda run, _: run.state.carried.state_dict() if run.state.carried is not None else None,
+    Field("carried", lambda run, _: run.carried.state_dict() if run.carried is not None else None,
           _no_check, _load_carried),
     Field("data", _save_data, _check_data, _load_data),
 )
@@ -234,7 +234,7 @@ KEYS = ("version", *(field.key for field in FIELDS))
 
 
 # -- write, read, check, load -------------------------------------------------------------------------------
-def run_state(run: RunProtocol) -> dict:
+def run_state(run: LoopRun) -> dict:
     """Everything that decides the rest of ``run``, as tensors and plain values (loadable with
     ``torch.load(weights_only=True)``): every field of ``FIELDS``. Under ``strategy=fsdp`` the model and
     optimizer are ``None``: every rank writes its shards of them (``Backend.save_sharded``)."""
@@ -269,7 +269,7 @@ def upgrade(state: Any, where: str = "checkpoint") -> dict:
     return state
 
 
-def checked_state(run: RunProtocol, state: Any, where: str = "checkpoint") -> dict:
+def checked_state(run: LoopRun, state: Any, where: str = "checkpoint") -> dict:
     """``upgrade(state)``, each field checked against this run's config (``Field.check``);
     ``DamagedCheckpoint`` naming every value it refuses, each by its key in the state."""
     state = upgrade(state, where)
@@ -279,7 +279,7 @@ def checked_state(run: RunProtocol, state: Any, where: str = "checkpoint") -> di
     return state
 
 
-def load_run_state(run: RunProtocol, state: Any) -> None:
+def load_run_state(run: LoopRun, state: Any) -> None:
     """Continue ``run`` from a saved state (of any version ``upgrade`` converts, checked by
     ``checked_state``): every field, in order."""
     state = checked_state(run, state)
@@ -308,7 +308,7 @@ _CONVERTERS: dict[int, Callable[[dict], dict]] = {1: _convert_v1_to_v2}
 
 
 # -- the stop record ------------------------------------------------------------------------------------------
-def _stop_settings(run: RunProtocol) -> str:
+def _stop_settings(run: LoopRun) -> str:
     """What may decide a stop, as a string to compare: the plugins (by name), their config sections
     (``early_stopping.patience`` ...) and the stage's ``loop`` settings. Saved with a stop's reason, which a
     resumed run keeps only under the same settings: a stopped run is complete unless they changed."""
