@@ -1,7 +1,7 @@
 """``RunState``: where a run is. The loop owns it: it is the only writer of the position and the pending
 step outputs; the signal handler records a stop request through ``request_stop``; ``Run.load_state_dict``
-restores a saved position (the fields ``builtin.checkpoint.schema.POSITION`` names). Plugins read it
-(``run.state``, or the ``Run`` properties that mirror it).
+restores a saved position (the fields ``builtin.checkpoint.schema.POSITION`` names). Plugins read its fields
+as ``run.<field>`` (read-only, ``mirror.RecordView``), not through ``run.state``.
 """
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ class RunState:
     """A stateful model's state between batches (``csframework.carried.CarriedState``; saved in checkpoints);
     ``None`` for a model without ``initial_state``."""
     save_due: Callable[[int], bool] | None = None
-    """Set by the plugin that saves the run's state at some step ends (the checkpoint plugin, at
-    ``on_train_start``): whether it saves at the step just taken. The loop asks it at every step end before
-    the step's hooks, and at a step it saves reports the metrics not yet logged first (``on_log_metrics``,
-    their losses checked), so a plugin never calls back into the loop's flush."""
+    """Set by the plugin that saves the run's state at some step ends, through ``Run.set_save_due`` (the
+    checkpoint plugin, at ``on_train_start``): whether it saves at the step just taken. The loop asks it at
+    every step end before the step's hooks, and at a step it saves reports the metrics not yet logged first
+    (``on_log_metrics``, their losses checked), so a plugin never calls back into the loop's flush."""
     quiet: frozenset[str] = frozenset()
     """While the loop trains an epoch: the hooks nobody implements (``Hooks.quiet``, asked again when a plugin
     is registered), whose calls the step (``csframework.step``) skips; empty, so every hook is called,
