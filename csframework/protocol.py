@@ -52,7 +52,8 @@ class RunProtocol(Protocol):
     error_file: Path | None
     """The run directory's ``error.txt``, once the user's code (a forward, a dataset, a plugin) failed the run."""
     eval_outputs: dict[str, torch.Tensor]
-    """During ``on_eval_end``: the outputs named in ``loop.collect``."""
+    """During ``on_eval_end``: the outputs named in ``loop.collect`` (name -> CPU tensor in dataset order;
+    complete on rank 0, empty on the other ranks)."""
     stages: list[tuple[str, RunConfig]]
     eval_set: str | None
     """During an evaluation, the name of the set being evaluated (its batch and epoch hooks); else ``None``."""

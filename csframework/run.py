@@ -42,14 +42,24 @@ from .targets import build
 class Run(RecordView):
     """One run: ``Run(config, plugins=[...]).fit()``.
 
-    A plugin reads and calls what ``protocol.RunProtocol`` lists, each piece under one name: ``config`` and
-    ``stage_config`` (read-only copies), ``stage``, ``model``, ``module``, ``optimizer``, ``scheduler``,
-    ``backend``, ``output_dir``, ``files``, ``log``, ``mode``, ``status``, ``rank``/``world_size``,
-    ``summary_extra``, ``eval_outputs`` (in ``on_eval_end``), ``already_complete``, ``error_file`` ... and the
-    loop's record as ``run.global_step``, ``run.epoch``, ``run.stopping``, ``run.metrics`` ... (read-only:
-    ``RunState`` documents each). ``run.state`` is that record itself (``RunState``), which the loop writes
-    and csframework's loop, step and backends read (``protocol.LoopRun``); it stays readable, but a plugin
-    reads ``run.<name>``.
+    What a plugin reads and calls on ``run``, each piece under one name (``protocol.RunProtocol`` lists them
+    all): ``config`` (the run's ``RunConfig``, a copy of the one given, read-only once validated), ``stage`` /
+    ``stage_config`` (the current stage's name and merged config, read-only too), ``model``, ``module`` (what
+    the steps call: a DDP wrapper under DDP), ``optimizer``, ``scheduler``, ``backend``, ``device_type``
+    (``"CPU"|"GPU"|"CSX"|...``), ``output_dir``, ``files``, ``log`` (a structlog logger), ``mode`` (``"fit"``,
+    ``"validate"``, ``"test"`` or ``"predict"``: what the run is doing), ``status``, ``rank`` /
+    ``world_size``; during ``on_eval_end`` ``eval_outputs`` (the outputs named in ``loop.collect``, name ->
+    CPU tensor in dataset order; complete on rank 0, empty on the other ranks; see ``csframework.collect``).
+    Plugins may add entries to ``summary_extra`` (merged into ``summary.json``). ``already_complete``:
+    ``fit`` resumed the run at its end and had nothing to train. ``error_file``: the run directory's
+    ``error.txt``, which holds the traceback when the user's code (a forward, a dataset, a plugin) failed it.
+
+    The run's position, stop request and metrics are read-only attributes too, ``RunState``'s fields of the
+    same names (``mirror.RecordView``; ``RunState`` documents each): ``global_step``, ``stage_index``,
+    ``stage_step``, ``epoch``, ``batch_in_epoch``, ``micro_step``, ``epoch_end``, ``last_eval_step``,
+    ``stop_signal``, ``stopping``, ``stop_reason``, ``metrics``, ``carried`` and the timings. ``run.state`` is
+    that record itself, which the loop writes and csframework's loop, step and backends read
+    (``protocol.LoopRun``); it stays readable, but a plugin reads ``run.<name>``.
     """
 
     def __init__(self, config: RunConfig, plugins: Iterable[Any] = (),
