@@ -28,6 +28,7 @@ from .cachedir import trusted_root
 from . import passes as graphs
 from . import flat, inductor
 from .replay import Diverged, Recording
+from .execution import Execution
 from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
 REPORT_VERSION = 1
@@ -90,6 +91,7 @@ class Compiled:
         self.report, self.cache_hit = report, cache_hit
         self.gm = traced.gm
         self.runner: Callable = traced.gm.forward  # what executes the graph: gm.forward or Inductor's code
+        self.execution: Execution | None = None  # the runner on the latest collected state
 
 
 def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compiler: str,
@@ -279,7 +281,10 @@ class StaticStep:
     def execute(self, prepared: Prepared, global_step: int) -> Any:
         """Run a prepared graph on the live state; returns the step's outputs."""
         compiled, state, leaves = prepared
-        out = StepTracer.execute(compiled.runner, compiled.traced, state, leaves, global_step)
+        execution = compiled.execution
+        if execution is None or execution.state is not state or execution.run_graph is not compiled.runner:
+            execution = compiled.execution = Execution(compiled.traced, state, compiled.runner)
+        out = execution(leaves, global_step)
         self.executions += 1
         return out
 

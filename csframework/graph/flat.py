@@ -7,7 +7,7 @@ a named tuple or an ``OrderedDict`` say, is handed to pytree).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -37,14 +37,16 @@ def _collect(tree: Any, out: list) -> None:
         out.extend(pytree.tree_leaves(tree))
 
 
-Builder = Callable[[Iterator], Any]
+Builder = Callable[[Sequence], Any]
 
 #: Builders by ``id`` of their spec (kept with the spec, so that no other spec takes its id meanwhile).
 _BUILDERS: dict[int, tuple[pytree.TreeSpec, Builder]] = {}
 _MAX_BUILDERS = 256  # a retrace records new specs at every step: the oldest are dropped
+_MAX_DEPTH = 50  # deeper plain containers are rebuilt by pytree (Python's parser limits nesting to 200)
+_MAX_LEAVES = 10_000  # a larger structure is rebuilt by pytree (its generated code would be long to compile)
 
 
-def unflatten(values: list, spec: pytree.TreeSpec) -> Any:
+def unflatten(values: Sequence, spec: pytree.TreeSpec) -> Any:
     """``pytree.tree_unflatten(values, spec)``: a builder made once per spec rebuilds plain containers."""
     known = _BUILDERS.get(id(spec))
     if known is None or known[0] is not spec:
@@ -53,7 +55,7 @@ def unflatten(values: list, spec: pytree.TreeSpec) -> Any:
         known = _BUILDERS[id(spec)] = (spec, _builder(spec))
     if len(values) != spec.num_leaves:
         raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
-    return known[1](iter(values))
+    return known[1](values)
 
 
 def _children(spec: pytree.TreeSpec) -> list:
@@ -62,16 +64,32 @@ def _children(spec: pytree.TreeSpec) -> list:
 
 
 def _builder(spec: pytree.TreeSpec) -> Builder:
-    if spec.is_leaf():
-        return next
-    kind = spec.type
-    parts = [_builder(child) for child in _children(spec)]
-    if kind is tuple:
-        return lambda it: tuple([part(it) for part in parts])
-    if kind is list:
-        return lambda it: [part(it) for part in parts]
-    if kind is dict:
-        keys = list(spec.context)
-        return lambda it: dict(zip(keys, [part(it) for part in parts]))
-    n = spec.num_leaves
-    return lambda it: spec.unflatten([next(it) for _ in range(n)])
+    """A function of the leaves ``v`` that rebuilds ``spec``'s structure in one expression, generated once per
+    spec: a tuple, list or dict display for each plain container (the dict's keys taken from ``spec``, never
+    written into the code), ``pytree`` for any other node. A step's outputs are then rebuilt in one call
+    where a function per container took some microseconds."""
+    if spec.num_leaves > _MAX_LEAVES:
+        return spec.unflatten
+    constants: list = []
+    count = 0
+
+    def expression(node: pytree.TreeSpec, depth: int) -> str:
+        nonlocal count
+        if node.is_leaf():
+            count += 1
+            return f"v[{count - 1}]"
+        kind = node.type
+        if kind in (tuple, list, dict) and depth < _MAX_DEPTH:
+            parts = [expression(child, depth + 1) for child in _children(node)]
+            if kind is tuple:
+                return "(" + "".join(f"{part}, " for part in parts) + ")"
+            if kind is list:
+                return "[" + ", ".join(parts) + "]"
+            constants.append(tuple(node.context))
+            keys = f"c[{len(constants) - 1}]"
+            return "{" + ", ".join(f"{keys}[{j}]: {part}" for j, part in enumerate(parts)) + "}"
+        constants.append(node)
+        start, count = count, count + node.num_leaves
+        return f"c[{len(constants) - 1}].unflatten(v[{start}:{count}])"
+
+    return eval(f"lambda v: {expression(spec, 0)}", {"c": constants})  # noqa: S307 - indices and names only
