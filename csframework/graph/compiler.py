@@ -28,7 +28,7 @@ from .cachedir import trusted_root
 from . import passes as graphs
 from . import flat, inductor
 from .replay import Diverged, Recording
-from .execution import Execution
+from .execution import Execution, deliver
 from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
 REPORT_VERSION = 1
@@ -312,9 +312,10 @@ class StaticStep:
             return None
         start = time.perf_counter()
         try:
-            out = self.tracer.run_checked(args, kwargs, state, recording, global_step)
+            checked, results = self.tracer.run_checked(args, kwargs, state, recording, global_step)
         except Diverged as e:
             self._differs(iteration, e.difference)
+        out = deliver(checked, state.optimizers, results)
         self.traces += 1
         self.executions += 1
         self.checked_seconds += time.perf_counter() - start

@@ -96,15 +96,6 @@ class Execution:
         return deliver(self.traced, self.state.optimizers, results)
 
 
-def copied(state: State, outs: Sequence[torch.Tensor], n_results: int, writebacks: Sequence[int]) -> list:
-    """After a step ran outside an ``Execution`` (a checked retrace): the rebound state written back, and copies
-    of the first ``n_results`` outputs (the step's outputs and its closures' values)."""
-    with torch.no_grad():  # (a copy made here needs no ``detach``)
-        for pos, value in zip(writebacks, outs[n_results:]):
-            state.tensors[pos].copy_(value)
-        return [t.clone() for t in outs[:n_results]]
-
-
 def deliver(traced: Traced | Recording, optimizers: Sequence, results: list) -> Any:
     """Run the step closures with their values and return the step's outputs in its structure; ``results``:
     the step's tensor outputs, then the closures' tensor values, in the order the trace recorded them."""

@@ -42,7 +42,6 @@ from torch.utils import _pytree as pytree
 from ..compat import TORCH
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
-from .execution import copied, deliver
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
 from .watch import StateWatch, args_check, walk
 from .errors import (Where, called_from, first_refusal, translate, tracing_error, user_frame_here,
@@ -663,8 +662,9 @@ class StepTracer:
     def run_checked(self, args: tuple, kwargs: dict, state: State, expected: Recording, global_step: int):
         """Run the step's Python on the live tensors, each operation checked against the first trace's stream
         (``expected``) before it runs (``replay.CheckingRecorder``): the retrace and the execution of an
-        interpreted graph in one. Returns the outputs (copies), after the step closures;
-        raises ``Diverged`` at the first difference, the state written so far put back."""
+        interpreted graph in one. Writes the rebound state back and returns the recording and copies of the step's
+        outputs and closure values (for ``execution.deliver``); raises ``Diverged`` at the first difference, the
+        state written so far put back."""
         from torch.fx.experimental.proxy_tensor import disable_autocast_cache
 
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -697,7 +697,10 @@ class StepTracer:
         recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
         recording.out_tensor_positions = result["tensor_positions"]
         n_results = len(recording.out_tensor_positions) + len(ctx.closure_tensors)
-        return deliver(recording, state.optimizers, copied(state, outs, n_results, result["writebacks"]))
+        with torch.no_grad():  # (a copy made here needs no ``detach``)
+            for pos, value in zip(result["writebacks"], outs[n_results:]):
+                state.tensors[pos].copy_(value)
+            return recording, [t.clone() for t in outs[:n_results]]
 
 
 @contextlib.contextmanager
