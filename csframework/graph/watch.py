@@ -34,6 +34,8 @@ _CHILDREN = operator.attrgetter("_modules")
 _TRAINING = operator.attrgetter("training")
 _LAYOUT = operator.attrgetter("shape", "dtype", "device", "requires_grad")
 _PARAMS = operator.itemgetter("params")
+_PARAM_GROUPS = operator.attrgetter("param_groups")
+_STATE = operator.attrgetter("state")
 _LR = operator.itemgetter("lr")
 _VALUES = dict.values
 _CALL = getattr(operator, "call", lambda fn, *args: fn(*args))  # operator.call: Python 3.11
@@ -89,27 +91,28 @@ class StateWatch:
         self.views = [d.values() for d in self.dicts]  # live views: made once
         self.optimizers = list(optimizers)
         self.groups = [group for opt in self.optimizers for group in opt.param_groups]
-        self.extras = [(obj, attr) for obj, attr, _ in extras]
+        self.extras = ([obj for obj, _, _ in extras], [attr for _, attr, _ in extras])  # (objects, names)
         self.tensors = list(tensors)
         self.layout = layout_check(self.tensors)
-        # per optimizer, per group: the reader of its settings but the parameters and the learning rate
-        self.settings = [[_getter(sorted((k for k in group if k not in ("params", "lr")), key=str))
-                          for group in opt.param_groups] for opt in self.optimizers]
+        # per group: the reader of its settings but the parameters and the learning rate
+        self.settings = [_getter(sorted((k for k in group if k not in ("params", "lr")), key=str))
+                         for group in self.groups]
         self.flags = tuple(map(_TRAINING, self.modules))
         self.snapshot = self._take()
 
     def _take(self) -> tuple[list, list]:
-        """(objects compared by identity, lengths compared by ``==``)."""
-        objects = [*chain.from_iterable(self.views), *map(_TRAINING, self.modules)]
-        values = list(map(len, self.dicts))
-        for opt, settings in zip(self.optimizers, self.settings):
-            groups, state = opt.param_groups, opt.state
-            entries = list(state.values())
-            objects += (groups, state, *groups, *chain.from_iterable(map(_PARAMS, groups)), *state,
-                        *chain.from_iterable(map(_VALUES, entries)))
-            objects += chain.from_iterable(map(_CALL, settings, groups))
-            values += (len(groups), *map(len, map(_PARAMS, groups)), *map(len, groups), *map(len, entries))
-        objects += (getattr(obj, attr) for obj, attr in self.extras)
+        """(objects compared by identity, lengths compared by ``==``). The group dicts are the snapshot's
+        (``self.groups``) for their parameters and settings: if any was replaced, or one added, the objects
+        differ already, at the group."""
+        groups, states = self.groups, list(map(_STATE, self.optimizers))
+        group_lists = list(map(_PARAM_GROUPS, self.optimizers))
+        entries = list(chain.from_iterable(map(_VALUES, states)))
+        objects = [*chain.from_iterable(self.views), *map(_TRAINING, self.modules), *group_lists,
+                   *chain.from_iterable(group_lists), *states, *chain.from_iterable(states),
+                   *chain.from_iterable(map(_PARAMS, groups)), *chain.from_iterable(map(_VALUES, entries)),
+                   *chain.from_iterable(map(_CALL, self.settings, groups)), *map(getattr, *self.extras)]
+        values = [*map(len, self.dicts), *map(len, group_lists), *map(len, map(_PARAMS, groups)),
+                  *map(len, groups), *map(len, entries)]
         return objects, values
 
     def unchanged(self) -> bool:
