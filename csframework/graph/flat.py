@@ -48,6 +48,8 @@ Builder = Callable[[Sequence], Any]
 #: Builders by ``id`` of their spec (kept with the spec, so that no other spec takes its id meanwhile).
 _BUILDERS: dict[int, tuple[pytree.TreeSpec, Builder]] = {}
 _MAX_BUILDERS = 256  # a retrace records new specs at every step: the oldest are dropped
+#: Builders by spec (equal specs share one: generating a builder takes some tens of microseconds).
+_BY_STRUCTURE: dict[pytree.TreeSpec, Builder] = {}
 _MAX_DEPTH = 50  # deeper plain containers are rebuilt by pytree (Python's parser limits nesting to 200)
 _MAX_LEAVES = 10_000  # a larger structure is rebuilt by pytree (its generated code would be long to compile)
 
@@ -58,10 +60,23 @@ def unflatten(values: Sequence, spec: pytree.TreeSpec) -> Any:
     if known is None or known[0] is not spec:
         if len(_BUILDERS) >= _MAX_BUILDERS:
             del _BUILDERS[next(iter(_BUILDERS))]
-        known = _BUILDERS[id(spec)] = (spec, _builder(spec))
+        known = _BUILDERS[id(spec)] = (spec, _same_structure(spec))
     if len(values) != spec.num_leaves:
         raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
     return known[1](values)
+
+
+def _same_structure(spec: pytree.TreeSpec) -> Builder:
+    """The builder of an equal spec made before (a retrace records its specs anew at every step), else a new one."""
+    try:
+        builder = _BY_STRUCTURE.get(spec)
+    except TypeError:  # a spec that cannot be hashed (a context that is not)
+        return _builder(spec)
+    if builder is None:
+        if len(_BY_STRUCTURE) >= _MAX_BUILDERS:
+            del _BY_STRUCTURE[next(iter(_BY_STRUCTURE))]
+        builder = _BY_STRUCTURE[spec] = _builder(spec)
+    return builder
 
 
 def _children(spec: pytree.TreeSpec) -> list:

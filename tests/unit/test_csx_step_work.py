@@ -207,3 +207,12 @@ def test_an_argument_of_another_layout_is_refused_after_steps_that_reused_the_si
         steps((torch.ones(4, 3),), {}, iteration=i + 1, global_step=i)
     with pytest.raises(csf.CompileError, match=f"iteration 4 has different inputs.*{needle}"):
         steps((batch,), {}, iteration=4, global_step=3)
+
+
+def test_equal_structures_share_one_generated_rebuilder():
+    """A retrace records its output structures anew at every step: generating their code once is enough."""
+    first, second = (pytree.tree_flatten(({"loss": T, "n": [T, 3]},))[1] for _ in range(2))
+    assert first is not second
+    flat.unflatten([T, T, 3], first)
+    flat.unflatten([T, T, 3], second)
+    assert flat._BUILDERS[id(first)][1] is flat._BUILDERS[id(second)][1]
