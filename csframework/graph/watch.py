@@ -69,8 +69,8 @@ def layout_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool]:
     try:
         from torch._C._dynamo.guards import TensorGuards
 
-        guards = TensorGuards(*tensors, dynamic_dims_sizes=None,
-                              dynamic_dims_strides=[[None] * t.dim() for t in tensors])
+        strides: Any = [[None] * t.dim() for t in tensors]  # per tensor, per dimension: not compared
+        guards = TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=strides)
         if guards.check(*tensors):
             return guards.check
     except Exception:  # noqa: BLE001 - a private API: any change of it leaves the plain comparison
