@@ -4,8 +4,10 @@ Collecting the state (every module's parameters and buffers by name, the optimiz
 each tensor) is done once; each step only checks that nothing it depends on changed. What can change between
 steps, and is compared here:
 
-* by identity: every module's parameters, buffers, submodules and ``training`` flag (so a replaced or added
-  parameter, buffer or layer, a module put in evaluation mode), the optimizers' ``param_groups`` list, its
+* by identity: the modules and optimizers given (lists the caller may change: ``csf.trace`` adds an
+  optimizer registered later), every module's parameters, buffers, submodules and ``training`` flag (so a
+  replaced or added parameter, buffer or layer, a module put in evaluation mode), the optimizers'
+  ``param_groups`` list, its
   group dicts and ``state`` objects, the parameters of each group, each parameter's state entries
   (``exp_avg`` rebound by ``load_state_dict``, a new entry), every optimizer setting except the learning
   rate (a graph input) and the extra state tensors (loss scaling). A setting rebound to an equal value
@@ -85,6 +87,7 @@ class StateWatch:
 
     def __init__(self, modules: Sequence[torch.nn.Module], optimizers: Sequence, extras: Sequence[tuple],
                  tensors: Sequence[torch.Tensor]):
+        self.given = (modules, optimizers)  # the caller's lists, live (csf.trace's steps update them in place)
         self.modules = [m for module in modules for m in walk(module, [])]
         mods = self.modules  # torch never replaces these dicts of a module, only their entries
         self.dicts = [*map(_PARAMETERS, mods), *map(_BUFFERS, mods), *map(_CHILDREN, mods)]
@@ -107,8 +110,9 @@ class StateWatch:
         groups, states = self.groups, list(map(_STATE, self.optimizers))
         group_lists = list(map(_PARAM_GROUPS, self.optimizers))
         entries = list(chain.from_iterable(map(_VALUES, states)))
-        objects = [*chain.from_iterable(self.views), *map(_TRAINING, self.modules), *group_lists,
-                   *chain.from_iterable(group_lists), *states, *chain.from_iterable(states),
+        objects = [*chain.from_iterable(self.given), *chain.from_iterable(self.views),
+                   *map(_TRAINING, self.modules), *group_lists, *chain.from_iterable(group_lists), *states,
+                   *chain.from_iterable(states),
                    *chain.from_iterable(map(_PARAMS, groups)), *chain.from_iterable(map(_VALUES, entries)),
                    *chain.from_iterable(map(_CALL, self.settings, groups)), *map(getattr, *self.extras)]
         values = [*map(len, self.dicts), *map(len, group_lists), *map(len, map(_PARAMS, groups)),

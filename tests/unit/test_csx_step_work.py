@@ -216,3 +216,23 @@ def test_equal_structures_share_one_generated_rebuilder():
     flat.unflatten([T, T, 3], first)
     flat.unflatten([T, T, 3], second)
     assert flat._BUILDERS[id(first)][1] is flat._BUILDERS[id(second)][1]
+
+
+def test_an_optimizer_registered_after_the_trace_is_refused_naming_the_state(tmp_path):
+    """``csf.trace`` hands its step the optimizers it knows at every call: one registered after the trace
+    changes the state, which the watch sees (the graph traced without it was called with one input too many)."""
+    backend = csf.backend("CSX", compile_dir=str(tmp_path / "compile"))
+    model = nn.Linear(8, 4)
+    compiled = csf.compile(model, backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @csf.trace
+    def step(x):
+        compiled(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(torch.ones(2, 8))
+    backend.register_optimizer(torch.optim.SGD([nn.Parameter(torch.ones(3))], lr=0.5))
+    with pytest.raises(csf.CompileError, match="iteration 2 has different inputs.*state tensors changed from 2 to 3"):
+        step(torch.ones(2, 8))
