@@ -77,8 +77,12 @@ def layout_check(tensors: Sequence[torch.Tensor]) -> Callable[..., bool]:
             return guards.check
     except Exception:  # noqa: BLE001 - a private API: any change of it leaves the plain comparison
         pass
-    layout = list(map(_LAYOUT, tensors))
-    return lambda *now: list(map(_LAYOUT, now)) == layout
+    types, layout = list(map(type, tensors)), list(map(_LAYOUT, tensors))
+
+    def attributes_match(*now) -> bool:
+        return list(map(type, now)) == types and list(map(_LAYOUT, now)) == layout  # types first: a non-tensor
+
+    return attributes_match
 
 
 class StateWatch:

@@ -19,7 +19,7 @@ from csframework.backends.csx import lowlevel
 from csframework.graph import flat, passes, tracer
 from csframework.graph import optim as graph_optim
 from csframework.graph.compiler import StaticStep
-from csframework.graph.watch import StateWatch
+from csframework.graph.watch import StateWatch, args_check
 
 
 @pytest.fixture(autouse=True)
@@ -236,3 +236,16 @@ def test_an_optimizer_registered_after_the_trace_is_refused_naming_the_state(tmp
     backend.register_optimizer(torch.optim.SGD([nn.Parameter(torch.ones(3))], lr=0.5))
     with pytest.raises(csf.CompileError, match="iteration 2 has different inputs.*state tensors changed from 2 to 3"):
         step(torch.ones(2, 8))
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["torch's tensor guard", "attributes compared"])
+def test_the_arguments_check_fails_for_another_layout_or_a_non_tensor(guard, monkeypatch):
+    if not guard:
+        monkeypatch.delattr(torch._C._dynamo.guards, "TensorGuards")
+    fits = args_check([torch.ones(2), torch.ones(3, dtype=torch.int64)])
+    assert fits([torch.zeros(2), torch.zeros(3, dtype=torch.int64)])
+    for other in ([torch.ones(2), None], [torch.ones(2), 3], [torch.ones(2)], [torch.ones(2), torch.ones(3)],
+                  [torch.ones(2, requires_grad=True), torch.ones(3, dtype=torch.int64)],
+                  [nn.Parameter(torch.ones(2)), torch.ones(3, dtype=torch.int64)]):
+        assert not fits(other)
+    assert args_check([torch.ones(2), 3]) is None  # a non-tensor argument: the signature is computed anew
