@@ -28,6 +28,7 @@ from .cachedir import trusted_root
 from . import passes as graphs
 from . import flat, inductor
 from .replay import Diverged, Recording
+from .execution import Execution, deliver
 from .tracer import Signature, State, StepTracer, Traced, detailed_difference
 
 REPORT_VERSION = 1
@@ -90,6 +91,7 @@ class Compiled:
         self.report, self.cache_hit = report, cache_hit
         self.gm = traced.gm
         self.runner: Callable = traced.gm.forward  # what executes the graph: gm.forward or Inductor's code
+        self.execution: Execution | None = None  # the runner on the latest collected state
 
 
 def _graph_compile(compiled: Compiled, cache: CompileCache | None, graph_compiler: str,
@@ -279,7 +281,10 @@ class StaticStep:
     def execute(self, prepared: Prepared, global_step: int) -> Any:
         """Run a prepared graph on the live state; returns the step's outputs."""
         compiled, state, leaves = prepared
-        out = StepTracer.execute(compiled.runner, compiled.traced, state, leaves, global_step)
+        execution = compiled.execution
+        if execution is None or execution.state is not state or execution.run_graph is not compiled.runner:
+            execution = compiled.execution = Execution(compiled.traced, state, compiled.runner)
+        out = execution(leaves, global_step)
         self.executions += 1
         return out
 
@@ -307,9 +312,10 @@ class StaticStep:
             return None
         start = time.perf_counter()
         try:
-            out = self.tracer.run_checked(args, kwargs, state, recording, global_step)
+            checked, results = self.tracer.run_checked(args, kwargs, state, recording, global_step)
         except Diverged as e:
             self._differs(iteration, e.difference)
+        out = deliver(checked, state.optimizers, results)
         self.traces += 1
         self.executions += 1
         self.checked_seconds += time.perf_counter() - start

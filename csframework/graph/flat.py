@@ -3,11 +3,12 @@
 ``torch.utils._pytree`` handles any registered container, at some microseconds per node in Python: on a small
 model that was a tenth of the emulator's own work per step. Steps take and return plain tuples, lists and
 dicts of tensors; those are handled here directly, in the very order and shape pytree gives (anything else,
-a named tuple or an ``OrderedDict`` say, is handed to pytree).
+a named tuple or an ``OrderedDict`` say, is handed to pytree), the outputs by code generated once per
+structure (``_builder``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -26,34 +27,56 @@ def leaves(tree: Any) -> list:
 def _collect(tree: Any, out: list) -> None:
     kind = type(tree)
     if kind is tuple or kind is list:
-        for item in tree:
-            _collect(item, out)
+        items = tree
     elif kind is dict:
-        for item in tree.values():
-            _collect(item, out)
+        items = tree.values()
     elif kind in _LEAVES:
         out.append(tree)
+        return
     else:
         out.extend(pytree.tree_leaves(tree))
+        return
+    for item in items:
+        if type(item) in _LEAVES:  # a leaf taken here: no call for it
+            out.append(item)
+        else:
+            _collect(item, out)
 
 
-Builder = Callable[[Iterator], Any]
+Builder = Callable[[Sequence], Any]
 
 #: Builders by ``id`` of their spec (kept with the spec, so that no other spec takes its id meanwhile).
 _BUILDERS: dict[int, tuple[pytree.TreeSpec, Builder]] = {}
 _MAX_BUILDERS = 256  # a retrace records new specs at every step: the oldest are dropped
+#: Builders by spec (equal specs share one: generating a builder takes some tens of microseconds).
+_BY_STRUCTURE: dict[pytree.TreeSpec, Builder] = {}
+_MAX_DEPTH = 50  # deeper plain containers are rebuilt by pytree (Python's parser limits nesting to 200)
+_MAX_LEAVES = 10_000  # a larger structure is rebuilt by pytree (its generated code would be long to compile)
 
 
-def unflatten(values: list, spec: pytree.TreeSpec) -> Any:
+def unflatten(values: Sequence, spec: pytree.TreeSpec) -> Any:
     """``pytree.tree_unflatten(values, spec)``: a builder made once per spec rebuilds plain containers."""
     known = _BUILDERS.get(id(spec))
     if known is None or known[0] is not spec:
         if len(_BUILDERS) >= _MAX_BUILDERS:
             del _BUILDERS[next(iter(_BUILDERS))]
-        known = _BUILDERS[id(spec)] = (spec, _builder(spec))
+        known = _BUILDERS[id(spec)] = (spec, _same_structure(spec))
     if len(values) != spec.num_leaves:
         raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
-    return known[1](iter(values))
+    return known[1](values)
+
+
+def _same_structure(spec: pytree.TreeSpec) -> Builder:
+    """The builder of an equal spec made before (a retrace records its specs anew at every step), else a new one."""
+    try:
+        builder = _BY_STRUCTURE.get(spec)
+    except TypeError:  # a spec that cannot be hashed (a context that is not)
+        return _builder(spec)
+    if builder is None:
+        if len(_BY_STRUCTURE) >= _MAX_BUILDERS:
+            del _BY_STRUCTURE[next(iter(_BY_STRUCTURE))]
+        builder = _BY_STRUCTURE[spec] = _builder(spec)
+    return builder
 
 
 def _children(spec: pytree.TreeSpec) -> list:
@@ -62,16 +85,32 @@ def _children(spec: pytree.TreeSpec) -> list:
 
 
 def _builder(spec: pytree.TreeSpec) -> Builder:
-    if spec.is_leaf():
-        return next
-    kind = spec.type
-    parts = [_builder(child) for child in _children(spec)]
-    if kind is tuple:
-        return lambda it: tuple([part(it) for part in parts])
-    if kind is list:
-        return lambda it: [part(it) for part in parts]
-    if kind is dict:
-        keys = list(spec.context)
-        return lambda it: dict(zip(keys, [part(it) for part in parts]))
-    n = spec.num_leaves
-    return lambda it: spec.unflatten([next(it) for _ in range(n)])
+    """A function of the leaves ``v`` that rebuilds ``spec``'s structure in one expression, generated once per
+    spec: a tuple, list or dict display for each plain container (the dict's keys taken from ``spec``, never
+    written into the code), ``pytree`` for any other node. A step's outputs are then rebuilt in one call
+    where a function per container took some microseconds."""
+    if spec.num_leaves > _MAX_LEAVES:
+        return spec.unflatten
+    constants: list = []
+    count = 0
+
+    def expression(node: pytree.TreeSpec, depth: int) -> str:
+        nonlocal count
+        if node.is_leaf():
+            count += 1
+            return f"v[{count - 1}]"
+        kind = node.type
+        if kind in (tuple, list, dict) and depth < _MAX_DEPTH:
+            parts = [expression(child, depth + 1) for child in _children(node)]
+            if kind is tuple:
+                return "(" + "".join(f"{part}, " for part in parts) + ")"
+            if kind is list:
+                return "[" + ", ".join(parts) + "]"
+            constants.append(tuple(node.context))
+            keys = f"c[{len(constants) - 1}]"
+            return "{" + ", ".join(f"{keys}[{j}]: {part}" for j, part in enumerate(parts)) + "}"
+        constants.append(node)
+        start, count = count, count + node.num_leaves
+        return f"c[{len(constants) - 1}].unflatten(v[{start}:{count}])"
+
+    return eval(f"lambda v: {expression(spec, 0)}", {"c": constants})  # noqa: S307 - indices and names only

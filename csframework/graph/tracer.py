@@ -16,8 +16,9 @@ How a step is traced (see docs/design/csx-emulator.md for why this route):
 4. Updates of state are in-place operations on the graph's inputs (torch's own style), or, where the code
    rebinds a buffer or a state entry, an extra output written back after each execution.
 
-Every execution then calls the graph with the real tensors under ``torch.no_grad()`` (the backward pass is
-already in the graph), runs the step closures with copies of their values, and returns copies of the outputs.
+Every execution then calls the graph with the real tensors with autograd off (the backward pass is already in
+the graph), runs the step closures with their values, and returns the outputs (``execution.py``: copies of
+those that share memory with the state).
 
 5. While the step runs, ``replay.OpRecorder`` writes down the ATen operation stream above ``make_fx``. A retrace
    (``retrace_every_iteration``) runs the same Python again without building a graph and compares streams:
@@ -41,10 +42,8 @@ from torch.utils import _pytree as pytree
 from ..compat import TORCH
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
-from . import flat
-from .passes import fresh_outputs
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
-from .watch import StateWatch, walk
+from .watch import StateWatch, args_check, walk
 from .errors import (Where, called_from, first_refusal, translate, tracing_error, user_frame_here,
                      user_location)
 
@@ -228,7 +227,6 @@ class State:
     lrs: list[float]
     hyper: tuple
     layout: tuple
-    feeds: list[torch.Tensor] = field(default_factory=list)  # the learning rates' and global step's tensors
 
 
 def collect_state(modules: Sequence[torch.nn.Module], optimizers: Sequence, extras: Sequence[tuple]) -> State:
@@ -523,7 +521,7 @@ class StepTracer:
         self.record = record and TORCH >= (2, 5)
         self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
         self._user_preinitialized = [opt for opt in self.optimizers if not graph_optim.is_builtin(opt)]
-        self._cached: tuple[StateWatch, State] | None = None
+        self._cached: tuple[StateWatch, State, Signature, Callable | None] | None = None
         self.compute_context = compute_context or contextlib.nullcontext
 
     # -- state ------------------------------------------------------------------------------------------
@@ -534,16 +532,19 @@ class StepTracer:
             graph_optim.preinitialize(opt)
         cached = self._cached
         if cached is not None and cached[0].unchanged():
-            watch, state = cached
-            state.lrs = [float(g["lr"]) for opt in self.optimizers for g in opt.param_groups]
+            watch, state, sig, args_fit = cached
+            state.lrs = watch.lrs()
+            if args_fit is not None and args_fit(leaves):  # the arguments' layout of the last signature
+                return state, sig
         else:
             # the built-in optimizers' state is created if missing (it is, unchanged, when the watch holds)
             for opt in self.optimizers:
                 graph_optim.preinitialize(opt)
             state = collect_state(self.modules, self.optimizers, self.extras)
             watch = StateWatch(self.modules, self.optimizers, self.extras, state.tensors)
-            self._cached = (watch, state)
-        return state, signature(state, self.modules, leaves, watch.flags)
+        sig = signature(state, self.modules, leaves, watch.flags)
+        self._cached = (watch, state, sig, args_check(leaves))
+        return state, sig
 
     # -- tracing ----------------------------------------------------------------------------------------
     def trace(self, args: tuple, kwargs: dict, state: State) -> Traced:
@@ -657,26 +658,13 @@ class StepTracer:
             if collecting:
                 gc.enable()
 
-    # -- execution --------------------------------------------------------------------------------------
-    @staticmethod
-    def execute(run_graph: Callable, traced: Traced, state: State, leaves: list, global_step: int):
-        """Run the graph (``run_graph``: the GraphModule's ``forward`` or its compiled code) on the live
-        tensors; run the step closures; return the outputs (copies, but for those of the interpreted graph
-        that are memory of their own: ``passes.fresh_outputs``)."""
-        inputs = _inputs(state, leaves, traced.arg_positions, global_step, reuse=True)
-        with torch.no_grad():
-            outs = run_graph(*inputs)
-        interpreted = run_graph == traced.gm.forward
-        if interpreted and traced.fresh is None:
-            traced.fresh = fresh_outputs(traced.gm)
-        return _deliver(traced, state, outs, traced.n_closure_tensors, traced.writebacks,
-                        traced.fresh if interpreted else None)
-
+    # -- execution (the steady state: execution.Execution) ------------------------------------------------
     def run_checked(self, args: tuple, kwargs: dict, state: State, expected: Recording, global_step: int):
         """Run the step's Python on the live tensors, each operation checked against the first trace's stream
         (``expected``) before it runs (``replay.CheckingRecorder``): the retrace and the execution of an
-        interpreted graph in one. Returns the outputs (copies) as ``execute`` does, after the step closures;
-        raises ``Diverged`` at the first difference, the state written so far put back."""
+        interpreted graph in one. Writes the rebound state back and returns the recording and copies of the step's
+        outputs and closure values (for ``execution.deliver``); raises ``Diverged`` at the first difference, the
+        state written so far put back."""
         from torch.fx.experimental.proxy_tensor import disable_autocast_cache
 
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -708,7 +696,11 @@ class StepTracer:
         recording.closures = ctx.closures
         recording.out_spec, recording.out_leaves = result["out_spec"], result["out_leaves"]
         recording.out_tensor_positions = result["tensor_positions"]
-        return _deliver(recording, state, outs, len(ctx.closure_tensors), result["writebacks"])
+        n_results = len(recording.out_tensor_positions) + len(ctx.closure_tensors)
+        with torch.no_grad():  # (a copy made here needs no ``detach``)
+            for pos, value in zip(result["writebacks"], outs[n_results:]):
+                state.tensors[pos].copy_(value)
+            return recording, [t.clone() for t in outs[:n_results]]
 
 
 @contextlib.contextmanager
@@ -731,50 +723,11 @@ def _fake_tensors_take_foreach():
             types.remove(FakeTensor)
 
 
-def _deliver(traced: Traced | Recording, state: State, outs: Sequence[torch.Tensor], n_closure_tensors: int,
-             writebacks: Sequence[int], fresh: Sequence[bool] | None = None):
-    """After a step's graph ran: write the rebound state back, run the step closures with copies of their
-    values, and return copies of the outputs in the step's structure (``fresh``: the outputs that need no
-    copy)."""
-    with torch.no_grad():  # (a copy made here needs no ``detach``)
-        n_out = len(traced.out_tensor_positions)
-        n_clo = n_closure_tensors
-        for pos, value in zip(writebacks, outs[n_out + n_clo:]):
-            state.tensors[pos].copy_(value)
-        owned = fresh if fresh is not None else [False] * (n_out + n_clo)
-        results = [t if own else t.clone() for t, own in zip(outs[:n_out + n_clo], owned)]
-    for opt in state.optimizers:
-        opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
-    closure_values = iter(results[n_out:])
-    for closure in traced.closures:
-        call_leaves = list(closure.leaves)
-        for pos in closure.positions:
-            call_leaves[pos] = next(closure_values)
-        c_args, c_kwargs = flat.unflatten(call_leaves, closure.spec)
-        closure.fn(*c_args, **c_kwargs)
-    out_leaves = list(traced.out_leaves)
-    for pos, value in zip(traced.out_tensor_positions, results[:n_out]):
-        out_leaves[pos] = value
-    return flat.unflatten(out_leaves, traced.out_spec)
-
-
-def _inputs(state: State, leaves: list, arg_positions: list[int], global_step: int = 0,
-            reuse: bool = False) -> list:
+def _inputs(state: State, leaves: list, arg_positions: list[int], global_step: int = 0) -> list:
     """A graph's inputs, in order: the state tensors, one learning rate per param group, the global step and
-    the step's tensor arguments. ``reuse``: the rates and step go into tensors kept with ``state`` (filled
-    anew at every call, so a graph that wrote into one changes nothing) instead of new ones (``torch.tensor``
-    costs some microseconds each)."""
-    if not reuse:
-        feeds = [*(torch.tensor(lr, dtype=torch.float64) for lr in state.lrs),
-                 torch.tensor(global_step, dtype=torch.int64)]
-    else:
-        feeds = state.feeds
-        if len(feeds) != len(state.lrs) + 1:
-            with torch.inference_mode(False):  # normal tensors, which either mode may fill
-                feeds = state.feeds = [*(torch.zeros((), dtype=torch.float64) for _ in state.lrs),
-                                       torch.zeros((), dtype=torch.int64)]
-        for feed, value in zip(feeds, [*state.lrs, global_step]):
-            feed.fill_(value)
+    the step's tensor arguments (a step's execution keeps its own: ``execution.Execution``)."""
+    feeds = [*(torch.tensor(lr, dtype=torch.float64) for lr in state.lrs),
+             torch.tensor(global_step, dtype=torch.int64)]
     return [*state.tensors, *feeds, *map(leaves.__getitem__, arg_positions)]
 
 

@@ -1,10 +1,12 @@
 """What the CSX emulator does around a step's graph, made cheap for issue 52 (at most 50 us of its own work a
 step): the state checked by identity (``graph/watch.py``), arguments and outputs handled without torch's
 general pytree (``graph/flat.py``), outputs copied only where they share an input's memory
-(``passes.fresh_outputs``). Each must see every change the slower code saw, and some it missed."""
+(``passes.fresh_outputs``), the graph's inputs kept and its rate and step written only when they change
+(``graph/execution.py``). Each must see every change the slower code saw, and some it missed."""
 from __future__ import annotations
 
 import collections
+import functools
 
 import pytest
 import torch
@@ -14,9 +16,10 @@ from torch.utils import _pytree as pytree
 
 import csframework as csf
 from csframework.backends.csx import lowlevel
-from csframework.graph import flat, passes
+from csframework.graph import flat, passes, tracer
 from csframework.graph import optim as graph_optim
-from csframework.graph.watch import StateWatch
+from csframework.graph.compiler import StaticStep
+from csframework.graph.watch import StateWatch, args_check
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +33,9 @@ Pair = collections.namedtuple("Pair", "a b")
 T = torch.ones(2)
 TREES = [T, 3, None, "s", (), [], {}, (T, [T, {"b": T, "a": 2}]), {"z": (T, None), "a": [1.5, T]},
          Pair(T, [T]), collections.OrderedDict(b=T, a=T), collections.defaultdict(list, x=[T]),
-         nn.Parameter(torch.ones(1)), ((([(T, T)],),), {"k": {"deep": [(T,)]}})]
+         nn.Parameter(torch.ones(1)), ((([(T, T)],),), {"k": {"deep": [(T,)]}}),
+         {"') or __import__('os') or ('": T, (1, "k"): [T], 3: 2.0},  # keys are never written into code
+         functools.reduce(lambda tree, _: [tree, T], range(250), T)]  # deeper than a generated expression goes
 
 
 @pytest.mark.parametrize("tree", TREES, ids=range(len(TREES)))
@@ -76,9 +81,14 @@ CHANGES = {
 }
 
 
+@pytest.mark.parametrize("guard", [True, False], ids=["torch's tensor guard", "attributes compared"])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_the_state_watch_sees_every_change(change):
+def test_the_state_watch_sees_every_change(change, guard, monkeypatch):
+    """With torch's C tensor guard comparing the layouts, and without it (a torch that lacks the private API)."""
+    if not guard:
+        monkeypatch.delattr(torch._C._dynamo.guards, "TensorGuards")
     model, optimizer, watch = watched()
+    assert (type(watch.layout).__name__ == "builtin_function_or_method") is guard
     assert watch.unchanged()
     optimizer.param_groups[0]["lr"] = 0.5  # a graph input, not part of the state
     model[0].weight.data.add_(1.0)  # values change at every step
@@ -135,3 +145,107 @@ def test_outputs_sharing_the_state_are_copies_and_the_others_are_not(tmp_path):
                                                                                        torch.ones(2, 2))
     passes.postprocess(gm)
     assert passes.fresh_outputs(gm) == (True, False, False, False, True, True)
+
+
+def test_the_rate_and_step_inputs_are_the_hosts_at_every_step_even_when_the_graph_writes_into_them():
+    """The rate and step tensors are written only when their value changes, or when something wrote into
+    them: here the graph itself, which halves its rate input in place at every step."""
+    weight = nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+
+    def step(x):
+        group = optimizer.param_groups[0]
+        group["lr"].mul_(0.5)  # the rate, a graph input inside the trace
+        return x * group["lr"] + tracer.active().global_step
+
+    steps = StaticStep(step, "step", retrace=False, cache=None, optimizers=[optimizer])
+    got = [steps((torch.ones(1),), {}, iteration=i, global_step=g).item() for i, g in enumerate([3, 3, 4], 1)]
+    optimizer.param_groups[0]["lr"] = 0.2
+    got.append(steps((torch.ones(1),), {}, iteration=4, global_step=4).item())
+    assert got == pytest.approx([3.05, 3.05, 4.05, 4.1])
+    assert steps.traces == 1
+
+
+def sgd_steps(rebind: bool) -> tuple[torch.Tensor, StaticStep]:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    graph_optim.preinitialize(optimizer)
+
+    def step(x):
+        model(x).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    steps = StaticStep(step, "step", retrace=False, cache=None, modules=[model], optimizers=[optimizer])
+    for i in range(4):
+        if rebind and i == 2:
+            optimizer.param_groups[0]["momentum"] = float("0.9")  # the same value, another object
+        steps((torch.full((4, 3), float(i)),), {}, iteration=i + 1, global_step=i)
+    return model.weight.detach(), steps
+
+
+def test_a_setting_rebound_to_an_equal_value_is_the_same_graph():
+    """Settings are watched by identity: one rebound to an equal value makes the state be collected again,
+    and its signature, compared by value, is the traced one: training goes on as if nothing happened."""
+    weight, steps = sgd_steps(rebind=True)
+    assert steps.traces == 1 and steps.executions == 4
+    assert torch.equal(weight, sgd_steps(rebind=False)[0])
+
+
+@pytest.mark.parametrize("batch, needle", [
+    (torch.ones(4, 3, dtype=torch.float64), r"argument 0 of the step: shape \[4, 3\] float32 when traced, "
+                                            r"shape \[4, 3\] float64 now"),
+    (torch.ones(5, 3), r"argument 0 of the step: shape \[4, 3\] float32 when traced, shape \[5, 3\] float32 now"),
+], ids=["dtype", "shape"])
+def test_an_argument_of_another_layout_is_refused_after_steps_that_reused_the_signature(batch, needle):
+    def step(x):
+        return x * 2
+
+    steps = StaticStep(step, "step", retrace=False, cache=None)
+    for i in range(3):  # the second and third reuse the first call's signature
+        steps((torch.ones(4, 3),), {}, iteration=i + 1, global_step=i)
+    with pytest.raises(csf.CompileError, match=f"iteration 4 has different inputs.*{needle}"):
+        steps((batch,), {}, iteration=4, global_step=3)
+
+
+def test_equal_structures_share_one_generated_rebuilder():
+    """A retrace records its output structures anew at every step: generating their code once is enough."""
+    first, second = (pytree.tree_flatten(({"loss": T, "n": [T, 3]},))[1] for _ in range(2))
+    assert first is not second
+    flat.unflatten([T, T, 3], first)
+    flat.unflatten([T, T, 3], second)
+    assert flat._BUILDERS[id(first)][1] is flat._BUILDERS[id(second)][1]
+
+
+def test_an_optimizer_registered_after_the_trace_is_refused_naming_the_state(tmp_path):
+    """``csf.trace`` hands its step the optimizers it knows at every call: one registered after the trace
+    changes the state, which the watch sees (the graph traced without it was called with one input too many)."""
+    backend = csf.backend("CSX", compile_dir=str(tmp_path / "compile"))
+    model = nn.Linear(8, 4)
+    compiled = csf.compile(model, backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @csf.trace
+    def step(x):
+        compiled(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(torch.ones(2, 8))
+    backend.register_optimizer(torch.optim.SGD([nn.Parameter(torch.ones(3))], lr=0.5))
+    with pytest.raises(csf.CompileError, match="iteration 2 has different inputs.*state tensors changed from 2 to 3"):
+        step(torch.ones(2, 8))
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["torch's tensor guard", "attributes compared"])
+def test_the_arguments_check_fails_for_another_layout_or_a_non_tensor(guard, monkeypatch):
+    if not guard:
+        monkeypatch.delattr(torch._C._dynamo.guards, "TensorGuards")
+    fits = args_check([torch.ones(2), torch.ones(3, dtype=torch.int64)])
+    assert fits([torch.zeros(2), torch.zeros(3, dtype=torch.int64)])
+    for other in ([torch.ones(2), None], [torch.ones(2), 3], [torch.ones(2)], [torch.ones(2), torch.ones(3)],
+                  [torch.ones(2, requires_grad=True), torch.ones(3, dtype=torch.int64)],
+                  [nn.Parameter(torch.ones(2)), torch.ones(3, dtype=torch.int64)]):
+        assert not fits(other)
+    assert args_check([torch.ones(2), 3]) is None  # a non-tensor argument: the signature is computed anew
