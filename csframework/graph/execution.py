@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from .tracer import State, Traced
 
 _VERSION = operator.attrgetter("_version")
-_set_grad_enabled = torch._C._set_grad_enabled
 
 
 class Execution:
@@ -81,7 +80,7 @@ class Execution:
         inputs[self.first_arg:] = map(leaves.__getitem__, self.arg_positions)
         self._feed(self.state.lrs, global_step)
         grad = torch.is_grad_enabled()
-        _set_grad_enabled(False)  # the backward pass is in the graph: no autograd around it
+        torch.set_grad_enabled(False)  # (as a function: sets the mode) the graph holds the backward pass
         try:
             outs = self.run_graph(*inputs)
             n = self.n_results
@@ -91,7 +90,7 @@ class Execution:
             for i in self.copied:
                 results[i] = results[i].clone()
         finally:
-            _set_grad_enabled(grad)
+            torch.set_grad_enabled(grad)
             inputs[self.first_arg:] = self.no_args  # the batch is not kept past its step
         return deliver(self.traced, self.state.optimizers, results)
 
