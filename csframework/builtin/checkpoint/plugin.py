@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class CheckpointPlugin:
         self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
         self.due_step: int | None = None  # the step _due last said is saved
         self.run: Any = None  # the run training (on_train_start), which _due reads
+        self.state: Any = None  # ... and its state
+        self.next_every: float = math.inf  # the next step checkpoint.every_steps saves at (_due)
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.best = BestTracker()  # keep_best: the best so far, and what was reported when
         self.shards: SafeDir | None = None  # a sharded backend: the temporary directory the ranks write into
@@ -214,7 +217,9 @@ class CheckpointPlugin:
     def on_train_start(self, run):
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         self.every_epochs = run.stage_config.checkpoint.every_epochs
-        self.run = run
+        self.run, self.state = run, run.state
+        # the next step every_steps saves at, moved on when it is reached: no division at every step
+        self.next_every = (run.global_step // self.every + 1) * self.every if self.every else math.inf
         run.state.save_due = self._due  # the loop asks before the step's hooks
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
@@ -222,13 +227,15 @@ class CheckpointPlugin:
     def _due(self, step: int) -> bool:
         """Whether a checkpoint is saved at ``step`` (``RunState.save_due``: the loop asks once a step, before
         its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
-        run = self.run
-        state = run.state
-        # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
-        # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
-        due = state.stopping or bool(self.every and step % self.every == 0) \
-            or bool(self.every_epochs and state.closes_epochs(self.every_epochs)) \
-            or (state.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
+        state = self.state
+        if step >= self.next_every:  # checkpoint.every_steps (its usual answer, no, in one comparison)
+            self.next_every = (step // self.every + 1) * self.every
+            due = True
+        else:
+            # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
+            # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
+            due = state.stopping or bool(self.every_epochs and state.closes_epochs(self.every_epochs)) \
+                or (state.last_eval_step == step and self.best.evaluation_improved(self.run, self._root(self.run)))
         self.due_step = step if due else None
         return due
 
