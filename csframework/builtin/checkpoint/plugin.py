@@ -218,8 +218,7 @@ class CheckpointPlugin:
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         self.every_epochs = run.stage_config.checkpoint.every_epochs
         self.run, self.state = run, run.state
-        # the next step every_steps saves at, moved on when it is reached: no division at every step
-        self.next_every = (run.global_step // self.every + 1) * self.every if self.every else math.inf
+        self.next_every = self._every_after(run.global_step)  # moved on when reached: no division a step
         run.state.save_due = self._due  # the loop asks before the step's hooks
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
@@ -229,7 +228,7 @@ class CheckpointPlugin:
         its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
         state = self.state
         if step >= self.next_every:  # checkpoint.every_steps (its usual answer, no, in one comparison)
-            self.next_every = (step // self.every + 1) * self.every
+            self.next_every = self._every_after(step)
             due = True
         else:
             # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
@@ -238,6 +237,10 @@ class CheckpointPlugin:
                 or (state.last_eval_step == step and self.best.evaluation_improved(self.run, self._root(self.run)))
         self.due_step = step if due else None
         return due
+
+    def _every_after(self, step: int) -> float:
+        """The first step after ``step`` that ``checkpoint.every_steps`` saves at (infinity without it)."""
+        return (step // self.every + 1) * self.every if self.every else math.inf
 
     @hookimpl(trylast=True)
     def on_train_step_end(self, run, step):
