@@ -71,10 +71,9 @@ def model_outputs(out: Any) -> dict:
 
 
 def detached(outputs: dict) -> dict:
-    """``outputs`` with every tensor detached (what hooks receive; the loop detaches a step's outputs as it
-    keeps them, ``RunState.keep_outputs``): a tensor that does not
-    require grad is in no graph and is passed as it is (a ``detach()`` per output costs a step on a small
-    model more than the rest of this function)."""
+    """``outputs`` with every tensor detached (what hooks receive; a step's outputs the loop detaches as it
+    keeps them, ``RunState.keep_outputs``): a tensor that does not require grad is in no graph and is passed
+    as it is (a ``detach()`` per output costs a step on a small model more than the rest of this function)."""
     return {k: v.detach() if isinstance(v, Tensor) and v.requires_grad else v for k, v in outputs.items()}
 
 

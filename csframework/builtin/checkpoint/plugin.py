@@ -227,7 +227,7 @@ class CheckpointPlugin:
         """Whether a checkpoint is saved at ``step`` (``RunState.save_due``: the loop asks once a step, before
         its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
         state = self.state
-        if step >= self.next_every:  # checkpoint.every_steps (its usual answer, no, in one comparison)
+        if step >= self.next_every:  # checkpoint.every_steps: one comparison a step, the next such step known
             self.next_every = self._every_after(step)
             due = True
         else:
