@@ -12,6 +12,7 @@ position), and ``BatchReader`` turns each into the batch.
 from __future__ import annotations
 
 import functools
+from itertools import islice
 from typing import Any, Callable, Sized, TypeGuard, TypeVar, cast
 
 import numpy as np
@@ -257,14 +258,16 @@ class InProcessPass:
             batch = self._read(next(self._indices))
             return pin_memory(batch) if self._pin else batch
         if not self._ahead:
-            # range first: zip then stops without taking one more batch of indices from the sampler
-            indices = [i for _, i in zip(range(self._chunk), self._indices)]
+            # (per batch, C only: islice takes no more batches of indices from the sampler than it returns;
+            # numel is a 1-d index tensor's length, where its len() is a Python function)
+            indices = list(islice(self._indices, self._chunk))
             if not indices:
                 raise StopIteration
-            sizes = [i.shape[0] for i in indices]  # (a tensor's len() is a Python function: shape is not)
+            sizes = list(map(torch.Tensor.numel, indices))
             selected = _select(self._tensors, torch.cat(indices), self._through)
             columns = [(t.pin_memory() if self._pin else t).split(sizes) for t in selected]
-            self._ahead = [list(batch) for batch in zip(*columns)][::-1]
+            self._ahead = list(map(list, zip(*columns)))
+            self._ahead.reverse()
         return self._ahead.pop()
 
     def close(self) -> None:

@@ -139,12 +139,15 @@ def _caller(pm: pluggy.PluginManager, hook_name: str) -> Callable[..., Any]:
         def call(**kwargs):
             return through_pluggy(kwargs)
     else:
-        built: list = [None, None]  # [the manager's generation, the direct caller (None: through pluggy)]
+        # the manager's generation the caller was chosen at, and the direct caller (None: through pluggy);
+        # closure cells, read in one instruction each
+        generation: int | None = None
+        direct: Callable[[dict], Any] | None = None
 
         def call(**kwargs):
-            if built[0] != pm.generation:  # (being observed moves the generation too)
-                built[:] = [pm.generation, None if pm.observed else _direct_calls(hook_name, hook)]
-            direct = built[1]
+            nonlocal generation, direct
+            if generation != pm.generation:  # (being observed moves the generation too)
+                generation, direct = pm.generation, None if pm.observed else _direct_calls(hook_name, hook)
             if direct is not None:
                 return direct(kwargs)
             return through_pluggy(kwargs)

@@ -81,6 +81,18 @@ class JsonDict(dict):
         return self[key]
 
 
+#: The key and value types of a flat event that ``jsonable`` returns as they are (a finite float included).
+_PLAIN_KEYS, _PLAIN_FIELDS = frozenset((str,)), frozenset((str, int, float))
+
+
 def dumps(value: Any, indent: int | None = None, where: str = "value") -> str:
     """``value`` as strict JSON text (``jsonable``)."""
+    if type(value) is dict and _PLAIN_KEYS.issuperset(map(type, value)) \
+            and _PLAIN_FIELDS.issuperset(map(type, value.values())):
+        # a flat dict of plain fields (an event, a log's metrics): jsonable would return it as it is unless a
+        # float is not finite, which json refuses (ValueError): then it is converted; checked in C, not walked
+        try:
+            return json.dumps(value, indent=indent, allow_nan=False, ensure_ascii=False)
+        except ValueError:
+            pass
     return json.dumps(jsonable(value, where), indent=indent, allow_nan=False, ensure_ascii=False)

@@ -15,9 +15,11 @@ import contextlib
 import math
 import time
 from itertools import chain
+from math import isfinite
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from .batched import samples_in
 from .collect import Collector
@@ -26,6 +28,7 @@ from .errors import ConfigError
 from .finite import check_finite
 from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
+from .step import detached
 
 if TYPE_CHECKING:
     from .protocol import LoopRun
@@ -86,16 +89,22 @@ def train_stage(run: LoopRun) -> None:
 def train_epoch(run: LoopRun, epoch: int) -> bool:
     """Train on the batches of ``epoch`` from the run's position until the stage is done or a stop is
     requested (``False``), or the epoch runs out of batches (``True``)."""
-    # read once an epoch, not through ``run``'s properties at every step (each ``run.x`` is a call); the
-    # position is read from ``state``
-    hooks, backend, loop, state, scheduler = run.hooks, run.backend, run.stage_config.loop, run.state, run.scheduler
-    parts = (state, loop, hooks, backend, scheduler)  # end_step's
-    accum, max_steps = loop.grad_accum_steps, loop.max_steps
+    # read once an epoch, not at every step (each ``run.x`` is a property call, each setting an attribute
+    # read); the position is read from ``state``
+    hooks, backend, loop, state = run.hooks, run.backend, run.stage_config.loop, run.state
+    parts = (state, hooks, backend, run.scheduler, loop.log_every, loop.eval_every, loop.eval_every_epochs,
+             backend.world_size == 1)  # end_step's
+    accum = loop.grad_accum_steps
+    max_steps = math.inf if loop.max_steps is None else loop.max_steps
     if state.carried is not None and state.batch_in_epoch == 0:  # an epoch starts from initial_state
         state.carried.reset()
-    batches: Any = epoch_batches(run.train_loader, epoch, state.batch_in_epoch)  # a map-style pass has a len
-    ends_at = _stage_end_in(batches, epoch, state.batch_in_epoch, loop)
-    epoch_len = None if is_iterable(run.train_loader) else state.batch_in_epoch + len(batches)
+    start = state.batch_in_epoch
+    batches: Any = epoch_batches(run.train_loader, epoch, start)  # a map-style pass has a len
+    # the positions in the epoch after which no whole step is left in it (a map-style pass's length is known)
+    # and in the stage (its last epoch, with max_epochs): a step ending past them is the epoch's / stage's last
+    epoch_ends = math.inf if is_iterable(run.train_loader) else start + len(batches) - accum
+    ends_at = _stage_end_in(batches, epoch, start, loop)
+    stage_ends = math.inf if ends_at is None else ends_at - accum
     # the hooks nobody implements are not called (here, and in the step: state.quiet), until a plugin is
     # (un)registered (the generation moves)
     pm: Any = hooks.pm  # an ObservedManager (with a generation) whenever quiet() names one
@@ -106,25 +115,24 @@ def train_epoch(run: LoopRun, epoch: int) -> bool:
             if generation is not None and pm.generation != generation:
                 generation, quiet = hooks.quiet()
                 state.quiet = quiet
-            batch_idx = state.batch_in_epoch
             batch = backend.to_device(batch)
             if "on_train_batch_start" not in quiet:
-                hooks.on_train_batch_start(run=run, batch=batch, batch_idx=batch_idx)
+                hooks.on_train_batch_start(run=run, batch=batch, batch_idx=state.batch_in_epoch)
             last = state.start_batch(accum)
             outputs = backend.train_batch(run, batch, last)
             state.end_batch(last)
+            position = state.batch_in_epoch  # this batch's index + 1
             if not last:
-                if "on_train_batch_end" not in quiet:
-                    hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+                if "on_train_batch_end" not in quiet:  # (the step's outputs are detached in end_step)
+                    hooks.on_train_batch_end(run=run, batch=batch, outputs=detached(outputs), batch_idx=position - 1)
                 continue
             # the stage is done once its steps are taken (with max_epochs: not inside an epoch, which
             # train_stage only starts when the stage is not done)
-            done = max_steps is not None and state.stage_step >= max_steps
-            state.epoch_end = epoch_len is not None and epoch_len - state.batch_in_epoch < accum
+            done = state.stage_step >= max_steps
+            state.epoch_end = position > epoch_ends
             # the stage's last step: its steps are taken, or its last epoch has no full step left (the batches
             # after it, if any, are micro-batches that _drop_partial_step drops)
-            end_step(run, parts, batch, outputs, batch_idx,
-                     done or (ends_at is not None and ends_at - state.batch_in_epoch < accum), quiet)
+            end_step(run, parts, batch, outputs, position - 1, done or position > stage_ends, quiet)
             if done or state.stop_reason is not None:
                 return False
     finally:  # outside the epoch's steps every hook is called (a step traced or run elsewhere)
@@ -157,40 +165,40 @@ def finished(run: LoopRun) -> bool:
 
 def end_step(run: LoopRun, parts: tuple, batch, outputs: dict, batch_idx: int, final: bool,
              quiet: frozenset[str]) -> None:
-    """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``; ``final``: the stage's
-    last step, as is a step after ``run.request_stop``), in this order: the schedule advances, the step's
-    outputs are kept for the next log, a loss not finite on the host stops the run, the metrics are logged
-    (``loop.log_every``, and the final step), the evaluation runs (``loop.eval_every`` or
-    ``eval_every_epochs``, and the final step;
+    """The end of an optimizer step (its last micro-batch ``batch`` gave ``outputs``, as the backend returned
+    them; ``final``: the stage's last step, as is a step after ``run.request_stop``), in this order: the
+    schedule advances, the step's outputs are detached and their scalars kept for the next log, a loss not
+    finite on the host stops the run, the metrics are logged (``loop.log_every``, and the final step), the
+    evaluation runs (``loop.eval_every`` or ``eval_every_epochs``, and the final step;
     the losses since the last log are checked first, so a non-finite one stops the run before it is
     evaluated), a stop signal makes this step the last, at a step a plugin saves (``RunState.save_due``)
     the metrics not yet logged are reported, ``on_train_batch_end`` fires for the batch and
     ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
     checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
-    ``parts``: ``(run.state, run.stage_config.loop, run.hooks, run.backend, run.scheduler)``, read by the
-    caller once an epoch (each ``run.x`` is a property call); ``quiet``: hooks not to call (nobody implements
-    them: ``Hooks.quiet``)."""
-    state, loop, hooks, backend, scheduler = parts
+    ``parts``: ``(run.state, run.hooks, run.backend, run.scheduler, loop.log_every, loop.eval_every,
+    loop.eval_every_epochs, whether the backend's world_size is 1)``, read by the caller once an epoch;
+    ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``)."""
+    state, hooks, backend, scheduler, log_every, eval_every, eval_every_epochs, alone = parts
     scheduler.step()
-    state.add_outputs(outputs)
+    outputs = state.keep_outputs(outputs)
     loss = outputs.get("loss")
     # on the host a read (``bool(loss.isfinite())`` would cost a kernel) of 1-2 us, one dispatcher call: kept,
     # so that a CPU or CSX-emulated run stops at this very step (docs/durability.md; not an error under
     # dynamic scaling); a device's loss waits for the next boundary
-    if isinstance(loss, torch.Tensor) and loss.is_cpu and not math.isfinite(loss.item()):
+    if isinstance(loss, Tensor) and loss.is_cpu and not isfinite(loss.item()):
         check_finite(run)
     final = final or state.stop_reason is not None
-    if final or state.global_step % loop.log_every == 0:
+    if final or state.global_step % log_every == 0:
         log_train_metrics(run)
-    every_epochs = loop.eval_every_epochs  # (asked first: no call of closes_epochs at every step without it)
-    due = (every_epochs and state.closes_epochs(every_epochs)) or (loop.eval_every and
-                                                                   state.stage_step % loop.eval_every == 0)
+    # (eval_every_epochs asked first: no call of closes_epochs at every step without it)
+    due = (eval_every_epochs and state.closes_epochs(eval_every_epochs)) or (
+        eval_every and state.stage_step % eval_every == 0)
     if (final or due) and run.val_loader is not None:
         if state.pending.get("loss"):  # the evaluation synchronises anyway: a loss gone non-finite stops it here
             check_finite(run)
         evaluate(run)
     # SIGINT/SIGTERM (under DDP: on any rank, asked only when there is another rank): this step is the last
-    signum = state.stop_signal if backend.world_size == 1 else backend.any_rank_signal(state.stop_signal)
+    signum = state.stop_signal if alone else backend.any_rank_signal(state.stop_signal)
     if signum is not None:
         state.stop_after_this_step(signum)
     if state.save_due is not None and state.save_due(state.global_step):

@@ -197,7 +197,8 @@ class Backend(Protocol):
 
     def train_batch(self, run: LoopRun, batch: Any, last: bool) -> dict:
         """One micro-batch of the step (``last``: the step's final one, after which the optimizer steps, see
-        ``csframework.step``); returns the outputs (detached tensors), or ``{}`` if it has none yet."""
+        ``csframework.step``); returns the outputs, or ``{}`` if it has none yet. Tensors that require grad
+        may be returned as they are: the loop detaches them before any hook sees them (``RunState.keep_outputs``)."""
 
     def eval_batch(self, run: LoopRun, batch: Any) -> dict:
         """The outputs of one evaluation batch (detached tensors). The loop calls it under

@@ -103,15 +103,21 @@ class RunState:
         self.epoch += 1
         self.batch_in_epoch = 0
 
-    def add_outputs(self, outputs: dict) -> None:
-        """Keep a step's scalar outputs until the next log."""
-        pending = self.pending
+    def keep_outputs(self, outputs: dict) -> dict:
+        """A step's outputs as the hooks receive them, every tensor that requires grad detached, and its
+        scalar tensors kept until the next log: one walk over them (two walks, detaching and keeping, were a
+        quarter of the bytecodes the loop added to a small model's step; docs/performance.md)."""
+        pending, kept = self.pending, dict(outputs)  # (copied in C: only what is detached is written again)
         for key, value in outputs.items():
-            if isinstance(value, Tensor) and value.ndim == 0:
-                try:  # (a try costs nothing until it catches: cheaper than asking for the list first)
-                    pending[key].append(value)
-                except KeyError:  # the output's first step since the last log
-                    pending[key] = [value]
+            if isinstance(value, Tensor):
+                if value.requires_grad:  # only these are in a graph (a detach() costs more than this walk)
+                    kept[key] = value = value.detach()
+                if not value.ndim:
+                    try:  # (a try costs nothing until it catches: cheaper than asking for the list first)
+                        pending[key].append(value)
+                    except KeyError:  # the output's first step since the last log
+                        pending[key] = [value]
+        return kept
 
     def record(self, reported: dict[str, float]) -> bool:
         """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics

@@ -71,16 +71,16 @@ def model_outputs(out: Any) -> dict:
 
 
 def detached(outputs: dict) -> dict:
-    """``outputs`` with every tensor detached (what hooks and the loop receive): a tensor that does not
-    require grad is in no graph and is passed as it is (a ``detach()`` per output costs a step on a small
-    model more than the rest of this function)."""
+    """``outputs`` with every tensor detached (what hooks receive; a step's outputs the loop detaches as it
+    keeps them, ``RunState.keep_outputs``): a tensor that does not require grad is in no graph and is passed
+    as it is (a ``detach()`` per output costs a step on a small model more than the rest of this function)."""
     return {k: v.detach() if isinstance(v, Tensor) and v.requires_grad else v for k, v in outputs.items()}
 
 
 def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], batch: Any, accum: int) -> dict:
     """Forward and backward of one micro-batch of a step of ``accum`` micro-batches; returns its outputs.
     ``module``: what computes the model's outputs from a batch (the module, or its compiled forward)."""
-    hooks, state = run.hooks, run.state
+    state = run.state  # (run.hooks is read only for a hook that is called)
     carried, quiet = state.carried, state.quiet  # quiet: hooks nobody implements, not called (RunState.quiet)
     with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
         try:
@@ -92,7 +92,7 @@ def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], b
             raise ModelError(problem) from e
     loss = outputs["loss"]
     if "on_before_backward" not in quiet:
-        hooks.on_before_backward(run=run, loss=loss)
+        run.hooks.on_before_backward(run=run, loss=loss)
     try:
         ops.backward(loss / accum if accum > 1 else loss)
     except Exception as e:  # free until it fails: then say what model.forward returned, not torch's message
@@ -103,7 +103,7 @@ def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], b
         raise ModelError(f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) returned {problem}")\
             from e
     if "on_after_backward" not in quiet:
-        hooks.on_after_backward(run=run)
+        run.hooks.on_after_backward(run=run)
     return outputs
 
 

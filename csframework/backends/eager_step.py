@@ -20,7 +20,7 @@ class StepRunner(Protocol):
 
     def train_batch(self, run: Any, batch: Any, last: bool) -> dict:
         """Forward and backward of one micro-batch; on the step's ``last`` one, the update. Returns the
-        micro-batch's outputs, detached."""
+        micro-batch's outputs (the loop detaches them: ``Backend.train_batch``)."""
 
     def evaluate(self, batch: Any) -> dict:
         """Evaluation's forward and loss of one batch."""
@@ -59,7 +59,7 @@ class EagerRunner:
             outputs = step.micro_batch(run, self, self.forward, batch, self.accum)
         if last:
             step.apply_gradients(run, self, self.max_grad_norm)
-        return step.detached(outputs)
+        return outputs  # detached by the loop, in the same walk that keeps the scalars for the log
 
     def evaluate(self, batch: Any) -> dict:
         return self.outputs(batch)

@@ -15,6 +15,14 @@ def test_strict_json_writes_non_finite_numbers_as_strings_and_names_what_it_cann
         dumps({"metrics": {"acc": object()}}, where="summary")
 
 
+def test_a_flat_event_of_plain_fields_is_written_as_jsonable_writes_it():
+    """Such a dict is written without jsonable's walk: a non-finite float, a bool or a non-string key still
+    go through it."""
+    assert dumps({"event": "train", "step": 3, "loss": 0.25}) == '{"event": "train", "step": 3, "loss": 0.25}'
+    assert dumps({"event": "train", "loss": float("nan")}) == '{"event": "train", "loss": "NaN"}'
+    assert dumps({"ok": True, 1: -float("inf")}) == '{"ok": true, "1": "-Infinity"}'
+
+
 def np_int():
     import numpy as np
 

@@ -426,17 +426,21 @@ def test_on_train_step_end_fires_once_per_optimizer_step_after_its_batches(tmp_p
         name = "steps"
 
         @csf.hookimpl
-        def on_train_batch_end(self, run, batch_idx):
+        def on_train_batch_end(self, run, batch_idx, outputs):
             calls.append(("batch", batch_idx, run.global_step))
+            in_graph.extend(v.requires_grad for v in outputs.values() if isinstance(v, torch.Tensor))
 
         @csf.hookimpl
         def on_train_step_end(self, run, step, outputs):
             calls.append(("step", step, float(outputs["loss"]) > 0))
+            in_graph.extend(v.requires_grad for v in outputs.values() if isinstance(v, torch.Tensor))
 
+    in_graph: list[bool] = []  # the backend returns the outputs as the model made them: the loop detaches them
     csf.Run(fixtures.compose("loop.max_steps=2", "loop.grad_accum_steps=3"), plugins=[Steps()],
             output_dir=tmp_path).fit()
     assert calls == [("batch", 0, 0), ("batch", 1, 0), ("batch", 2, 1), ("step", 1, True),
                      ("batch", 3, 1), ("batch", 4, 1), ("batch", 5, 2), ("step", 2, True)]
+    assert in_graph and not any(in_graph)
 
 
 # -- no host synchronisation between boundaries ------------------------------------------------------------------

@@ -29,9 +29,16 @@ def test_only_the_first_stop_request_is_recorded():
     assert (state.stop_signal, state.stopping) == (None, False)
 
 
-def test_only_scalar_outputs_are_kept_until_the_log():
+def test_only_scalar_outputs_are_kept_until_the_log_and_the_hooks_get_them_detached():
     state = RunState()
-    state.add_outputs({"loss": torch.tensor(1.0), "logits": torch.zeros(2, 3), "name": "x"})
-    assert list(state.pending) == ["loss"]
+    weight = torch.ones(3, requires_grad=True)
+    loss, logits, labels = (weight * 2).sum(), weight * 3, torch.tensor([1, 2])
+    kept = state.keep_outputs({"loss": loss, "logits": logits, "labels": labels, "name": "x"})
+    assert list(kept) == ["loss", "logits", "labels", "name"]
+    assert not kept["loss"].requires_grad and not kept["logits"].requires_grad
+    assert kept["labels"] is labels and kept["name"] == "x"  # nothing to detach: passed as it is
+    assert list(state.pending) == ["loss"] and state.pending["loss"][0] is kept["loss"]
+    state.keep_outputs({"loss": torch.tensor(2.0)})
+    assert [float(v) for v in state.pending["loss"]] == [6.0, 2.0]
     state.clear_pending()
     assert state.pending == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ class CheckpointPlugin:
         self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
         self.due_step: int | None = None  # the step _due last said is saved
         self.run: Any = None  # the run training (on_train_start), which _due reads
+        self.next_every: float = math.inf  # the next step checkpoint.every_steps saves at (_due)
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
         self.best = BestTracker()  # keep_best: the best so far, and what was reported when
         self.shards: SafeDir | None = None  # a sharded backend: the temporary directory the ranks write into
@@ -215,6 +217,7 @@ class CheckpointPlugin:
         self.every = run.stage_config.checkpoint.every_steps  # read once a stage, not at every step
         self.every_epochs = run.stage_config.checkpoint.every_epochs
         self.run = run
+        self.next_every = self._every_after(run.global_step)  # moved on when reached: no division a step
         run.set_save_due(self._due)  # the loop asks before the step's hooks
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
@@ -223,13 +226,20 @@ class CheckpointPlugin:
         """Whether a checkpoint is saved at ``step`` (``Run.set_save_due``: the loop asks once a step, before
         its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
         run = self.run
-        # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
-        # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
-        due = run.stopping or bool(self.every and step % self.every == 0) \
-            or bool(self.every_epochs and run.closes_epochs(self.every_epochs)) \
-            or (run.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
+        if step >= self.next_every:  # checkpoint.every_steps: one comparison a step, the next such step known
+            self.next_every = self._every_after(step)
+            due = True
+        else:
+            # keep_best: an evaluation that improved on the best is saved now, whatever every_steps says (asked
+            # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
+            due = run.stopping or bool(self.every_epochs and run.closes_epochs(self.every_epochs)) \
+                or (run.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
         self.due_step = step if due else None
         return due
+
+    def _every_after(self, step: int) -> float:
+        """The first step after ``step`` that ``checkpoint.every_steps`` saves at (infinity without it)."""
+        return (step // self.every + 1) * self.every if self.every else math.inf
 
     @hookimpl(trylast=True)
     def on_train_step_end(self, run, step):
