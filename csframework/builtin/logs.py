@@ -75,7 +75,7 @@ class LoggingPlugin:
         def emit(_, method: str, event: dict):
             """The one processor: what structlog's chain of four did (the context, ``add_log_level``,
             ``TimeStamper(fmt="iso", utc=True)``, the output), in the same order of fields, in one call: a
-            log's two events ran twelve processor calls, and each is code to bring back into the caches."""
+            log's two events ran eight processor calls, and each is code to bring back into the caches."""
             event.update(structlog.contextvars.get_contextvars())  # a sweep job's job and sweep_dir
             event.setdefault("run_id", run.run_id)
             event.setdefault("stage", run.stage)
