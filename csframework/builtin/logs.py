@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 import structlog
@@ -28,8 +27,6 @@ LOGGER = "csframework"
 #: Keys of an event that the console line leaves out (the format shows time and level; the name comes first).
 _NOT_ON_CONSOLE = frozenset(("run_id", "timestamp", "level", "sweep_dir", "event"))
 _QUOTED = frozenset(" \t=\r\n\"'")
-#: structlog's method names that are not their level's name (``add_log_level``'s mapping).
-_LEVEL_NAMES = {"warn": "warning", "exception": "error"}
 #: ``logging``'s number of each level structlog names, one lookup where ``logging.getLevelName`` upper-cases
 #: and looks up (a level not here, none structlog has today, still goes through it).
 _LEVEL_NUMBERS = {name: getattr(logging, name.upper()) for name in ("debug", "info", "warning", "error", "critical")}
@@ -72,21 +69,20 @@ class LoggingPlugin:
             self.file = run.files.append("events.jsonl")
         file = self.file
 
-        def emit(_, method: str, event: dict):
-            """The one processor: what structlog's chain of four did (the context, ``add_log_level``,
-            ``TimeStamper(fmt="iso", utc=True)``, the output), in the same order of fields, in one call: a
-            log's two events ran eight processor calls, and each is code to bring back into the caches."""
+        def context(_, __, event: dict) -> dict:
             event.update(structlog.contextvars.get_contextvars())  # a sweep job's job and sweep_dir
             event.setdefault("run_id", run.run_id)
             event.setdefault("stage", run.stage)
             event.setdefault("step", run.global_step)
-            event["level"] = level = _LEVEL_NAMES.get(method, method)  # warn, exception: as add_log_level
-            event["timestamp"] = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+            return event
+
+        def emit(_, __, event: dict):
             on_console = event.pop("console", True)  # False: events.jsonl only (what a progress bar shows)
             if file is not None and not file.closed:  # after the run, run.log still reaches the console
                 file.write(dumps(event, where=f"event {event.get('event')!r}") + "\n")  # strict JSON
                 file.flush()  # on disk (with the OS) before the next step: what a crash leaves is complete
             if run.rank == 0 and on_console:
+                level = event["level"]
                 number = _LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper())
                 message = console_line(event)
                 if tty:  # clear a progress bar drawn on this line
@@ -99,8 +95,10 @@ class LoggingPlugin:
 
         # the bound logger itself, not the lazy proxy wrap_logger returns: the proxy looks up the logger
         # again for every event (its __getattr__), and without caching binds a new one each time
-        run.log = structlog.wrap_logger(None, processors=[emit],
-                                        wrapper_class=structlog.make_filtering_bound_logger(20)).bind()
+        run.log = structlog.wrap_logger(
+            None, processors=[context, structlog.processors.add_log_level,
+                              structlog.processors.TimeStamper(fmt="iso", utc=True), emit],
+            wrapper_class=structlog.make_filtering_bound_logger(20)).bind()
         run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
                      stages=[name for name, _ in run.stages], **run.distribution,
                      param_groups=[group.summary() for group in getattr(run, "param_groups", ())])
