@@ -83,6 +83,9 @@ class JsonDict(dict):
 
 #: The key and value types of a flat event that ``jsonable`` returns as they are (a finite float included).
 _PLAIN_KEYS, _PLAIN_FIELDS = frozenset((str,)), frozenset((str, int, float))
+#: The encoder of those flat dicts, made once (``json.dumps`` with any option makes a new one per call); a
+#: flat dict holds no container, so there is no cycle to check.
+_FLAT = json.JSONEncoder(allow_nan=False, ensure_ascii=False, check_circular=False)
 
 
 def dumps(value: Any, indent: int | None = None, where: str = "value") -> str:
@@ -92,7 +95,8 @@ def dumps(value: Any, indent: int | None = None, where: str = "value") -> str:
         # a flat dict of plain fields (an event, a log's metrics): jsonable would return it as it is unless a
         # float is not finite, which json refuses (ValueError): then it is converted; checked in C, not walked
         try:
-            return json.dumps(value, indent=indent, allow_nan=False, ensure_ascii=False)
+            return _FLAT.encode(value) if indent is None else json.dumps(value, indent=indent, allow_nan=False,
+                                                                          ensure_ascii=False)
         except ValueError:
             pass
     return json.dumps(jsonable(value, where), indent=indent, allow_nan=False, ensure_ascii=False)

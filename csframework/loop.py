@@ -229,9 +229,9 @@ def log_train_metrics(run: LoopRun) -> None:
     pending = run.state.pending
     if not pending.get("loss"):
         return
-    keys = ["loss"] + [k for k in pending if k != "loss"]
-    means = window_means([pending[k] for k in keys])
-    if not math.isfinite(means[0]):  # a loss in the window is not finite (or their sum overflowed)
+    keys = list(pending)  # in the order the step gave them: metrics.csv's rows, the events' fields
+    means = window_means(list(pending.values()))
+    if not math.isfinite(means[keys.index("loss")]):  # a loss in the window is not finite (or their sum overflowed)
         values = {k: torch.stack(v).float() for k, v in pending.items()}
         finite = check_finite(run, values["loss"])
         if finite is not None:  # dynamic loss scaling skipped some steps: average the others
@@ -239,8 +239,7 @@ def log_train_metrics(run: LoopRun) -> None:
         means = [float(values[k].mean()) for k in keys]
     elif run.stage_config.precision.loss_scaling == "dynamic":
         check_finite(run, torch.zeros(0))  # every loss was finite; the loss scale's floor is checked at each log
-    by_key = dict(zip(keys, means))
-    metrics = {f"train/{k}": by_key[k] for k in pending}
+    metrics = dict(zip([f"train/{k}" for k in keys], means))
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
     metrics["steps_per_sec"] = _training_rate(run)
     run.state.clear_pending()

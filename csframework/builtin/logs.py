@@ -24,9 +24,12 @@ from ..jsonout import dumps
 #: One console format for csframework and everything else under the CLI (also in the job-logging config).
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 LOGGER = "csframework"
-#: Keys of an event that the console line leaves out (the format shows time and level).
-_NOT_ON_CONSOLE = ("run_id", "timestamp", "level", "sweep_dir")
+#: Keys of an event that the console line leaves out (the format shows time and level; the name comes first).
+_NOT_ON_CONSOLE = frozenset(("run_id", "timestamp", "level", "sweep_dir", "event"))
 _QUOTED = frozenset(" \t=\r\n\"'")
+#: ``logging``'s number of each level structlog names, one lookup where ``logging.getLevelName`` upper-cases
+#: and looks up (a level not here, none structlog has today, still goes through it).
+_LEVEL_NUMBERS = {name: getattr(logging, name.upper()) for name in ("debug", "info", "warning", "error", "critical")}
 
 
 def console_line(event: dict) -> str:
@@ -35,14 +38,10 @@ def console_line(event: dict) -> str:
     ``ConsoleRenderer(colors=False)`` prints, written out because that renderer costs more than the rest of
     a log step together (it is built for colours and tracebacks, which these lines never have). Control
     characters (from a metric's name, a plugin's message, a file) are escaped: no forged or hidden lines."""
-    fields = []
-    for key in sorted(event):
-        if key in _NOT_ON_CONSOLE or key == "event":
-            continue
-        value = event[key]
-        text = repr(value) if not isinstance(value, str) or not _QUOTED.isdisjoint(value) else value
-        fields.append(f"{key}={text}")
-    return printable(f"{str(event.get('event', '')):<30} {' '.join(fields)}".rstrip())
+    # one comprehension over the sorted items (no per-key branch, lookup and append in the loop's body)
+    fields = " ".join([f"{key}={value if isinstance(value, str) and _QUOTED.isdisjoint(value) else repr(value)}"
+                       for key, value in sorted(event.items()) if key not in _NOT_ON_CONSOLE])
+    return printable(f"{str(event.get('event', '')):<30} {fields}".rstrip())
 
 
 class LoggingPlugin:
@@ -81,23 +80,25 @@ class LoggingPlugin:
             on_console = event.pop("console", True)  # False: events.jsonl only (what a progress bar shows)
             if file is not None and not file.closed:  # after the run, run.log still reaches the console
                 file.write(dumps(event, where=f"event {event.get('event')!r}") + "\n")  # strict JSON
-                file.flush()
+                file.flush()  # on disk (with the OS) before the next step: what a crash leaves is complete
             if run.rank == 0 and on_console:
-                level = logging.getLevelName(event["level"].upper())
+                level = event["level"]
+                number = _LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper())
                 message = console_line(event)
                 if tty:  # clear a progress bar drawn on this line
                     (self.stream or sys.stderr).write("\r\x1b[K")
                 if handler is None:
-                    logger.log(level, message)
+                    logger.log(number, message)
                 else:
-                    handler.handle(logger.makeRecord(LOGGER, level, __name__, 0, message, (), None))
+                    handler.handle(logger.makeRecord(LOGGER, number, __name__, 0, message, (), None))
             raise structlog.DropEvent
 
+        # the bound logger itself, not the lazy proxy wrap_logger returns: the proxy looks up the logger
+        # again for every event (its __getattr__), and without caching binds a new one each time
         run.log = structlog.wrap_logger(
             None, processors=[context, structlog.processors.add_log_level,
                               structlog.processors.TimeStamper(fmt="iso", utc=True), emit],
-            wrapper_class=structlog.make_filtering_bound_logger(20),
-            cache_logger_on_first_use=True)  # else every event binds a new logger first (a third of its cost)
+            wrapper_class=structlog.make_filtering_bound_logger(20)).bind()
         run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
                      stages=[name for name, _ in run.stages], **run.distribution,
                      param_groups=[group.summary() for group in getattr(run, "param_groups", ())])

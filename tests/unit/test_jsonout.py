@@ -21,6 +21,9 @@ def test_a_flat_event_of_plain_fields_is_written_as_jsonable_writes_it():
     assert dumps({"event": "train", "step": 3, "loss": 0.25}) == '{"event": "train", "step": 3, "loss": 0.25}'
     assert dumps({"event": "train", "loss": float("nan")}) == '{"event": "train", "loss": "NaN"}'
     assert dumps({"ok": True, 1: -float("inf")}) == '{"ok": true, "1": "-Infinity"}'
+    flat = {"event": "caf\u00e9 \"x\"", "path": "a\\b\n", "n": -1, "x": 1e300}  # text as it is, escapes as json's
+    assert dumps(flat) == json.dumps(flat, ensure_ascii=False)
+    assert dumps(flat, indent=2) == json.dumps(flat, ensure_ascii=False, indent=2)
 
 
 def np_int():

@@ -9,8 +9,10 @@ which costs more than the rest of a log step: the text must stay the renderer's.
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import structlog
@@ -163,3 +165,51 @@ def test_console_line_leaves_out_what_the_log_format_shows():
     line = console_line({"event": "train", "loss": 0.5, "run_id": "r", "timestamp": "t", "level": "info",
                          "sweep_dir": "/s"})
     assert line == console_line({"event": "train", "loss": 0.5}) and "run_id" not in line
+
+
+class OnDiskAtStepStart:
+    """At the start of each step, what another reader finds in events.jsonl and metrics.csv."""
+
+    def __init__(self):
+        self.seen: dict[int, tuple[list[dict], list[str]]] = {}
+
+    @csf.hookimpl
+    def on_train_batch_start(self, run):
+        with open(run.output_dir / "events.jsonl") as events_file, open(run.output_dir / "metrics.csv") as rows:
+            self.seen[run.global_step] = ([json.loads(line) for line in events_file], rows.read().splitlines())
+
+
+def test_a_logs_lines_are_with_the_os_when_the_next_step_starts(tmp_path):
+    """The durability a log keeps (its lines flushed as written, not when a buffer fills or the run ends):
+    a crash in the next step leaves the log's events and rows in the files."""
+    reader = OnDiskAtStepStart()
+    csf.Run(fixtures.compose("loop.max_steps=4", "loop.log_every=2"), plugins=[reader], output_dir=tmp_path).fit()
+    found, rows = reader.seen[2]
+    assert {(e["event"], e["step"]) for e in found} >= {("train", 2), ("metrics", 2)}
+    assert [row.split(",")[:3] for row in rows if row.startswith("2,")] == [
+        ["2", "main", name] for name in ("train/loss", "train/accuracy", "lr", "steps_per_sec")]
+
+
+def test_an_event_has_the_fields_and_order_structlogs_processors_gave_it(tmp_path):
+    """``run.log``'s one processor does what the chain it replaced did (the run's context, a sweep job's
+    context variables, ``add_log_level``, ``TimeStamper(fmt="iso", utc=True)``): the same fields in the
+    same order, the level's name mapped as structlog maps it, the console record at that level."""
+    stream = io.StringIO()
+    run = SimpleNamespace(rank=0, run_id="r1", stage="main", global_step=7, mode="fit", output_dir=tmp_path,
+                          device_type="CPU", stages=[("main", None)], distribution={},
+                          files=SimpleNamespace(append=lambda name: open(tmp_path / name, "a")))
+    plugin = LoggingPlugin(stream=stream)
+    plugin.on_fit_start(run)
+    with structlog.contextvars.bound_contextvars(job=3):
+        run.log.warning("slow", seconds=1.5, console=True)
+    run.log.info("quiet", console=False)
+    plugin._close()
+    start, slow, quiet = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert list(slow) == ["seconds", "event", "job", "run_id", "stage", "step", "level", "timestamp"]
+    assert slow | {"timestamp": None} == {"seconds": 1.5, "event": "slow", "job": 3, "run_id": "r1",
+                                          "stage": "main", "step": 7, "level": "warning", "timestamp": None}
+    stamped = structlog.processors.TimeStamper(fmt="iso", utc=True)(None, "info", {})["timestamp"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", slow["timestamp"]) and len(stamped) == len(
+        slow["timestamp"]) and slow["timestamp"] <= quiet["timestamp"] <= stamped
+    assert start["event"] == "fit_start" and quiet["level"] == "info" and "job" not in quiet
+    assert "][csframework][WARNING] - slow" in stream.getvalue() and "quiet" not in stream.getvalue()
