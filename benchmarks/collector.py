@@ -85,7 +85,7 @@ def current_rss() -> int:
 def collector_child(conf: str, mode: str, rounds: int, spill_mb: float) -> None:
     """One way of evaluating, in this (fresh) process; prints a JSON line."""
     import csframework as csf
-    from csframework import loop
+    from csframework import evaluation
 
     overrides = ["model=bench", "data=bench", "loop.max_steps=1", "data.eval_batch_size=256"]
     if mode != "none":
@@ -107,7 +107,7 @@ def collector_child(conf: str, mode: str, rounds: int, spill_mb: float) -> None:
         before = current_rss()
         start = time.perf_counter()
         for _ in range(rounds):
-            loop.evaluate(run)
+            evaluation.evaluate(run)
         seconds = (time.perf_counter() - start) / rounds
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"mode": mode, "seconds": seconds, "peak_growth": max(0, peak - before)}))

@@ -81,10 +81,14 @@ def run_failed(run: RunProtocol, error: BaseException, error_file: Path | None) 
     return RunFailed(f"{failure_line(run, error)}; {saved}")
 
 
+#: The loop's files, whose functions a traceback went through say where in the run it was raised.
+_LOOP_FILES = tuple(f"csframework{sep}{name}.py" for sep in "/\\" for name in ("loop", "evaluation"))
+
+
 def _when(run: RunProtocol, error: BaseException) -> str:
     """Where in the run ``error`` was raised, from the functions of the loop its traceback went through."""
     names = {frame.f_code.co_name for frame, _ in traceback.walk_tb(error.__traceback__)
-             if frame.f_code.co_filename.endswith(("csframework/loop.py", "csframework\\loop.py"))}
+             if frame.f_code.co_filename.endswith(_LOOP_FILES)}
     step = run.global_step
     if "_evaluate" in names:
         return f"the evaluation at step {step}"

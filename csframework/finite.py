@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import NonFiniteLossError
+from .state import window
 
 if TYPE_CHECKING:
     from .protocol import LoopRun, RunProtocol
@@ -34,7 +35,7 @@ def check_finite(run: LoopRun, losses: torch.Tensor | None = None) -> torch.Tens
     """
     pending = run.state.pending.get("loss")
     if losses is None and pending:
-        losses = torch.stack(pending).float()
+        losses = window(pending)
     finite = torch.isfinite(losses) if losses is not None else None
     first_bad = None
     if losses is not None and finite is not None and not bool(finite.all()):

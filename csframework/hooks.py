@@ -157,12 +157,21 @@ def _caller(pm: pluggy.PluginManager, hook_name: str) -> Callable[..., Any]:
 
 
 def _call_one(impl: pluggy.HookImpl, hook_name: str, kwargs: dict):
-    try:
-        return impl.function(*[kwargs[arg] for arg in impl.argnames])
-    except (PluginError, NonFiniteLossError):
-        raise
-    except (Exception, SystemExit) as e:
-        raise plugin_error(impl.plugin_name, hook_name, e) from e
+    return as_plugin(impl.plugin_name, hook_name, impl.function)(*[kwargs[arg] for arg in impl.argnames])
+
+
+def as_plugin(plugin: str, hook: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, its failures reported as ``plugin``'s in ``hook`` as a hook call reports them
+    (``plugin_error``): for work a plugin hands to the loop (the checkpoint plugin's save, ``Run.set_save_due``)."""
+    def call(*args):
+        try:
+            return function(*args)
+        except (PluginError, NonFiniteLossError):
+            raise
+        except (Exception, SystemExit) as e:
+            raise plugin_error(plugin, hook, e) from e
+
+    return call
 
 
 def _direct_calls(hook_name: str, hook) -> Callable[[dict], Any] | None:

@@ -1,4 +1,4 @@
-"""The training and evaluation loop. It only computes and fires hooks; features live in plugins.
+"""The training loop. It only computes and fires hooks; features live in plugins (evaluation: ``evaluation``).
 
 The loop owns ``run.state`` (``RunState``): it alone advances the position and keeps the per-step outputs.
 The steps themselves are the backend's (``csframework.step``: one sequence for every backend); the loop
@@ -11,7 +11,6 @@ there (a read of 1-2 us), so a run stops at the step whose loss is not finite.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from itertools import chain
@@ -21,13 +20,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .batched import samples_in
-from .collect import Collector
 from .data import epoch_batches, is_iterable
 from .errors import ConfigError
+from .evaluation import evaluate
 from .finite import check_finite
-from .rng import rng_state, seed_everything, set_rng_state
 from .signals import Interrupted
+from .state import compile_seconds, window
 from .step import detached
 
 if TYPE_CHECKING:
@@ -173,19 +171,20 @@ def end_step(run: LoopRun, parts: tuple, batch, outputs: dict, batch_idx: int, f
     the losses since the last log are checked first, so a non-finite one stops the run before it is
     evaluated), a stop signal makes this step the last, at a step a plugin saves (``RunState.save_due``)
     the metrics not yet logged are reported, ``on_train_batch_end`` fires for the batch and
-    ``on_train_step_end`` for the step (the checkpoint plugin saves there, after that evaluation: a
-    checkpoint holds the metrics of its step's evaluation), and a stopped run ends (``Interrupted``).
+    ``on_train_step_end`` for the step, the plugin saves (``RunState.save``: the checkpoint plugin, after
+    that evaluation, so a checkpoint holds the metrics of its step's evaluation), and a stopped run ends
+    (``Interrupted``).
     ``parts``: ``(run.state, run.hooks, run.backend, run.scheduler, loop.log_every, loop.eval_every,
     loop.eval_every_epochs, whether the backend's world_size is 1)``, read by the caller once an epoch;
     ``quiet``: hooks not to call (nobody implements them: ``Hooks.quiet``)."""
     state, hooks, backend, scheduler, log_every, eval_every, eval_every_epochs, alone = parts
     scheduler.step()
-    outputs = state.keep_outputs(outputs)
-    loss = outputs.get("loss")
-    # on the host a read (``bool(loss.isfinite())`` would cost a kernel) of 1-2 us, one dispatcher call: kept,
-    # so that a CPU or CSX-emulated run stops at this very step (docs/durability.md; not an error under
-    # dynamic scaling); a device's loss waits for the next boundary
-    if isinstance(loss, Tensor) and loss.is_cpu and not isfinite(loss.item()):
+    state.keep_outputs(outputs)
+    # a loss in host memory was read as it was kept: checked now, so that a CPU or CSX-emulated run stops at
+    # this very step (docs/durability.md; not an error under dynamic scaling); a device's loss waits for the
+    # next boundary
+    losses = state.pending.get("loss")
+    if losses and not isinstance(losses[-1], Tensor) and not isfinite(losses[-1]):
         check_finite(run)
     final = final or state.stop_reason is not None
     if final or state.global_step % log_every == 0:
@@ -201,12 +200,17 @@ def end_step(run: LoopRun, parts: tuple, batch, outputs: dict, batch_idx: int, f
     signum = state.stop_signal if alone else backend.any_rank_signal(state.stop_signal)
     if signum is not None:
         state.stop_after_this_step(signum)
-    if state.save_due is not None and state.save_due(state.global_step):
+    saving = state.save_due is not None and state.save_due(state.global_step)
+    if saving:
         log_train_metrics(run)  # a checkpoint holds the metrics of the steps before it, their losses checked
-    if "on_train_batch_end" not in quiet:
-        hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-    if "on_train_step_end" not in quiet:
-        hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
+    if "on_train_batch_end" not in quiet or "on_train_step_end" not in quiet:
+        outputs = detached(outputs)  # (only for hooks that are called: a detach costs a small model's step)
+        if "on_train_batch_end" not in quiet:
+            hooks.on_train_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
+        if "on_train_step_end" not in quiet:
+            hooks.on_train_step_end(run=run, step=state.global_step, outputs=outputs)
+    if saving and state.save is not None:  # (Run.set_save_due's save: after every plugin's step end)
+        state.save()
     if state.stopping and state.stop_signal is not None:  # set together (RunState.stop_after_this_step)
         raise Interrupted(state.stop_signal, state.global_step)
 
@@ -232,7 +236,7 @@ def log_train_metrics(run: LoopRun) -> None:
     keys = list(pending)  # in the order the step gave them: metrics.csv's rows, the events' fields
     means = window_means(list(pending.values()))
     if not math.isfinite(means[keys.index("loss")]):  # a loss in the window is not finite (or their sum overflowed)
-        values = {k: torch.stack(v).float() for k, v in pending.items()}
+        values = {k: window(v) for k, v in pending.items()}
         finite = check_finite(run, values["loss"])
         if finite is not None:  # dynamic loss scaling skipped some steps: average the others
             values = {k: v[finite] if len(v) == len(finite) else v for k, v in values.items()}
@@ -260,140 +264,22 @@ def _training_rate(run: LoopRun) -> float:
     return (run.global_step - step) / busy
 
 
-def compile_seconds(run: LoopRun) -> float:
-    """Seconds the backend has spent compiling (``backend.compile``) or tracing (CSX) so far, also kept in
-    ``run.state.compile_seconds``; 0 for a backend that does not say (``Backend.compile_seconds``)."""
-    seconds = getattr(run.backend, "compile_seconds", None)
-    run.state.compile_seconds = float(seconds()) if callable(seconds) else 0.0
-    return run.state.compile_seconds
-
-
-def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
-    """The float32 mean of each list of 0-d tensors, read from the device at once (one synchronisation).
-
-    When every list has a value of every step on one device (the usual case) they are stacked together,
-    one ``stack``, ``mean`` and read for them all; else each list is reduced on its own first."""
-    steps, device = len(windows[0]), windows[0][0].device
-    if all(len(w) == steps and w[0].device == device for w in windows):
+def window_means(windows: list[list]) -> list[float]:
+    """The mean of each output's pending values (``RunState.pending``), read at once: of numbers read on the
+    host, the exact mean (``math.fsum``, in Python: a torch reduction of a few dozen numbers costs a log more
+    than the rest of its arithmetic); of tensors, their float32 mean, one ``stack``, ``mean`` and read (one
+    synchronisation) when every window has a value of every step on one device, else each reduced on its own."""
+    if not any(isinstance(w[0], Tensor) for w in windows):
+        return [_exact_mean(w) for w in windows]
+    steps, device = len(windows[0]), windows[0][0].device if isinstance(windows[0][0], Tensor) else None
+    if all(len(w) == steps and isinstance(w[0], Tensor) and w[0].device == device for w in windows):
         return torch.stack(list(chain.from_iterable(windows))).view(len(windows), steps).float().mean(1).tolist()
-    return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
+    return torch.stack([window(w).mean().to(device or "cpu") for w in windows]).tolist()
 
 
-def evaluate(run: LoopRun) -> dict:
-    """One pass over each evaluation set (``data.val``, ``data.eval``: at most ``loop.eval_steps`` batches
-    each); returns ``<set>/*`` (``val/*``): the mean over samples of every scalar output (each batch's value weighted by its samples, so a short last batch
-    counts for what it holds; an output that only some batches return is averaged over those).
-
-    The batches are fetched and evaluated, with their hooks, under ``torch.inference_mode()`` (as in a
-    hand-written evaluation loop; ``torch.no_grad()`` with ``loop.inference_mode=false``); the collected
-    outputs are assembled, and ``on_eval_epoch_end``/``on_eval_end`` called, outside it.
-
-    Training's random generators are left as the evaluation found them: it draws (random augmentations of
-    the validation data, say) from generators seeded by ``seed`` and the step. So how often a run evaluates
-    never changes its training, a resumed run trains as the uninterrupted one even where the checkpoint
-    was written after an evaluation, and the evaluation of a step is the same in every run.
-    """
-    training_rng = rng_state()
-    seed_everything(((run.stage_config.seed * 1_000_003 + run.global_step) * 1_000_003 + 7) % 2**63)
-    started, compiled = time.perf_counter(), compile_seconds(run)
+def _exact_mean(numbers: list) -> float:
+    """The mean of ``numbers`` rounded once; NaN when one is not finite (``fsum`` refuses ``inf - inf``)."""
     try:
-        metrics = _evaluate(run)
-    finally:
-        set_rng_state(training_rng)
-        # its compilation (the evaluation's own function) counts as compiling, the rest as evaluating
-        run.state.eval_seconds += time.perf_counter() - started - (compile_seconds(run) - compiled)
-    run.state.last_eval_step = run.global_step
-    if run.mode == "fit" and hasattr(run.scheduler, "evaluated"):  # plateau: with what plugins reported too
-        run.scheduler.evaluated({**run.metrics, **metrics})
-    return metrics
-
-
-def _evaluate(run: LoopRun) -> dict:
-    """``on_eval_start``, a pass over each evaluation set (``_evaluate_set``), ``on_eval_end`` with the
-    metrics of all; ``loop.collect`` collects the first set's outputs (``data.val``'s)."""
-    hooks, loop = run.hooks, run.stage_config.loop
-    was_training = run.module.training
-    run.module.eval()
-    hooks.on_eval_start(run=run)
-    metrics: dict[str, float] = {}
-    collector = Collector(run, loop.collect, loop.collect_max_memory_mb) if loop.collect else None
-    run.state.eval_reports = metrics  # run.report in the sets' hooks: into their metrics (Run.report)
-    try:
-        for index, (name, loader) in enumerate(run.eval_loaders.items()):
-            run.eval_set = name
-            metrics.update(_evaluate_set(run, name, loader, collector if index == 0 else None))
-        run.eval_set = None
-        if collector is not None:
-            run.eval_outputs = collector.finish()
-            run.log.info("eval_outputs_collected", keys=list(run.eval_outputs), spilled=collector.spilled,
-                         rows=len(next(iter(run.eval_outputs.values()), ())),
-                         peak_mb=round(collector.peak / 2**20, 3))
-            if loop.collect_save and run.rank == 0:
-                collector.save(run.eval_outputs, f"step_{run.global_step}.safetensors")
-        late: dict[str, float] = {}  # reported in on_eval_end: added after its hooks have read metrics
-        run.state.eval_reports = late
-        hooks.on_eval_end(run=run, metrics=metrics)
-        metrics.update(late)
-    finally:
-        run.state.eval_reports = None
-        run.eval_set = None
-        run.eval_outputs = {}
-        if collector is not None:
-            collector.cleanup()
-    run.report(metrics)
-    run.module.train(was_training)
-    return metrics
-
-
-def _evaluate_set(run: LoopRun, name: str, loader, collector: Collector | None, whole: bool = False) -> dict:
-    """One pass over evaluation set ``name`` (at most ``loop.eval_steps`` batches drawn over the whole set,
-    ``data.eval_sample``; ``whole``: all, a test set's); returns ``<name>/*``, per-sample means of scalars."""
-    hooks, backend, loop = run.hooks, run.backend, run.stage_config.loop
-    limit = None if whole else loop.eval_steps
-    sampler = getattr(loader, "position", None)
-    if sampler is not None and getattr(sampler, "sample", None) is not None:  # fixed: draw 0 at every evaluation; fresh: the step's
-        fresh = getattr(run.stage_config.data.eval_sample, "value", run.stage_config.data.eval_sample) == "fresh"
-        sampler.set_epoch(run.global_step if fresh else 0)
-    hooks.on_eval_epoch_start(run=run, epoch=run.epoch)
-    sums: dict[str, torch.Tensor] = {}  # per output: its sum over samples (a batch's value times its samples)
-    counts: dict[str, int] = {}  # per output: the samples of the batches that returned it
-    carried = run.state.carried  # a stateful model: the set's pass starts from initial_state
-    with torch.inference_mode() if loop.inference_mode else torch.no_grad(), \
-            carried.evaluating() if carried is not None else contextlib.nullcontext():
-        for batch_idx, batch in enumerate(loader):
-            if limit is not None and batch_idx >= limit:  # an IterableDataset: its first batches
-                break
-            batch = backend.to_device(batch)
-            hooks.on_eval_batch_start(run=run, batch=batch, batch_idx=batch_idx)
-            outputs = backend.eval_batch(run, batch)
-            hooks.on_eval_batch_end(run=run, batch=batch, outputs=outputs, batch_idx=batch_idx)
-            counted = samples_in(batch)
-            samples = counted or 1  # a batch without tensors: its outputs count once each
-            for key, value in outputs.items():
-                if isinstance(value, torch.Tensor) and value.ndim == 0:
-                    if key in sums:  # in place, one op a batch as a hand loop's; add_ upcasts to float32
-                        sums[key].add_(value, alpha=samples)
-                    else:  # a copy: the sum must not be the output tensor the hooks were given
-                        sums[key] = value.to(torch.float32, copy=True).mul_(samples)
-                    counts[key] = counts.get(key, 0) + samples
-            if collector is not None:
-                collector.add(outputs, counted)
-    if run.world_size > 1:  # every rank evaluated its shard: average over all of them
-        sums, counts = _all_reduce(sums, counts)
-    read = torch.stack(list(sums.values())).tolist() if sums else []  # one read of the device for all
-    hooks.on_eval_epoch_end(run=run, epoch=run.epoch)
-    return {f"{name}/{k}": v / max(counts[k], 1) for k, v in zip(sums, read)}
-
-
-def _all_reduce(sums: dict, counts: dict) -> tuple[dict, dict]:
-    """Sum the per-rank evaluation sums and sample counts over all ranks (one collective)."""
-    import torch.distributed as dist
-
-    keys = sorted(sums)
-    if not keys:
-        return sums, counts
-    device = sums[keys[0]].device
-    packed = torch.stack([sums[k] for k in keys] + [torch.tensor(float(counts[k]), device=device) for k in keys])
-    dist.all_reduce(packed)
-    counted = packed[len(keys):].tolist()  # one read of the device for every count
-    return {k: packed[i] for i, k in enumerate(keys)}, {k: int(n) for k, n in zip(keys, counted)}
+        return math.fsum(numbers) / len(numbers)
+    except (ValueError, OverflowError):
+        return math.nan

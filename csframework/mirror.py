@@ -70,10 +70,12 @@ class RecordView:
         """``RunState.closes_epochs``: whether the step that just ended closed epoch ``every``, ``2 * every`` ..."""
         return self.state.closes_epochs(every)
 
-    def set_save_due(self, due: Callable[[int], bool] | None) -> None:
+    def set_save_due(self, due: Callable[[int], bool] | None, save: Callable[[], object] | None = None) -> None:
         """Tell the loop at which steps the caller saves the run's state: ``due(step)`` is asked once a step,
         after the step and before its hooks; where it says ``True`` the loop first reports the metrics not
-        yet logged (``on_log_metrics``, their losses checked), so a checkpoint saved in ``on_train_step_end``
-        holds them and nothing calls back into the loop. One caller (the checkpoint plugin, at
-        ``on_train_start``): a later call replaces it; ``None`` asks nothing."""
-        self.state.save_due = due
+        yet logged (``on_log_metrics``, their losses checked), so the state saved holds them and nothing calls
+        back into the loop. ``save()``, if given, is called by the loop at those steps after the step's
+        ``on_train_step_end`` hooks (after the step's evaluation and every plugin's step end: what the
+        checkpoint plugin does); without it, the caller saves in its own hooks. One caller (the checkpoint
+        plugin, at ``on_train_start``): a later call replaces it; ``None`` asks nothing."""
+        self.state.save_due, self.state.save = due, save if due is not None else None

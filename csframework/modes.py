@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from . import loop, predict as predictions, testset
+from . import evaluation, predict as predictions, testset
 from .errors import ConfigError
 from .fresh_run import writing
 
@@ -21,7 +21,7 @@ def validate(run: LoopRun) -> dict:
     weights). After ``fit`` on the same ``Run``, it evaluates the trained weights."""
     if run.val_loader is None:
         raise ConfigError("data.val: mode=validate needs a validation dataset")
-    return _once(run, "validate", "validating", lambda: loop.evaluate(run))
+    return _once(run, "validate", "validating", lambda: evaluation.evaluate(run))
 
 
 def test(run: LoopRun) -> dict:

@@ -139,7 +139,7 @@ class RunProtocol(Protocol):
     def scale_lr(self, factor: float) -> None:
         """Multiply every learning rate by ``factor`` for the rest of the stage, as the schedule respects."""
 
-    def set_save_due(self, due: Callable[[int], bool] | None) -> None:
+    def set_save_due(self, due: Callable[[int], bool] | None, save: Callable[[], object] | None = None) -> None:
         """Tell the loop at which steps the caller saves the run's state (``Run.set_save_due``)."""
 
     def check_finite(self) -> None:

@@ -45,8 +45,9 @@ class RunState:
     """Seconds of the training steps logged so far, evaluation and compilation left out."""
     train_steps: int = 0
     """The steps those ``train_seconds`` trained: ``steps_per_sec`` is ``train_steps / train_seconds``."""
-    pending: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    """Per-step scalar outputs since the last log, still on the device (averaged at ``loop.log_every``)."""
+    pending: dict[str, list[Any]] = field(default_factory=dict)
+    """Per-step scalar outputs since the last log (averaged at ``loop.log_every``): Python numbers where they
+    were in host memory, tensors still on their device otherwise (``keep_outputs``; ``window``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The latest value of every reported metric."""
     epoch_end: bool = False
@@ -63,6 +64,10 @@ class RunState:
     checkpoint plugin, at ``on_train_start``): whether it saves at the step just taken. The loop asks it at
     every step end before the step's hooks, and at a step it saves reports the metrics not yet logged first
     (``on_log_metrics``, their losses checked), so a plugin never calls back into the loop's flush."""
+    save: Callable[[], object] | None = None
+    """Given with ``save_due`` (``Run.set_save_due(due, save)``): what the loop calls after the step's
+    ``on_train_step_end`` hooks at a step ``save_due`` said yes to, so the plugin needs no per-step hook of its
+    own (a hook call at every step, for a save at a few); ``None``: the plugin saves in its own hooks."""
     quiet: frozenset[str] = frozenset()
     """While the loop trains an epoch: the hooks nobody implements (``Hooks.quiet``, asked again when a plugin
     is registered), whose calls the step (``csframework.step``) skips; empty, so every hook is called,
@@ -103,21 +108,20 @@ class RunState:
         self.epoch += 1
         self.batch_in_epoch = 0
 
-    def keep_outputs(self, outputs: dict) -> dict:
-        """A step's outputs as the hooks receive them, every tensor that requires grad detached, and its
-        scalar tensors kept until the next log: one walk over them (two walks, detaching and keeping, were a
-        quarter of the bytecodes the loop added to a small model's step; docs/performance.md)."""
-        pending, kept = self.pending, dict(outputs)  # (copied in C: only what is detached is written again)
+    def keep_outputs(self, outputs: dict) -> None:
+        """Keep a step's scalar outputs (0-d tensors) until the next log: as Python numbers where they are in
+        host memory (read now, a C call; kept as tensors they would be stacked at the log, a few times dearer,
+        and the loop reads a host loss at every step anyway), else as tensors on their device, detached
+        (read at the log, all at once: no synchronisation in the step). The hooks that take ``outputs`` get
+        them detached from the loop (``step.detached``), only when one is called."""
+        pending = self.pending
         for key, value in outputs.items():
-            if isinstance(value, Tensor):
-                if value.requires_grad:  # only these are in a graph (a detach() costs more than this walk)
-                    kept[key] = value = value.detach()
-                if not value.ndim:
-                    try:  # (a try costs nothing until it catches: cheaper than asking for the list first)
-                        pending[key].append(value)
-                    except KeyError:  # the output's first step since the last log
-                        pending[key] = [value]
-        return kept
+            if isinstance(value, Tensor) and not value.ndim:
+                value = value.item() if value.is_cpu else value.detach() if value.requires_grad else value
+                try:  # (a try costs nothing until it catches: cheaper than asking for the list first)
+                    pending[key].append(value)
+                except KeyError:  # the output's first step since the last log
+                    pending[key] = [value]
 
     def record(self, reported: dict[str, float]) -> bool:
         """Keep what ``Run.report`` was given in ``metrics``; returns whether it joined an evaluation's metrics
@@ -148,3 +152,19 @@ class RunState:
         if signum is not None:
             self.stop_signal = signum
         self.stopping = True
+
+
+def window(values: list) -> torch.Tensor:
+    """One output's pending values (``RunState.pending``: numbers read on the host, or 0-d tensors on a
+    device) as one float32 tensor, in step order."""
+    if isinstance(values[0], Tensor):
+        return torch.stack(values).float()
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def compile_seconds(run: Any) -> float:
+    """Seconds the backend has spent compiling (``backend.compile``) or tracing (CSX) so far, also kept in
+    ``run.state.compile_seconds``; 0 for a backend that does not say (``Backend.compile_seconds``)."""
+    seconds = getattr(run.backend, "compile_seconds", None)
+    run.state.compile_seconds = float(seconds()) if callable(seconds) else 0.0
+    return run.state.compile_seconds

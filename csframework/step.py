@@ -86,25 +86,69 @@ def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], b
         try:
             outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
         except RuntimeError as e:  # free until it fails: then say which setting to change, if it is the data's
-            problem = integer_batch_problem(run, batch, e)
-            if problem is None:
-                raise
-            raise ModelError(problem) from e
+            raise_data_problem(run, batch, e)
+            raise
     loss = outputs["loss"]
     if "on_before_backward" not in quiet:
         run.hooks.on_before_backward(run=run, loss=loss)
     try:
         ops.backward(loss / accum if accum > 1 else loss)
     except Exception as e:  # free until it fails: then say what model.forward returned, not torch's message
-        problem = loss_problem(loss)
-        if problem is None:
-            raise
-        model = type(run.model)
-        raise ModelError(f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) returned {problem}")\
-            from e
+        raise_loss_problem(run, loss, e)
+        raise
     if "on_after_backward" not in quiet:
         run.hooks.on_after_backward(run=run)
     return outputs
+
+
+def plain_step(run: LoopRun, module: Callable[[Any], Any], batch: Any, max_grad_norm: float | None) -> dict:
+    """``micro_batch`` then ``apply_gradients`` for a step of one micro-batch under the null precision policy
+    (``precision.FLOAT32``: no autocast, loss scale or skipped step) in one process: the same work and hooks
+    in the same order, without the policy's calls that do nothing (half of the bytecodes this sequence adds
+    to a small model's step; ``EagerRunner`` chooses it once, tests/unit/test_step.py compares the two)."""
+    state = run.state
+    quiet, carried = state.quiet, state.carried
+    try:
+        outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
+    except RuntimeError as e:
+        raise_data_problem(run, batch, e)
+        raise
+    loss = outputs["loss"]
+    if "on_before_backward" not in quiet:
+        run.hooks.on_before_backward(run=run, loss=loss)
+    try:
+        loss.backward()
+    except Exception as e:
+        raise_loss_problem(run, loss, e)
+        raise
+    if "on_after_backward" not in quiet:
+        run.hooks.on_after_backward(run=run)
+    optimizer = run.optimizer
+    if "on_before_optimizer_step" not in quiet:
+        run.hooks.on_before_optimizer_step(run=run, optimizer=optimizer)
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return outputs
+
+
+def raise_data_problem(run: LoopRun, batch: Any, error: RuntimeError) -> None:
+    """Raise the ``ModelError`` that names the data setting when ``forward``'s ``error`` is the data's
+    (``integer_batch_problem``); else return (the caller re-raises ``error``)."""
+    problem = integer_batch_problem(run, batch, error)
+    if problem is not None:
+        raise ModelError(problem) from error
+
+
+def raise_loss_problem(run: LoopRun, loss: Any, error: Exception) -> None:
+    """Raise the ``ModelError`` that says what ``model.forward`` returned when ``backward``'s ``error`` comes
+    from a loss that is no loss to train on (``loss_problem``); else return (the caller re-raises ``error``)."""
+    problem = loss_problem(loss)
+    if problem is not None:
+        model = type(run.model)
+        raise ModelError(f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) returned "
+                         f"{problem}") from error
 
 
 _FLOAT_AND_INTEGER = re.compile(r"(?is)(?=.*\b(long|int)\b)(?=.*\b(float|half|bfloat16|double)\b)")

@@ -25,8 +25,8 @@ def has_test_sets(run: LoopRun) -> bool:
 
 def test_pass(run: LoopRun) -> dict[str, float]:
     """Evaluate every test set whole; returns (and reports) ``<set>/*``, the means over samples of every
-    scalar output. Training's random generators are left as they were (as ``loop.evaluate`` does)."""
-    from .loop import _evaluate_set
+    scalar output. Training's random generators are left as they were (as ``evaluation.evaluate`` does)."""
+    from .evaluation import evaluate_set
 
     cfg = run.stage_config
     metrics: dict[str, float] = {}
@@ -43,7 +43,7 @@ def test_pass(run: LoopRun) -> dict[str, float]:
                                   "has no sample); check it")
             try:
                 run.eval_set = name
-                metrics.update(_evaluate_set(run, name, loader, None, whole=True))
+                metrics.update(evaluate_set(run, name, loader, None, whole=True))
             finally:
                 loader.close()
     finally:

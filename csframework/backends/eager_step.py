@@ -44,6 +44,11 @@ class EagerRunner:
         self.forward: Callable[[Any], Any] = module
         self.autocast, self.backward, self.unscale = precision.autocast, precision.backward, precision.unscale
         self.optimizer_step, self.update = precision.optimizer_step, precision.update
+        # float32, one micro-batch a step, one process: the same sequence without the policy's no-op calls (not
+        # for a subclass, which replaces primitives: the compiled update of PerFunctionRunner)
+        if type(self) is EagerRunner and isinstance(precision, Float32) and accum == 1 and not distributed \
+                and not sharded:
+            self.train_batch = self._plain  # type: ignore[method-assign]
 
     def layout(self) -> dict:
         """The step's shape, as another runner of the same stage is built with it."""
@@ -60,6 +65,10 @@ class EagerRunner:
         if last:
             step.apply_gradients(run, self, self.max_grad_norm)
         return outputs  # detached by the loop, in the same walk that keeps the scalars for the log
+
+    def _plain(self, run: Any, batch: Any, last: bool) -> dict:
+        """``train_batch`` of a float32 step of one micro-batch in one process (``step.plain_step``)."""
+        return step.plain_step(run, self.forward, batch, self.max_grad_norm)
 
     def evaluate(self, batch: Any) -> dict:
         return self.outputs(batch)

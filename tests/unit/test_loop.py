@@ -16,6 +16,7 @@ next log, evaluation or checkpoint, which a non-finite loss then stops, naming i
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -399,10 +400,11 @@ def test_a_run_resumed_at_its_end_trains_and_writes_nothing(tmp_path):
 
 
 # -- log windows --------------------------------------------------------------------------------------------
-def test_logged_means_are_float32_means_of_every_window():
-    """``loop.window_means``: the mean of each output since the last log, the same whether the outputs were
-    stacked together (a value at every step) or reduced one by one (an output some steps lack), whatever
-    their dtypes."""
+def test_logged_means_are_float32_means_of_device_windows_and_exact_means_of_host_numbers():
+    """``loop.window_means``: the mean of each output since the last log: of tensors kept on a device, their
+    float32 mean, the same whether stacked together (a value at every step) or reduced one by one (an output
+    some steps lack), whatever their dtypes; of numbers read on the host, the exact mean (rounded once), NaN
+    where one is not finite."""
     from csframework.loop import window_means
 
     g = torch.Generator().manual_seed(0)
@@ -413,6 +415,10 @@ def test_logged_means_are_float32_means_of_every_window():
     assert window_means([loss, accuracy, count]) == expected
     assert window_means([loss, accuracy[:3], count]) == [expected[0], float(torch.stack(accuracy[:3]).float().mean()),
                                                           expected[2]]
+    host = [0.1, 0.2, 0.3, 1e16, -1e16]  # a float sum loses the small ones; the exact mean does not
+    assert window_means([host, [1, 2], [True, False, False, False]]) == [0.6 / 5, 1.5, 0.25]
+    assert [math.isnan(m) for m in window_means([[1.0, math.inf, -math.inf], [math.nan, 1.0], [2.0]])] == \
+        [True, True, False]
 
 
 # -- the step boundary --------------------------------------------------------------------------------------
@@ -449,8 +455,8 @@ READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "
 
 
 class OnDevice(torch.Tensor):
-    """A loss that is not in host memory, as on a GPU: the loop then checks it as an accelerator's (at the
-    boundaries), so a CPU run takes the GPU's path through the step."""
+    """An output that is not in host memory, as on a GPU: the loop then keeps it as an accelerator's (read at
+    the boundaries), so a CPU run takes the GPU's path through the step."""
 
     @property
     def is_cpu(self) -> bool:
@@ -462,10 +468,8 @@ class LossOnDevice(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch):
-        out = dict(self.model(batch))
-        out["loss"] = out["loss"].as_subclass(OnDevice)
-        return out
+    def forward(self, batch):  # every output on the "device", as on a GPU (the loop reads host scalars as kept)
+        return {k: v.as_subclass(OnDevice) if isinstance(v, torch.Tensor) else v for k, v in self.model(batch).items()}
 
 
 class ReadsPerStep:

@@ -1,7 +1,7 @@
 """``csframework.state.RunState``: the loop's position, stop request and pending outputs, written through its methods."""
 import torch
 
-from csframework.state import RunState
+from csframework.state import RunState, window
 
 
 def test_a_step_of_two_micro_batches_advances_the_position_once():
@@ -29,16 +29,27 @@ def test_only_the_first_stop_request_is_recorded():
     assert (state.stop_signal, state.stopping) == (None, False)
 
 
-def test_only_scalar_outputs_are_kept_until_the_log_and_the_hooks_get_them_detached():
+class OnDevice(torch.Tensor):
+    """A tensor that is not in host memory, as on a GPU."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
+
+
+def test_only_scalar_outputs_are_kept_until_the_log_read_on_the_host_and_detached_on_a_device():
     state = RunState()
     weight = torch.ones(3, requires_grad=True)
     loss, logits, labels = (weight * 2).sum(), weight * 3, torch.tensor([1, 2])
-    kept = state.keep_outputs({"loss": loss, "logits": logits, "labels": labels, "name": "x"})
-    assert list(kept) == ["loss", "logits", "labels", "name"]
-    assert not kept["loss"].requires_grad and not kept["logits"].requires_grad
-    assert kept["labels"] is labels and kept["name"] == "x"  # nothing to detach: passed as it is
-    assert list(state.pending) == ["loss"] and state.pending["loss"][0] is kept["loss"]
-    state.keep_outputs({"loss": torch.tensor(2.0)})
-    assert [float(v) for v in state.pending["loss"]] == [6.0, 2.0]
+    outputs = {"loss": loss, "logits": logits, "labels": labels, "accuracy": torch.tensor(0.5), "name": "x"}
+    state.keep_outputs(outputs)
+    assert list(state.pending) == ["loss", "accuracy"]  # 0-d tensors only, in the step's order
+    assert state.pending["loss"] == [6.0] and type(state.pending["loss"][0]) is float  # read on the host
+    assert outputs["loss"] is loss and loss.requires_grad  # the outputs themselves are left as they are
+    on_device = ((weight * 2).sum() / 3).as_subclass(OnDevice)
+    state.keep_outputs({"loss": on_device})
+    kept = state.pending["loss"][1]
+    assert isinstance(kept, torch.Tensor) and not kept.requires_grad  # not read: detached, out of the graph
+    assert window(state.pending["loss"]).tolist() == [6.0, 2.0] and window([1, 2]).dtype == torch.float32
     state.clear_pending()
     assert state.pending == {}

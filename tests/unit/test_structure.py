@@ -19,7 +19,7 @@ FLOORS = [
                               "finite"]),
     ("the static-graph machinery", ["graph", "graph.*"]),
     ("backends", ["backends", "backends.*"]),
-    ("loop, stage and the built-in plugins", ["loop", "stage", "resume", "builtin", "builtin.*", "fresh_run"]),
+    ("loop, stage and the built-in plugins", ["loop", "evaluation", "stage", "resume", "builtin", "builtin.*", "fresh_run"]),
     ("run and the API", ["run", "api", "weights", "testing", "testset", "predict", "modes"]),
     ("sweep", ["sweep", "sweep.*", "sweep_callback", "multirun"]),
     ("the command line", ["__main__", "cli", "cli.*", "config_reference"]),

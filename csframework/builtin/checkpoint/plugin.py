@@ -9,6 +9,7 @@ backend (``Backend.save_sharded``, ``load_sharded``, ``read_shard_metadata``), s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -19,6 +20,7 @@ from omegaconf import OmegaConf
 from ...errors import (CheckpointWriteError, ConfigError, DamagedCheckpoint, PluginError, UnreadableCheckpoints,
                        UnsafePathError)
 from ...files import SafeDir
+from ...hooks import as_plugin
 from ...hookspecs import hookimpl
 from . import store
 from .best import BestTracker
@@ -42,7 +44,6 @@ class CheckpointPlugin:
         self.saved_eval_step = -1  # the evaluation (its step) the checkpoint of saved_step holds the metrics of
         self.every: int | None = None  # the stage's checkpoint.every_steps
         self.every_epochs: int | None = None  # the stage's checkpoint.every_epochs
-        self.due_step: int | None = None  # the step _due last said is saved
         self.run: Any = None  # the run training (on_train_start), which _due reads
         self.next_every: float = math.inf  # the next step checkpoint.every_steps saves at (_due)
         self.config_yaml: str | None = None  # the run's config as YAML, made at the first save
@@ -218,13 +219,16 @@ class CheckpointPlugin:
         self.every_epochs = run.stage_config.checkpoint.every_epochs
         self.run = run
         self.next_every = self._every_after(run.global_step)  # moved on when reached: no division a step
-        run.set_save_due(self._due)  # the loop asks before the step's hooks
+        # the loop asks before the step's hooks and saves after them (no hook of ours at every step); a failure
+        # is reported as this plugin's at the step's end, as from a hook
+        run.set_save_due(self._due, as_plugin(self.name, "on_train_step_end", functools.partial(self.save, run)))
         if run.rank == 0:  # the run directory's lock is held: no other writer is alive
             store.remove_stale(self._root(run))
 
     def _due(self, step: int) -> bool:
         """Whether a checkpoint is saved at ``step`` (``Run.set_save_due``: the loop asks once a step, before
-        its hooks, and reports the metrics not yet logged when it is); ``on_train_step_end`` saves it."""
+        its hooks, and reports the metrics not yet logged when it is); the loop calls ``save`` after the step's
+        ``on_train_step_end`` hooks."""
         run = self.run
         if step >= self.next_every:  # checkpoint.every_steps: one comparison a step, the next such step known
             self.next_every = self._every_after(step)
@@ -234,17 +238,11 @@ class CheckpointPlugin:
             # on every rank: a sharded save needs them all; the index is read only at an evaluation's step)
             due = run.stopping or bool(self.every_epochs and run.closes_epochs(self.every_epochs)) \
                 or (run.last_eval_step == step and self.best.evaluation_improved(run, self._root(run)))
-        self.due_step = step if due else None
         return due
 
     def _every_after(self, step: int) -> float:
         """The first step after ``step`` that ``checkpoint.every_steps`` saves at (infinity without it)."""
         return (step // self.every + 1) * self.every if self.every else math.inf
-
-    @hookimpl(trylast=True)
-    def on_train_step_end(self, run, step):
-        if self.due_step == step:
-            self.save(run)
 
     @hookimpl
     def on_train_end(self, run):
