@@ -37,7 +37,8 @@ Order within one optimizer step (``loop.grad_accum_steps = k``, so a step consum
                                                       # run.set_save_due), the metrics not yet logged
         on_train_batch_end(batch, outputs, batch_idx)
     on_train_step_end(step, outputs)                  # once per optimizer step; the built-in checkpoint plugin
-                                                      # saves here, after the evaluation of the same step
+                                                      # saves after it (run.set_save_due's save), after the
+                                                      # evaluation of the same step
 
 The stage's last step is the one that reaches ``loop.max_steps``, the last full step of its last epoch
 (``loop.max_epochs``), or a step after ``run.request_stop``: its final evaluation runs inside it, so a

@@ -109,10 +109,12 @@ def plain_step(run: LoopRun, module: Callable[[Any], Any], batch: Any, max_grad_
     state = run.state
     quiet, carried = state.quiet, state.carried
     try:
-        outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
+        outputs = module(batch) if carried is None else carried.forward(module, batch)
     except RuntimeError as e:
         raise_data_problem(run, batch, e)
         raise
+    if type(outputs) is not dict or "loss" not in outputs:  # (model_outputs' usual answer asked here: no call)
+        outputs = model_outputs(outputs)
     loss = outputs["loss"]
     if "on_before_backward" not in quiet:
         run.hooks.on_before_backward(run=run, loss=loss)

@@ -156,3 +156,50 @@ def test_a_plugin_saving_at_a_step_gets_its_metrics_reported_before_the_steps_ho
     fit(tmp_path, "loop.max_steps=4", "loop.log_every=10", "plugins.disable=[checkpoint]", plugins=[saver])
     assert saver.seen == [("step_end", 1), ("step_end", 2), ("logged", 3), ("step_end", 3), ("logged", 4),
                           ("step_end", 4)]
+
+
+class SaverWithCallback:
+    """Says when it saves and hands the loop its save (``run.set_save_due(due, save)``): no hook of its own at
+    every step."""
+
+    name = "saver_with_callback"
+
+    def __init__(self):
+        self.seen: list[tuple[str, int]] = []
+
+    @csf.hookimpl
+    def on_train_start(self, run):
+        run.set_save_due(lambda step: step % 2 == 0, lambda: self.seen.append(("saved", run.global_step)))
+
+    @csf.hookimpl
+    def on_log_metrics(self, run, metrics, step):
+        if "train/loss" in metrics:
+            self.seen.append(("logged", step))
+
+
+class StepEnd:
+    name = "step_end"
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    @csf.hookimpl
+    def on_train_step_end(self, step):
+        self.seen.append(("step_end", step))
+
+
+def test_the_loop_calls_a_plugins_save_after_the_steps_hooks_at_the_steps_it_said(tmp_path):
+    saver = SaverWithCallback()
+    fit(tmp_path, "loop.max_steps=4", "loop.log_every=10", "plugins.disable=[checkpoint]",
+        plugins=[saver, StepEnd(saver.seen)])
+    assert saver.seen == [("step_end", 1), ("logged", 2), ("step_end", 2), ("saved", 2), ("step_end", 3),
+                          ("logged", 4), ("step_end", 4), ("saved", 4)]
+
+
+def test_the_checkpoint_plugin_has_no_hook_at_every_step(tmp_path):
+    """It saves through ``set_save_due``'s ``save``: a run without a progress bar calls no ``on_train_step_end``."""
+    from csframework.builtin.checkpoint.plugin import CheckpointPlugin
+
+    assert not hasattr(CheckpointPlugin, "on_train_step_end")
+    run = csf.Run(fixtures.compose("loop.max_steps=2"), output_dir=tmp_path)
+    assert "on_train_step_end" in run.hooks.quiet()[1]

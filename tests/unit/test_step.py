@@ -124,6 +124,45 @@ def test_float32_is_a_null_policy_doing_only_the_plain_thing():
     assert run.model.weight.grad is None
 
 
+@pytest.mark.parametrize("max_grad_norm", [None, 0.05])
+def test_the_float32_step_of_one_micro_batch_is_the_general_sequence_without_its_no_op_calls(max_grad_norm):
+    """``step.plain_step`` (what ``EagerRunner`` runs for float32, one micro-batch a step, one process) calls
+    the same hooks in the same order and computes the very same update and outputs as ``micro_batch`` then
+    ``apply_gradients`` under ``FLOAT32``."""
+    from csframework.precision import FLOAT32
+
+    results = []
+    for plain in (True, False):
+        run = FakeRun()
+        module = lambda batch: {"loss": run.model(batch).pow(2).sum(), "n": 1}  # noqa: E731
+        batch = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
+        for _ in range(3):
+            if plain:
+                outputs = step.plain_step(run, module, batch, max_grad_norm)
+            else:
+                outputs = step.micro_batch(run, FLOAT32, module, batch, 1)
+                step.apply_gradients(run, FLOAT32, max_grad_norm)
+        results.append((run.hooks.calls, run.model.weight.detach().clone(), run.model.weight.grad, outputs["n"],
+                         outputs["loss"].detach()))
+    (calls, weight, grad, n, loss), (calls2, weight2, grad2, n2, loss2) = results
+    assert calls == calls2 == ["on_before_backward", "on_after_backward", "on_before_optimizer_step"] * 3
+    assert torch.equal(weight, weight2) and grad is grad2 is None and n == n2 == 1 and torch.equal(loss, loss2)
+
+
+def test_the_eager_runner_takes_the_float32_sequence_only_where_it_is_the_same_step():
+    """Float32 with one micro-batch in one process: ``plain_step``; accumulation, a loss-scaling policy, DDP,
+    FSDP and a subclass replacing primitives (the compiled update): the general sequence."""
+    from csframework.backends.eager_step import EagerRunner
+    from csframework.precision import FLOAT32
+
+    module = torch.nn.Linear(2, 1)
+    assert EagerRunner(FLOAT32, module).train_batch.__func__ is EagerRunner._plain
+    for runner in (EagerRunner(FLOAT32, module, accum=2), EagerRunner(FLOAT32, module, distributed=True),
+                   EagerRunner(FLOAT32, module, sharded=True), EagerRunner(Recorder(), module),
+                   type("Subclass", (EagerRunner,), {})(FLOAT32, module)):
+        assert runner.train_batch.__func__ is EagerRunner.train_batch
+
+
 class FloatModel(torch.nn.Module):
     """A user's regression model: float inputs of 64 features."""
 
