@@ -88,15 +88,31 @@ _PLAIN_KEYS, _PLAIN_FIELDS = frozenset((str,)), frozenset((str, int, float))
 _FLAT = json.JSONEncoder(allow_nan=False, ensure_ascii=False, check_circular=False)
 
 
+def _c_encoder(encoder: json.JSONEncoder) -> Any:
+    """The C encoder ``encoder.encode`` makes at every call (``JSONEncoder.iterencode``: about 80 bytecodes
+    an event), made once with the same settings; ``None`` where ``json`` has no C encoder or makes it
+    otherwise (then ``encoder.encode`` is used)."""
+    try:
+        return json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+            markers=None, default=encoder.default, encoder=json.encoder.encode_basestring,  # type: ignore[attr-defined]
+            indent=None, key_separator=encoder.key_separator, item_separator=encoder.item_separator,
+            sort_keys=False, skipkeys=False, allow_nan=False)
+    except (AttributeError, TypeError):  # no C module (None is not callable), other arguments
+        return None
+
+
+#: ``_FLAT_CHUNKS(value, 0)``: a flat dict's JSON text in pieces (the C encoder's, or else ``_FLAT.encode``'s)
+_FLAT_CHUNKS = _c_encoder(_FLAT) or (lambda value, _level: (_FLAT.encode(value),))
+
+
 def dumps(value: Any, indent: int | None = None, where: str = "value") -> str:
     """``value`` as strict JSON text (``jsonable``)."""
-    if type(value) is dict and _PLAIN_KEYS.issuperset(map(type, value)) \
+    if indent is None and type(value) is dict and _PLAIN_KEYS.issuperset(map(type, value)) \
             and _PLAIN_FIELDS.issuperset(map(type, value.values())):
         # a flat dict of plain fields (an event, a log's metrics): jsonable would return it as it is unless a
         # float is not finite, which json refuses (ValueError): then it is converted; checked in C, not walked
         try:
-            return _FLAT.encode(value) if indent is None else json.dumps(value, indent=indent, allow_nan=False,
-                                                                          ensure_ascii=False)
+            return "".join(_FLAT_CHUNKS(value, 0))
         except ValueError:
             pass
     return json.dumps(jsonable(value, where), indent=indent, allow_nan=False, ensure_ascii=False)
