@@ -227,8 +227,7 @@ def _drop_partial_step(run: LoopRun, accum: int) -> None:
 
 def log_train_metrics(run: LoopRun) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
-    state = run.state
-    pending = state.pending
+    state, pending = run.state, run.state.pending
     if not pending.get("loss"):
         return
     keys = list(pending)  # in the order the step gave them: metrics.csv's rows, the events' fields
@@ -249,10 +248,9 @@ def log_train_metrics(run: LoopRun) -> None:
 
 
 def _training_rate(state: RunState, compiled: float) -> float:
-    """Steps per second of training since the last log: the time spent evaluating and compiling
-    (``compiled``: the seconds so far) in between left out (so a log after an evaluation or the first
-    compiled step reads the same rate as any other, and ``summary.json``'s ``steps_per_sec``, the whole
-    fit's, means the same: ``RunState.train_seconds``)."""
+    """Steps per second of training since the last log, the time spent evaluating and compiling (``compiled``:
+    seconds so far) in between left out: a log after an evaluation or the first compiled step reads the same
+    rate as any other, as ``summary.json``'s (the whole fit's, from the same ``RunState.train_seconds``)."""
     now, step = time.perf_counter(), state.global_step
     since, step_before, evaluated, compiled_before = state.last_log
     busy = max(now - since - (state.eval_seconds - evaluated) - (compiled - compiled_before), 1e-9)
@@ -270,18 +268,14 @@ def compile_seconds(run: LoopRun) -> float:
     return run.state.compile_seconds
 
 
-_first, _device = itemgetter(0), attrgetter("device")
-
-
 def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
     """The float32 mean of each list of 0-d tensors, read from the device at once (one synchronisation).
 
     When every list has a value of every step on one device (the usual case) they are stacked together,
     one ``stack``, ``mean`` and read for them all; else each list is reduced on its own first."""
-    # (both checked in C: a generator's frame and a pass a window cost more than the stack)
-    if len(set(map(len, windows))) == 1 and len(set(map(_device, map(_first, windows)))) == 1:
+    device = windows[0][0].device  # (the lengths and devices compared in C: no frame and pass a window)
+    if len(set(map(len, windows))) == 1 and set(map(attrgetter("device"), map(itemgetter(0), windows))) == {device}:
         return torch.stack(list(chain.from_iterable(windows))).view(len(windows), -1).float().mean(1).tolist()
-    device = windows[0][0].device
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
 
 
