@@ -94,7 +94,7 @@ def _c_encoder(encoder: json.JSONEncoder) -> Any:
     otherwise (then ``encoder.encode`` is used)."""
     try:
         return json.encoder.c_make_encoder(  # type: ignore[attr-defined]
-            markers=None, default=encoder.default, encoder=json.encoder.encode_basestring,  # type: ignore[attr-defined]
+            markers=None, default=encoder.default, encoder=json.encoder.encode_basestring,
             indent=None, key_separator=encoder.key_separator, item_separator=encoder.item_separator,
             sort_keys=False, skipkeys=False, allow_nan=False)
     except (AttributeError, TypeError):  # no C module (None is not callable), other arguments
