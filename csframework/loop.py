@@ -273,7 +273,7 @@ def window_means(windows: list[list[torch.Tensor]]) -> list[float]:
 
     When every list has a value of every step on one device (the usual case) they are stacked together,
     one ``stack``, ``mean`` and read for them all; else each list is reduced on its own first."""
-    device = windows[0][0].device  # (the lengths and devices compared in C: no frame and pass a window)
+    device = windows[0][0].device  # (lengths and devices compared in C: no generator, no Python pass)
     if len(set(map(len, windows))) == 1 and set(map(attrgetter("device"), map(itemgetter(0), windows))) == {device}:
         return torch.stack(list(chain.from_iterable(windows))).view(len(windows), -1).float().mean(1).tolist()
     return torch.stack([torch.stack(w).float().mean().to(device) for w in windows]).tolist()
