@@ -230,7 +230,7 @@ def _drop_partial_step(run: LoopRun, accum: int) -> None:
 
 def log_train_metrics(run: LoopRun) -> None:
     """Average the per-step values gathered since the last log (one synchronisation) and report them."""
-    pending = run.state.pending
+    state, pending = run.state, run.state.pending
     if not pending.get("loss"):
         return
     keys = list(pending)  # in the order the step gave them: metrics.csv's rows, the events' fields
@@ -243,25 +243,24 @@ def log_train_metrics(run: LoopRun) -> None:
         means = [float(values[k].mean()) for k in keys]
     elif run.stage_config.precision.loss_scaling == "dynamic":
         check_finite(run, torch.zeros(0))  # every loss was finite; the loss scale's floor is checked at each log
-    metrics = dict(zip([f"train/{k}" for k in keys], means))
+    metrics = dict(zip(map("train/{}".format, keys), means))  # (the names made in C)
     metrics["lr"] = float(run.optimizer.param_groups[0]["lr"])
-    metrics["steps_per_sec"] = _training_rate(run)
-    run.state.clear_pending()
+    metrics["steps_per_sec"] = _training_rate(state, compile_seconds(run))
+    state.clear_pending()
     run.report(metrics)
 
 
-def _training_rate(run: LoopRun) -> float:
-    """Steps per second of training since the last log: the time spent evaluating and compiling in between
-    left out (so a log after an evaluation or the first compiled step reads the same rate as any other, and
-    ``summary.json``'s ``steps_per_sec``, the whole fit's, means the same: ``RunState.train_seconds``)."""
-    state = run.state
-    now, compiled = time.perf_counter(), compile_seconds(run)
-    since, step, evaluated, compiled_before = state.last_log
+def _training_rate(state: RunState, compiled: float) -> float:
+    """Steps per second of training since the last log, the time spent evaluating and compiling (``compiled``:
+    seconds so far) in between left out: a log after an evaluation or the first compiled step reads the same
+    rate as any other, as ``summary.json``'s (the whole fit's, from the same ``RunState.train_seconds``)."""
+    now, step = time.perf_counter(), state.global_step
+    since, step_before, evaluated, compiled_before = state.last_log
     busy = max(now - since - (state.eval_seconds - evaluated) - (compiled - compiled_before), 1e-9)
     state.train_seconds += busy
-    state.train_steps += run.global_step - step
-    state.last_log = (now, run.global_step, state.eval_seconds, compiled)
-    return (run.global_step - step) / busy
+    state.train_steps += step - step_before
+    state.last_log = (now, step, state.eval_seconds, compiled)
+    return (step - step_before) / busy
 
 
 def window_means(windows: list[list]) -> list[float]:

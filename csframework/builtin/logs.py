@@ -7,14 +7,22 @@ the CLI, Hydra's job logging (``conf/hydra/job_logging/csframework.yaml``: stder
 ``[time][logger][LEVEL] - message``) governs both. From Python, records go to whatever handlers the user
 configured; with none configured anywhere, the plugin writes the same format to stderr itself. Nothing is
 configured globally, so importing csframework never touches the user's logging.
+
+Each event's line is flushed to the OS as it is written, except a log's (``on_log_metrics``: the ``metrics``
+event, the progress plugin's ``train`` or ``eval`` line, any other plugin's), which are flushed together when
+the log ends (``end_log``, after every other plugin's ``on_log_metrics``): either way before the next step.
 """
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+import time
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any, Callable
 
 import structlog
+from structlog.contextvars import get_contextvars
 
 from ..errors import printable
 from ..failures import error_record
@@ -27,6 +35,8 @@ LOGGER = "csframework"
 #: Keys of an event that the console line leaves out (the format shows time and level; the name comes first).
 _NOT_ON_CONSOLE = frozenset(("run_id", "timestamp", "level", "sweep_dir", "event"))
 _QUOTED = frozenset(" \t=\r\n\"'")
+#: The time ``TimeStamper(fmt="iso", utc=True)`` stamps (one C call: no attribute looked up).
+_utc_now = partial(datetime.now, timezone.utc)
 #: ``logging``'s number of each level structlog names, one lookup where ``logging.getLevelName`` upper-cases
 #: and looks up (a level not here, none structlog has today, still goes through it).
 _LEVEL_NUMBERS = {name: getattr(logging, name.upper()) for name in ("debug", "info", "warning", "error", "critical")}
@@ -38,10 +48,26 @@ def console_line(event: dict) -> str:
     ``ConsoleRenderer(colors=False)`` prints, written out because that renderer costs more than the rest of
     a log step together (it is built for colours and tracebacks, which these lines never have). Control
     characters (from a metric's name, a plugin's message, a file) are escaped: no forged or hidden lines."""
-    # one comprehension over the sorted items (no per-key branch, lookup and append in the loop's body)
+    # the shown keys picked and sorted in C: the comprehension's body runs once a shown field, with no test
+    keys = sorted(event.keys() - _NOT_ON_CONSOLE)
     fields = " ".join([f"{key}={value if isinstance(value, str) and _QUOTED.isdisjoint(value) else repr(value)}"
-                       for key, value in sorted(event.items()) if key not in _NOT_ON_CONSOLE])
+                       for key, value in zip(keys, map(event.__getitem__, keys))])
     return printable(f"{str(event.get('event', '')):<30} {fields}".rstrip())
+
+
+class ConsoleRecord(logging.LogRecord):
+    """A console line's record for the plugin's own handler, whose formatter (``FORMAT``) reads its time,
+    logger name, level name and message. ``LogRecord``'s own set-up also finds the caller's module and the
+    thread's and process's names, which ``FORMAT`` does not show (about 250 bytecodes, and the handler's
+    lock, filters and ``format`` 150 more: most of a console line's cost)."""
+
+    args = ()  # (read as attributes; the format's fields are read from the record's own dict)
+    exc_info = exc_text = stack_info = None
+
+    def __init__(self, levelname: str, message: str):  # (LogRecord.__init__ is left out on purpose)
+        self.name, self.levelname, self.msg, self.message = LOGGER, levelname, message, message
+        self.created = created = time.time()
+        self.msecs = int((created - int(created)) * 1000) + 0.0  # as LogRecord computes them
 
 
 class LoggingPlugin:
@@ -50,63 +76,95 @@ class LoggingPlugin:
     def __init__(self, stream=None):
         self.stream = stream
         self.file = None
+        self.holding = False  # inside a log (on_log_metrics): its events' lines flushed at its end
 
-    def _console(self):
-        """``(logger, handler)``: where console records go. A handler of our own only for an explicit
-        ``stream``, or when no handler is configured for the ``csframework`` logger or any of its parents."""
+    def _console(self) -> Callable[[str, str], None]:
+        """``show(level, message)``: how a console line is shown. A record for the ``csframework`` logger when
+        a handler is configured for it or a parent (the CLI's: Hydra's) and no ``stream`` was given; else the
+        plugin's own handler's format, written to that stream (or stderr) and flushed."""
         logger = logging.getLogger(LOGGER)
+        stream = self.stream or sys.stderr
+        clear = "\r\x1b[K" if stream.isatty() else ""  # clears a progress bar drawn on this line
         if self.stream is None and logger.hasHandlers():
-            return logger, None
-        handler = logging.StreamHandler(self.stream or sys.stderr)
-        handler.setFormatter(logging.Formatter(FORMAT))
-        return logger, handler
+            def show(level: str, message: str) -> None:
+                if clear:
+                    stream.write(clear)
+                logger.log(_LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper()), message)
+
+            return show
+        handler, formatter = logging.StreamHandler(stream), logging.Formatter(FORMAT)
+        handler.setFormatter(formatter)
+        names = {name: logging.getLevelName(number) for name, number in _LEVEL_NUMBERS.items()}
+
+        def own(level: str, message: str) -> None:
+            # the handler's formatter on a record of what it shows, written as the handler writes it: its
+            # time and message format (Formatter.format adds only a record's exception and stack, none here)
+            try:
+                record = ConsoleRecord(names[level], message)
+                record.asctime = formatter.formatTime(record)
+                stream.write(clear + formatter.formatMessage(record) + handler.terminator)
+                stream.flush()
+            except Exception:  # (a level structlog does not have, a closed stream): as logging does it
+                number = _LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper())
+                handler.handle(logger.makeRecord(LOGGER, number, __name__, 0, message, (), None))
+
+        return own
 
     @hookimpl(tryfirst=True)
     def on_fit_start(self, run):
-        logger, handler = self._console()
-        tty = (self.stream or sys.stderr).isatty()
+        show = self._console()
         if run.rank == 0:  # a regular file of the run directory, never a planted link or FIFO
             self.file = run.files.append("events.jsonl")
-        file = self.file
+        file, run_id = self.file, run.run_id
 
-        def context(_, __, event: dict) -> dict:
-            event.update(structlog.contextvars.get_contextvars())  # a sweep job's job and sweep_dir
-            event.setdefault("run_id", run.run_id)
+        def emit(_, level: str, event: dict):
+            """``run.log``'s one processor: the run's context, the level and the time, then the line written
+            and shown. The event gets the fields, in the order, that structlog's contextvars merge, our
+            context, ``add_log_level`` and ``TimeStamper(fmt="iso", utc=True)`` gave it as four processors
+            (a frame and a pass of structlog's loop each): the filtering logger's methods are named by their
+            level (``warn`` is ``warning``, ``exception`` calls ``error``), and the time is the stamper's text."""
+            on_console = event.pop("console", True)  # False: events.jsonl only (what a progress bar shows)
+            event.update(get_contextvars())  # a sweep job's job and sweep_dir
+            event.setdefault("run_id", run_id)
             event.setdefault("stage", run.stage)
             event.setdefault("step", run.global_step)
-            return event
-
-        def emit(_, __, event: dict):
-            on_console = event.pop("console", True)  # False: events.jsonl only (what a progress bar shows)
+            event["level"] = level
+            event["timestamp"] = _utc_now().isoformat().replace("+00:00", "Z")
             if file is not None and not file.closed:  # after the run, run.log still reaches the console
-                file.write(dumps(event, where=f"event {event.get('event')!r}") + "\n")  # strict JSON
-                file.flush()  # on disk (with the OS) before the next step: what a crash leaves is complete
-            if run.rank == 0 and on_console:
-                level = event["level"]
-                number = _LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper())
-                message = console_line(event)
-                if tty:  # clear a progress bar drawn on this line
-                    (self.stream or sys.stderr).write("\r\x1b[K")
-                if handler is None:
-                    logger.log(number, message)
-                else:
-                    handler.handle(logger.makeRecord(LOGGER, number, __name__, 0, message, (), None))
+                try:
+                    line = dumps(event)  # strict JSON
+                except TypeError as e:  # a value JSON cannot hold: named with its event (made only then)
+                    raise TypeError(f"event {event.get('event')!r}: {e}") from None
+                file.write(line + "\n")
+                if not self.holding:  # (a log's lines: flushed together by end_log)
+                    file.flush()  # on disk (with the OS) before the next step: what a crash leaves is complete
+            if on_console and run.rank == 0:
+                show(level, console_line(event))
             raise structlog.DropEvent
 
         # the bound logger itself, not the lazy proxy wrap_logger returns: the proxy looks up the logger
         # again for every event (its __getattr__), and without caching binds a new one each time
-        run.log = structlog.wrap_logger(
-            None, processors=[context, structlog.processors.add_log_level,
-                              structlog.processors.TimeStamper(fmt="iso", utc=True), emit],
-            wrapper_class=structlog.make_filtering_bound_logger(20)).bind()
+        run.log = structlog.wrap_logger(None, processors=[emit],
+                                        wrapper_class=structlog.make_filtering_bound_logger(20)).bind()
         run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
                      stages=[name for name, _ in run.stages], **run.distribution,
                      param_groups=[group.summary() for group in getattr(run, "param_groups", ())])
 
     @hookimpl
     def on_log_metrics(self, run, metrics, step):
-        """Metrics go to events.jsonl only; the progress plugin shows them on the console."""
+        """Metrics go to events.jsonl only; the progress plugin shows them on the console. A log begins here
+        (this plugin's call comes before the other built-ins'): its lines are held until ``end_log``."""
+        self.holding = True
         run.log.info("metrics", console=False, step=step, **metrics)
+
+    @hookimpl(trylast=True, specname="on_log_metrics")
+    def end_log(self):
+        """A log ends (after the other plugins' ``on_log_metrics``): its events' lines go to the OS in one
+        write and flush, where each was one. Should a plugin raise in between, the run fails and
+        ``on_exception`` closes the file, which writes them."""
+        self.holding = False
+        if self.file is not None:
+            self.file.flush()
 
     @hookimpl(trylast=True)  # after every other plugin's on_fit_end, which may still log
     def on_fit_end(self, run):
@@ -126,8 +184,9 @@ class LoggingPlugin:
         self._close()
 
     def _close(self):
+        self.holding = False
         if self.file is not None:
-            self.file.close()
+            self.file.close()  # (writes what a log interrupted by an error held)
             self.file = None
 
 

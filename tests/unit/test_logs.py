@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +22,7 @@ import structlog
 import csframework as csf
 import fixtures
 from fixtures import PoisonAt, StopAt, events
-from csframework.builtin.logs import LoggingPlugin, console_line
+from csframework.builtin.logs import FORMAT, LOGGER, LoggingPlugin, console_line
 from csframework.builtin.progress import ProgressPlugin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,3 +215,89 @@ def test_an_event_has_the_fields_and_order_structlogs_processors_gave_it(tmp_pat
         slow["timestamp"]) and slow["timestamp"] <= quiet["timestamp"] <= stamped
     assert start["event"] == "fit_start" and quiet["level"] == "info" and "job" not in quiet
     assert "][csframework][WARNING] - slow" in stream.getvalue() and "quiet" not in stream.getvalue()
+
+
+class CountedFlushes(io.TextIOWrapper):
+    """An appended text file that counts its flushes (each one a write to the OS)."""
+
+    flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+        super().flush()
+
+
+def bare_run(tmp_path, opened: list):
+    """What the logging plugin reads of a run, its files opened as ``CountedFlushes`` into ``opened``."""
+    def append(name):
+        opened.append(CountedFlushes(open(tmp_path / name, "ab"), encoding="utf-8", newline=""))
+        return opened[-1]
+
+    return SimpleNamespace(rank=0, run_id="r1", stage="main", global_step=7, mode="fit", output_dir=tmp_path,
+                           device_type="CPU", stages=[("main", None)], distribution={},
+                           files=SimpleNamespace(append=append))
+
+
+def test_a_logs_events_reach_the_os_in_one_flush_at_its_end_and_any_other_event_at_once(tmp_path):
+    opened: list = []
+    run, plugin = bare_run(tmp_path, opened), LoggingPlugin(stream=io.StringIO())
+    plugin.on_fit_start(run)
+    file, on_disk = opened[0], lambda: [e["event"] for e in events(tmp_path)]
+    assert on_disk() == ["fit_start"]
+    flushed = file.flushes
+    plugin.on_log_metrics(run, {"train/loss": 0.5, "lr": 0.1}, 7)
+    run.log.info("train", progress="7/10", loss=0.5)  # the progress plugin's line, inside the log
+    run.log.warning("slow", seconds=2.0)  # any plugin's event inside the log
+    plugin.end_log()
+    assert file.flushes == flushed + 1 and on_disk() == ["fit_start", "metrics", "train", "slow"]
+    run.log.info("outside")  # after the log: written and flushed at once
+    assert file.flushes == flushed + 2 and on_disk()[-1] == "outside"
+    plugin._close()
+
+
+class FailsInTheLog:
+    """Raises in ``on_log_metrics`` after the built-ins' (``trylast``, registered after them), before the
+    logging plugin's ``end_log``."""
+
+    name = "fails_in_the_log"
+
+    @csf.hookimpl(trylast=True)
+    def on_log_metrics(self, step):
+        if step == 2:
+            raise RuntimeError("broken plugin")
+
+
+def test_a_log_that_a_plugin_breaks_still_leaves_its_events_in_the_file(tmp_path):
+    with pytest.raises(csf.PluginError, match="broken plugin"):
+        csf.Run(fixtures.compose("loop.max_steps=4", "loop.log_every=2"), plugins=[FailsInTheLog()],
+                output_dir=tmp_path).fit()
+    found = [(e["event"], e["step"]) for e in events(tmp_path)]
+    assert found[-3:] == [("metrics", 2), ("train", 2), ("fit_failed", 2)]
+
+
+def test_the_plugins_own_console_line_is_what_a_logging_handler_with_its_format_writes(monkeypatch):
+    """Without a configured handler the plugin formats the line itself, on a record of what ``FORMAT`` shows:
+    the same text as ``logging``'s record through a ``StreamHandler`` of that format, at every level; a
+    stream that refuses it is reported as ``logging`` reports it, and the run goes on."""
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0421)  # (LogRecord's clock on Python 3.11, ...)
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_042_100_000)  # (... and on 3.13)
+    for level in ("debug", "info", "warning", "error", "critical"):
+        ours, theirs = io.StringIO(), io.StringIO()
+        LoggingPlugin(stream=ours)._console()(level, "train   loss=0.5")
+        handler = logging.StreamHandler(theirs)
+        handler.setFormatter(logging.Formatter(FORMAT))
+        handler.handle(logging.getLogger(LOGGER).makeRecord(LOGGER, getattr(logging, level.upper()), __name__, 0,
+                                                              "train   loss=0.5", (), None))
+        assert ours.getvalue() == theirs.getvalue() and ",042][csframework][" in ours.getvalue()
+    closed = io.StringIO()
+    show = LoggingPlugin(stream=closed)._console()
+    closed.close()
+    show("info", "train")  # ValueError: I/O operation on closed file: reported on stderr, not raised
+
+
+def test_an_event_json_cannot_hold_is_named_as_the_event_schema_says(tmp_path):
+    run, plugin = bare_run(tmp_path, []), LoggingPlugin(stream=io.StringIO())
+    plugin.on_fit_start(run)
+    with pytest.raises(TypeError, match=r"^event 'x': value\.obj: a object cannot be written as JSON"):
+        run.log.info("x", obj=object())
+    plugin._close()
