@@ -12,7 +12,6 @@ position), and ``BatchReader`` turns each into the batch.
 from __future__ import annotations
 
 import functools
-from itertools import islice
 from typing import Any, Callable, Sized, TypeGuard, TypeVar, cast
 
 import numpy as np
@@ -124,12 +123,18 @@ class BatchIndices(Sampler):
         self.sampler, self.batch_size, self.drop_last, self.as_lists = sampler, batch_size, drop_last, as_lists
 
     def __iter__(self):
-        order = self.sampler.order()
-        if self.drop_last:
-            order = order[: len(order) // self.batch_size * self.batch_size]
+        order = self.order()
         # split() makes one empty batch of no indices; a pass resumed at the end of its epoch has no batch
         batches = order.split(self.batch_size) if len(order) else ()
         return iter([b.tolist() for b in batches] if self.as_lists else batches)
+
+    def order(self) -> torch.Tensor:
+        """The pass's indices in order, one tensor, cut where its batches end (``drop_last``): batch ``i`` is
+        ``order[i * batch_size: (i + 1) * batch_size]``."""
+        order = self.sampler.order()
+        if self.drop_last:
+            order = order[: len(order) // self.batch_size * self.batch_size]
+        return order
 
     def __len__(self) -> int:
         samples = len(self.sampler)
@@ -235,7 +240,7 @@ class InProcessPass:
     pinned once, its batches are slices of it), so that the copy to the GPU overlaps the GPU's work."""
 
     def __init__(self, sampler: BatchIndices, reader: BatchReader, pin: bool = False):
-        self._indices, self._read, self._length = iter(sampler), reader.__getitem__, len(sampler)
+        self._read, self._length, self._batch = reader.__getitem__, len(sampler), sampler.batch_size
         self._pin = pin
         self._ahead: list = []
         read = reader.read
@@ -246,6 +251,11 @@ class InProcessPass:
         if self._tensors is not None:
             row = sum(t[:1].numel() * t.element_size() for t in self._tensors)
             self._chunk = max(1, min(64, READ_AHEAD_BYTES // max(1, row * sampler.batch_size)))
+            # the pass's indices, one tensor: a chunk's are a slice of it (no batches of indices split off
+            # and joined again: a quarter of a small model's per-epoch work)
+            self._order, self._at = sampler.order(), 0
+        else:
+            self._indices = iter(sampler)
 
     def __len__(self) -> int:
         return self._length
@@ -258,14 +268,14 @@ class InProcessPass:
             batch = self._read(next(self._indices))
             return pin_memory(batch) if self._pin else batch
         if not self._ahead:
-            # (per batch, C only: islice takes no more batches of indices from the sampler than it returns;
-            # numel is a 1-d index tensor's length, where its len() is a Python function)
-            indices = list(islice(self._indices, self._chunk))
-            if not indices:
+            at, batch = self._at, self._batch
+            indices = self._order[at: at + self._chunk * batch]
+            if not len(indices):
                 raise StopIteration
-            sizes = list(map(torch.Tensor.numel, indices))
-            selected = _select(self._tensors, torch.cat(indices), self._through)
-            columns = [(t.pin_memory() if self._pin else t).split(sizes) for t in selected]
+            self._at = at + len(indices)
+            selected = _select(self._tensors, indices, self._through)
+            # (batches of batch_size rows, the last maybe shorter: split's own cut)
+            columns = [(t.pin_memory() if self._pin else t).split(batch) for t in selected]
             self._ahead = list(map(list, zip(*columns)))
             self._ahead.reverse()
         return self._ahead.pop()
