@@ -17,10 +17,11 @@ steps, and is compared here:
   changed in place, ``p.data = other`` or ``model.double()``, keeps its identity; a frozen parameter must
   leave the update).
 
-The objects are gathered with C-level iteration (``map``, ``itertools.chain``) and compared with
-``operator.is_``; the layouts are compared in C by torch's own tensor guard where this torch has it: a few
-microseconds a step where walking the same objects in Python took a hundred. The watch keeps a reference
-to everything it compared, so no id is reused while it holds it.
+Where torch's guard manager can be used, the identities and lengths are compared by it, in one C call
+(``state_guard.py``); elsewhere the objects are gathered with C-level iteration (``map``, ``itertools.chain``)
+and compared with ``operator.is_``. The layouts are compared in C by torch's own tensor guard where this torch
+has it: a few microseconds a step where walking the same objects in Python took a hundred. The watch keeps a
+reference to everything it compared, so no id is reused while it holds it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from itertools import chain
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .state_guard import identity_guard
 
 _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
@@ -105,7 +108,9 @@ class StateWatch:
         self.settings = [_getter(sorted((k for k in group if k not in ("params", "lr")), key=str))
                          for group in self.groups]
         self.flags = tuple(map(_TRAINING, self.modules))
-        self.snapshot = self._take()
+        self.snapshot = self._take()  # also the references that keep the guard's ids from being reused
+        self.identities = identity_guard(given=self.given, modules=self.modules, dicts=self.dicts,
+                                         optimizers=self.optimizers, groups=self.groups, extras=self.extras)
 
     def _take(self) -> tuple[list, list]:
         """(objects compared by identity, lengths compared by ``==``). The group dicts are the snapshot's
@@ -128,6 +133,8 @@ class StateWatch:
         change)."""
         old_objects, old_values = self.snapshot
         try:
+            if self.identities is not None:  # the comparisons of ``_take`` in one C call
+                return self.identities() and self.layout(*self.tensors)
             objects, values = self._take()
             return (len(objects) == len(old_objects) and all(map(operator.is_, objects, old_objects))
                     and values == old_values and self.layout(*self.tensors))

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 import csframework as csf
 from csframework.backends.csx import lowlevel
-from csframework.graph import flat, passes, tracer
+from csframework.graph import flat, passes, state_guard, tracer
 from csframework.graph import optim as graph_optim
 from csframework.graph.compiler import StaticStep
 from csframework.graph.watch import StateWatch, args_check
@@ -103,19 +103,28 @@ CHANGES = {
     "a group added": lambda m, o: o.add_param_group({"params": [nn.Parameter(torch.ones(1))]}),
     "the optimizer's state loaded": lambda m, o: o.load_state_dict(o.state_dict()),
     "a state entry rebound": lambda m, o: o.state[m[0].weight].__setitem__("exp_avg", torch.zeros(8, 4)),
+    "a state entry added": lambda m, o: o.state[m[0].weight].__setitem__("extra", torch.zeros(1)),
+    "a parameter's state removed": lambda m, o: o.state.pop(m[2].bias),
 }
 
 
+@pytest.mark.parametrize("identities", [True, False], ids=["torch's guard manager", "identities in Python"])
 @pytest.mark.parametrize("guard", [True, False], ids=["torch's tensor guard", "attributes compared"])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_the_state_watch_sees_every_change(change, guard, monkeypatch):
-    """With torch's C tensor guard comparing the layouts, and without it (a torch that lacks the private API)."""
+def test_the_state_watch_sees_every_change(change, guard, identities, monkeypatch):
+    """With torch's C tensor guard comparing the layouts, and without it (a torch that lacks the private API);
+    with torch's guard manager comparing the identities (``state_guard.py``), and in Python."""
     if guard and not torch_guard_usable():
         pytest.skip(f"torch {torch.__version__}'s TensorGuards takes other arguments: the attributes are compared")
+    if identities and not state_guard._works():
+        pytest.skip(f"torch {torch.__version__}'s guard manager takes other arguments: compared in Python")
     if not guard:
         hide_torch_guard(monkeypatch)
+    if not identities:
+        monkeypatch.setattr(state_guard, "_works", lambda: False)
     model, optimizer, watch = watched()
     assert (type(watch.layout).__name__ == "builtin_function_or_method") is guard
+    assert (watch.identities is not None) is identities
     assert watch.unchanged()
     optimizer.param_groups[0]["lr"] = 0.5  # a graph input, not part of the state
     model[0].weight.data.add_(1.0)  # values change at every step
