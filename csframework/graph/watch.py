@@ -17,8 +17,8 @@ steps, and is compared here:
   changed in place, ``p.data = other`` or ``model.double()``, keeps its identity; a frozen parameter must
   leave the update).
 
-Where torch's guard manager can be used, the identities and lengths are compared by it, in one C call
-(``state_guard.py``); elsewhere the objects are gathered with C-level iteration (``map``, ``itertools.chain``)
+Where torch's guard manager can be used, all of it, and the layouts of the step's arguments, are compared by
+it in one C call a step (``check``, ``state_guard.py``); elsewhere the objects are gathered with C-level iteration (``map``, ``itertools.chain``)
 and compared with ``operator.is_``. The layouts are compared in C by torch's own tensor guard where this torch
 has it: a few microseconds a step where walking the same objects in Python took a hundred. The watch keeps a
 reference to everything it compared, so no id is reused while it holds it.
@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .state_guard import identity_guard
+from .state_guard import state_guard
 
 _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
@@ -109,8 +109,6 @@ class StateWatch:
                          for group in self.groups]
         self.flags = tuple(map(_TRAINING, self.modules))
         self.snapshot = self._take()  # also the references that keep the guard's ids from being reused
-        self.identities = identity_guard(given=self.given, modules=self.modules, dicts=self.dicts,
-                                         optimizers=self.optimizers, groups=self.groups, extras=self.extras)
 
     def _take(self) -> tuple[list, list]:
         """(objects compared by identity, lengths compared by ``==``). The group dicts are the snapshot's
@@ -133,13 +131,25 @@ class StateWatch:
         change)."""
         old_objects, old_values = self.snapshot
         try:
-            if self.identities is not None:  # the comparisons of ``_take`` in one C call
-                return self.identities() and self.layout(*self.tensors)
             objects, values = self._take()
             return (len(objects) == len(old_objects) and all(map(operator.is_, objects, old_objects))
                     and values == old_values and self.layout(*self.tensors))
         except (KeyError, AttributeError, TypeError, RuntimeError):  # e.g. a state entry that is no dict
             return False
+
+    def check(self, leaves: Sequence) -> Callable[[Sequence], bool]:
+        """A check, called with a step's flattened arguments, that the state is ``unchanged()`` and that they have
+        the types and layouts of ``leaves``: torch's guard manager in one C call (``state_guard.py``) where it
+        can be used and all of them are tensors, else ``unchanged()`` and ``args_check`` (never true where an
+        argument is no tensor: the signature is then computed anew)."""
+        fits = args_check(leaves)
+        if fits is None:
+            return lambda now: False
+        guard = state_guard(given=self.given, modules=self.modules, dicts=self.dicts, optimizers=self.optimizers,
+                            groups=self.groups, extras=self.extras, tensors=self.tensors, args=leaves)
+        if guard is not None:
+            return guard
+        return lambda now: self.unchanged() and fits(now)
 
     def lrs(self) -> list[float]:
         """Each param group's learning rate (valid while ``unchanged()``: the groups are the snapshot's)."""

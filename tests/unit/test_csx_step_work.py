@@ -124,13 +124,26 @@ def test_the_state_watch_sees_every_change(change, guard, identities, monkeypatc
         monkeypatch.setattr(state_guard, "_works", lambda: False)
     model, optimizer, watch = watched()
     assert (type(watch.layout).__name__ == "builtin_function_or_method") is guard
-    assert (watch.identities is not None) is identities
-    assert watch.unchanged()
+    fits = watch.check([T])  # what a step calls: the state unchanged and an argument laid out as T
+    assert (fits.__module__ == state_guard.__name__) is identities
+    assert watch.unchanged() and fits([torch.zeros(2)])
     optimizer.param_groups[0]["lr"] = 0.5  # a graph input, not part of the state
     model[0].weight.data.add_(1.0)  # values change at every step
-    assert watch.unchanged()
+    assert watch.unchanged() and fits([torch.zeros(2)])
+    assert not fits([torch.zeros(3)]) and not fits([torch.zeros(2, dtype=torch.int64)]) and not fits([T, T])
     CHANGES[change](model, optimizer)
     assert not watch.unchanged()
+    assert not fits([T])
+
+
+@pytest.mark.skipif(tracer.TORCH < (2, 13), reason="torch's guard manager took other arguments before")
+def test_torch_guard_manager_checks_the_state_where_torch_has_it():
+    """Not only where it is imported first: a step's trace has imported Dynamo before the first watch."""
+    import torch._dynamo  # noqa: F401
+
+    state_guard._works.cache_clear()
+    assert state_guard._works()
+    assert watched()[2].check([T]).__module__ == state_guard.__name__
 
 
 def low_level_training(tmp_path, change, steps=4):
