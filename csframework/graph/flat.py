@@ -24,6 +24,15 @@ def leaves(tree: Any) -> list:
     return out
 
 
+def call_leaves(args: tuple, kwargs: dict) -> list:
+    """``leaves((args, kwargs))``: a call's arguments, one container fewer to walk."""
+    out: list = []
+    _collect(args, out)
+    if kwargs:
+        _collect(kwargs, out)
+    return out
+
+
 def _collect(tree: Any, out: list) -> None:
     kind = type(tree)
     if kind is tuple or kind is list:
@@ -56,14 +65,20 @@ _MAX_LEAVES = 10_000  # a larger structure is rebuilt by pytree (its generated c
 
 def unflatten(values: Sequence, spec: pytree.TreeSpec) -> Any:
     """``pytree.tree_unflatten(values, spec)``: a builder made once per spec rebuilds plain containers."""
+    if len(values) != spec.num_leaves:
+        raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
+    return builder(spec)(values)
+
+
+def builder(spec: pytree.TreeSpec) -> Builder:
+    """The function that rebuilds ``spec``'s structure from exactly ``spec.num_leaves`` values (made once per
+    spec: ``_BUILDERS``)."""
     known = _BUILDERS.get(id(spec))
     if known is None or known[0] is not spec:
         if len(_BUILDERS) >= _MAX_BUILDERS:
             del _BUILDERS[next(iter(_BUILDERS))]
         known = _BUILDERS[id(spec)] = (spec, _same_structure(spec))
-    if len(values) != spec.num_leaves:
-        raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
-    return known[1](values)
+    return known[1]
 
 
 def _same_structure(spec: pytree.TreeSpec) -> Builder:

@@ -44,6 +44,9 @@ def test_flat_gives_what_pytree_gives(tree):
     expected, spec = pytree.tree_flatten(tree)
     got = flat.leaves(tree)
     assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected))
+    for args, kwargs in (((tree,), {}), ((T, tree), {"k": tree, "j": T})):  # a step's arguments
+        call = pytree.tree_leaves((args, kwargs))
+        assert [id(leaf) for leaf in flat.call_leaves(args, kwargs)] == [id(leaf) for leaf in call]
     rebuilt = flat.unflatten(got, spec)
     assert type(rebuilt) is type(tree)
     limit = sys.getrecursionlimit()
