@@ -44,8 +44,9 @@ def state_guard(given: Sequence[Sequence], modules: Sequence, dicts: Sequence[di
 
 def _build(given, modules, dicts, optimizers, groups, extras, tensors, args) -> Callable[[list], bool] | None:
     try:
-        roots = (*given, *modules, *dicts, *optimizers, *groups, *extras[0], *tensors)
-        check = _Builder(roots, args).build(given, modules, dicts, optimizers, groups, extras, tensors).check
+        entries = [entry for opt in optimizers for entry in opt.state.values()]
+        roots = (*given, *modules, *dicts, *optimizers, *entries, *groups, *groups, *extras[0], *tensors)
+        check = _Builder(roots, args).build(given, modules, dicts, optimizers, entries, groups, extras, tensors).check
         if check((roots, list(args))):
             return lambda now: check((roots, now))
     except Exception:  # noqa: BLE001 - a private API: any change of it leaves the Python comparison
@@ -69,16 +70,20 @@ class _Builder:
         for i, arg in enumerate(args):
             self.layout(arguments.list_getitem_manager(i, f"argument {i}", arg, self.plain), arg)
 
-    def build(self, given, modules, dicts, optimizers, groups, extras, tensors) -> Any:
+    def build(self, given, modules, dicts, optimizers, entries, groups, extras, tensors) -> Any:
         for items in given:
             self.items(self.at(items, self.plain), items)
         for module in modules:
             self.same(self.at(module, self.plain).getattr_manager("training", "training", module.training,
                                                                    self.plain), module.training)
         for d in dicts:
-            self.entries(self.at(d, self.mapping), d)
+            self.unwritten(self.at(d, self.plain), d)
         for opt in optimizers:
             self.optimizer(self.at(opt, self.plain), opt)
+        for entry in entries:
+            self.unwritten(self.at(entry, self.plain), entry)
+        for group in groups:  # its keys in order (the guard a dict's manager cannot take), then its values
+            self.at(group, self.plain).add_mapping_keys_guard(group, ["keys"], None)
         for group in groups:
             self.group(self.at(group, self.mapping), group)
         for obj, attr in zip(*extras):
@@ -111,19 +116,10 @@ class _Builder:
         for i, item in enumerate(items):
             self.same(manager.list_getitem_manager(i, f"[{i}]", item, self.plain), item)
 
-    def entries(self, manager, d: dict, skip: str | None = None) -> list:
-        """Each item of ``d`` in order, key and value by identity (the value of key ``skip`` not checked);
-        returns ``(key, value, value manager)`` of the others."""
-        manager.add_dict_length_check_guard(len(d), [f"len {len(d)}"], None)
-        out = []
-        for i, (key, value) in enumerate(d.items()):
-            self.same(manager.get_key_manager(i, f"key {i}", key, self.plain), key)
-            if key != skip:
-                kind = self.mapping if type(value) is dict else self.plain
-                value_manager = manager.get_value_manager(i, f"value {i}", value, kind)
-                self.same(value_manager, value)
-                out.append((key, value, value_manager))
-        return out
+    @staticmethod
+    def unwritten(manager, d: dict) -> None:
+        """``d`` not written since (its version: any item set, added or removed changes it)."""
+        manager.add_dict_version_guard(d, ["version"], None)
 
     def optimizer(self, manager, opt) -> None:
         groups = opt.param_groups
@@ -131,15 +127,19 @@ class _Builder:
         self.same(groups_manager, groups)
         self.items(groups_manager, groups)
         state = opt.state
-        state_manager = manager.getattr_manager("state", "state", state, self.mapping)
+        state_manager = manager.getattr_manager("state", "state", state, self.plain)
         self.same(state_manager, state)
-        for _, entry, entry_manager in self.entries(state_manager, state):
-            self.entries(entry_manager, entry)
+        self.unwritten(state_manager, state)
 
     def group(self, manager, group: dict) -> None:
-        for key, value, value_manager in self.entries(manager, group, skip="lr"):
-            if key == "params":
-                self.items(value_manager, value)
+        """The value of each key but the learning rate (rewritten by a schedule at every step, so the dict's
+        version does not do), ``params`` item by item."""
+        for i, (key, value) in enumerate(group.items()):
+            if key != "lr":
+                value_manager = manager.get_value_manager(i, f"value {i}", value, self.plain)
+                self.same(value_manager, value)
+                if key == "params":
+                    self.items(value_manager, value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,7 +166,9 @@ def _works() -> bool:
         if any(map(check, others)):
             return False
         changes = [lambda: setattr(flag, "training", False), lambda: items.append(1),
-                   lambda: params.__setitem__("weight", object()),
+                   lambda: params.__setitem__("weight", object()), lambda: params.pop("weight"),
+                   lambda: params.update(bias=None), lambda: params.setdefault("extra"), params.clear,
+                   lambda: entry.update(a=entry.pop("a")),  # the keys' order
                    lambda: entry.__setitem__("a", object()), lambda: entry.__setitem__("new", 1),
                    lambda: entry["params"].append(2), lambda: next(iter(opt.state.values())).__setitem__("k", 1),
                    lambda: opt.state.__setitem__(object(), {}), lambda: setattr(opt, "param_groups", [entry]),
