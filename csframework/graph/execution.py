@@ -86,8 +86,9 @@ class Execution:
         try:
             outs = self.run_graph(*inputs)
             n = self.n_results
-            for target, value in zip(self.written, outs[n:]):
-                target.copy_(value)
+            if self.written:
+                for target, value in zip(self.written, outs[n:]):
+                    target.copy_(value)
             results = list(outs[:n])
             for i in self.copied:
                 results[i] = results[i].clone()
