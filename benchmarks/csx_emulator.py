@@ -142,10 +142,11 @@ def own_time(retrace: bool, steps: int = 400) -> dict:
             "own_us_per_step": step_us - ops_us, "own_us_quietest": quiet_step - quiet_ops, "graph_ops": nodes}
 
 
-def own_opcodes(functions: int, steps: int = 200) -> None:
+def own_opcodes(functions: int, steps: int = 200) -> dict[str, dict[str, float]]:
     """The emulator's own work per step counted, a figure the load does not move: Python bytecode instructions
     and C calls from Python (``benchmarks.opcodes``' counter) of ``steps`` steps less those of as many runs of
-    the graph alone, and the functions that make the difference."""
+    the graph alone, and the ``functions`` that make the most of the difference; returns the counts a step by
+    function (``file:line:name``) or C function."""
     from .opcodes import Counter, _by_name
 
     with own_setup(False) as (run, batch, graph_once, _):
@@ -157,12 +158,14 @@ def own_opcodes(functions: int, steps: int = 200) -> None:
                     one()
             finally:
                 counters[name].off()
+    counts = {}
     for what in ("opcodes", "c_calls"):
         step, graph = (_by_name(getattr(counters[name], what)) for name in ("step", "graph"))
-        own = {key: (step.get(key, 0) - graph.get(key, 0)) / steps for key in set(step) | set(graph)}
+        own = counts[what] = {key: (step.get(key, 0) - graph.get(key, 0)) / steps for key in set(step) | set(graph)}
         print(f"{what} per step, the emulator's own (step less graph): {sum(own.values()):,.1f}")
         for key in sorted(own, key=lambda k: -abs(own[k]))[:functions]:
             print(f"{own[key]:+10.1f}  {key}")
+    return counts
 
 
 def own_figures(rounds: int) -> list:

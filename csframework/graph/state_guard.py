@@ -147,6 +147,11 @@ def _works() -> bool:
     """Whether this torch's guard manager builds and catches each kind of change on a small structure (a
     removed private API, or one whose checks mean something else, leaves the Python comparison)."""
     importlib.import_module("torch._dynamo")  # a second, the first time; the step's trace imports it anyway
+    with torch.inference_mode(False), torch.enable_grad():  # the first step may be an evaluation's
+        return _catches_every_change()
+
+
+def _catches_every_change() -> bool:
     try:
         flag, items, entry = _Flag(), [object()], {"a": object(), "lr": 1.0, "params": [object()]}
         params = {"weight": object()}

@@ -44,6 +44,8 @@ _STATE = operator.attrgetter("state")
 _LR = operator.itemgetter("lr")
 _VALUES = dict.values
 _CALL = getattr(operator, "call", lambda fn, *args: fn(*args))  # operator.call: Python 3.11
+_ARG_LAYOUT = operator.attrgetter("__class__", "shape", "dtype", "device", "requires_grad")
+_MAX_GUARDS = 8  # arguments' layouts a watch keeps a guard for
 
 
 def walk(module: torch.nn.Module, out: list) -> list:
@@ -109,6 +111,7 @@ class StateWatch:
                          for group in self.groups]
         self.flags = tuple(map(_TRAINING, self.modules))
         self.snapshot = self._take()  # also the references that keep the guard's ids from being reused
+        self.guards: dict[tuple, Callable[[Sequence], bool] | None] = {}  # by arguments' layout (``check``)
 
     def _take(self) -> tuple[list, list]:
         """(objects compared by identity, lengths compared by ``==``). The group dicts are the snapshot's
@@ -145,8 +148,13 @@ class StateWatch:
         fits = args_check(leaves)
         if fits is None:
             return lambda now: False
-        guard = state_guard(given=self.given, modules=self.modules, dicts=self.dicts, optimizers=self.optimizers,
-                            groups=self.groups, extras=self.extras, tensors=self.tensors, args=leaves)
+        # one guard per arguments' layout (an evaluation's last batch may be short): built in milliseconds
+        layout = tuple(map(_ARG_LAYOUT, leaves))
+        guard = self.guards.get(layout)
+        if guard is None and len(self.guards) < _MAX_GUARDS:
+            guard = self.guards[layout] = state_guard(
+                given=self.given, modules=self.modules, dicts=self.dicts, optimizers=self.optimizers,
+                groups=self.groups, extras=self.extras, tensors=self.tensors, args=leaves)
         if guard is not None:
             return guard
         return lambda now: self.unchanged() and fits(now)

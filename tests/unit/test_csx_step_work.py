@@ -146,7 +146,11 @@ def test_torch_guard_manager_checks_the_state_where_torch_has_it():
 
     state_guard._works.cache_clear()
     assert state_guard._works()
-    assert watched()[2].check([T]).__module__ == state_guard.__name__
+    watch = watched()[2]
+    assert watch.check([T]).__module__ == state_guard.__name__
+    # built once per arguments' layout (milliseconds on a real model): an evaluation's short last batch and
+    # the full ones alternate
+    assert watch.check([torch.zeros(2)]) is watch.check([T]) is not watch.check([torch.zeros(1)])
 
 
 def low_level_training(tmp_path, change, steps=4):
