@@ -45,7 +45,7 @@ def state_guard(given: Sequence[Sequence], modules: Sequence, dicts: Sequence[di
 def _build(given, modules, dicts, optimizers, groups, extras, tensors, args) -> Callable[[list], bool] | None:
     try:
         entries = [entry for opt in optimizers for entry in opt.state.values()]
-        roots = (*given, *modules, *dicts, *optimizers, *entries, *groups, *groups, *extras[0], *tensors)
+        roots = (*given, *modules, *dicts, *optimizers, *entries, *groups, *extras[0], *tensors)
         check = _Builder(roots, args).build(given, modules, dicts, optimizers, entries, groups, extras, tensors).check
         if check((roots, list(args))):
             return lambda now: check((roots, now))
@@ -82,10 +82,8 @@ class _Builder:
             self.optimizer(self.at(opt, self.plain), opt)
         for entry in entries:
             self.unwritten(self.at(entry, self.plain), entry)
-        for group in groups:  # its keys in order (the guard a dict's manager cannot take), then its values
-            self.at(group, self.plain).add_mapping_keys_guard(group, ["keys"], None)
         for group in groups:
-            self.group(self.at(group, self.mapping), group)
+            self.group(self.at(group, self.plain), group)
         for obj, attr in zip(*extras):
             value = getattr(obj, attr)
             self.same(self.at(obj, self.plain).getattr_manager(attr, attr, value, self.plain), value)
@@ -132,11 +130,12 @@ class _Builder:
         self.unwritten(state_manager, state)
 
     def group(self, manager, group: dict) -> None:
-        """The value of each key but the learning rate (rewritten by a schedule at every step, so the dict's
-        version does not do), ``params`` item by item."""
-        for i, (key, value) in enumerate(group.items()):
+        """Its keys in order, and the value of each but the learning rate (rewritten by a schedule at every step,
+        so the dict's version does not do), ``params`` item by item."""
+        manager.add_mapping_keys_guard(group, ["keys"], None)
+        for key, value in group.items():
             if key != "lr":
-                value_manager = manager.get_value_manager(i, f"value {i}", value, self.plain)
+                value_manager = manager.dict_getitem_manager(key, repr(key), value, self.plain)
                 self.same(value_manager, value)
                 if key == "params":
                     self.items(value_manager, value)
