@@ -148,10 +148,11 @@ class StateWatch:
         fits = args_check(leaves)
         if fits is None:
             return lambda now: False
-        # one guard per arguments' layout (an evaluation's last batch may be short): built in milliseconds
+        # one guard per arguments' layout (an evaluation's last batch may be short): built in milliseconds; built
+        # again where a dict was written without a change (a trace swaps the parameters out and back)
         layout = tuple(map(_ARG_LAYOUT, leaves))
         guard = self.guards.get(layout)
-        if guard is None and len(self.guards) < _MAX_GUARDS:
+        if (guard is None or not guard(leaves)) and len(self.guards) < _MAX_GUARDS + (guard is not None):
             guard = self.guards[layout] = state_guard(
                 given=self.given, modules=self.modules, dicts=self.dicts, optimizers=self.optimizers,
                 groups=self.groups, extras=self.extras, tensors=self.tensors, args=leaves)
