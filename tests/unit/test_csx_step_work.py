@@ -45,8 +45,9 @@ def test_flat_gives_what_pytree_gives(tree):
     got = flat.leaves(tree)
     assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected))
     for args, kwargs in (((tree,), {}), ((T, tree), {"k": tree, "j": T})):  # a step's arguments
-        call = pytree.tree_leaves((args, kwargs))
-        assert [id(leaf) for leaf in flat.call_leaves(args, kwargs)] == [id(leaf) for leaf in call]
+        call = [id(leaf) for leaf in pytree.tree_leaves((args, kwargs))]
+        assert [id(leaf) for leaf in flat.call_leaves(args, kwargs)] == call
+        assert [id(leaf) for leaf in flat.flattener(args, kwargs)(args, kwargs)] == call
     rebuilt = flat.unflatten(got, spec)
     assert type(rebuilt) is type(tree)
     limit = sys.getrecursionlimit()
@@ -58,6 +59,27 @@ def test_flat_gives_what_pytree_gives(tree):
     assert all(a is b for a, b in zip(pytree.tree_leaves(rebuilt), expected))
     with pytest.raises(ValueError):
         flat.unflatten(got + [0], spec)
+
+
+FLAT_CALL = (([(T, T)], {"x": T, "y": [1, None]}), {"k": T})
+OTHER_STRUCTURES = [(([(T, T, T)], {"x": T, "y": [1, None]}), {"k": T}),  # a longer tuple
+                    (([[T, T]], {"x": T, "y": [1, None]}), {"k": T}),  # a list for a tuple
+                    (([(T, T)], {"y": [1, None], "x": T}), {"k": T}),  # the keys in another order
+                    (([(T, T)], {"x": T, "z": [1, None]}), {"k": T}),  # another key
+                    (([(T, T)], {"x": T, "y": [1, (None,)]}), {"k": T}),  # a container for a leaf
+                    (([(T, nn.Parameter(T))], {"x": T, "y": [1, None]}), {"k": T}),  # another leaf type (pytree's)
+                    (([(T, T)], {"x": T, "y": [1, None]}), {}),  # no keyword
+                    (([(T, T)], collections.OrderedDict(x=T, y=[1, None])), {"k": T})]  # another container
+
+
+@pytest.mark.parametrize("other", OTHER_STRUCTURES, ids=range(len(OTHER_STRUCTURES)))
+def test_a_flattener_takes_only_its_own_structure(other):
+    """A step's arguments are flattened by code made for the last call's structure: any other is refused
+    (``None``: the step walks them and makes a flattener for the new one), its own gives pytree's leaves."""
+    flatten = flat.flattener(*FLAT_CALL)
+    assert [id(leaf) for leaf in flatten(*FLAT_CALL)] == [id(leaf) for leaf in pytree.tree_leaves(FLAT_CALL)]
+    assert flatten(*other) is None
+    assert [id(leaf) for leaf in flat.flattener(*other)(*other)] == [id(leaf) for leaf in pytree.tree_leaves(other)]
 
 
 def hide_torch_guard(monkeypatch) -> None:
