@@ -35,14 +35,14 @@ import torch
 
 def state_guard(given: Sequence[Sequence], modules: Sequence, dicts: Sequence[dict], optimizers: Sequence,
                 groups: Sequence[dict], extras: tuple[list, list], tensors: Sequence[torch.Tensor],
-                args: Sequence[torch.Tensor]) -> Callable[[list], bool] | None:
+                args: Sequence[torch.Tensor]) -> Callable[[Sequence], bool] | None:
     """A check, called with a step's flattened arguments, that the objects the watch compares by identity are
     all still the snapshot's, that ``tensors`` keep their layouts and that the arguments have the layouts of
     ``args`` (see the module's docstring); ``None`` where this torch has no usable guard manager."""
     return _build(given, modules, dicts, optimizers, groups, extras, tensors, args) if _works() else None
 
 
-def _build(given, modules, dicts, optimizers, groups, extras, tensors, args) -> Callable[[list], bool] | None:
+def _build(given, modules, dicts, optimizers, groups, extras, tensors, args) -> Callable[[Sequence], bool] | None:
     try:
         entries = [entry for opt in optimizers for entry in opt.state.values()]
         roots = (*given, *modules, *dicts, *optimizers, *entries, *groups, *extras[0], *tensors)
@@ -152,9 +152,11 @@ def _works() -> bool:
 
 def _catches_every_change() -> bool:
     try:
-        flag, items, entry = _Flag(), [object()], {"a": object(), "lr": 1.0, "params": [object()]}
+        entry: dict[str, Any] = {"a": object(), "lr": 1.0, "params": [object()]}
+        flag, items = _Flag(), [object()]
         params = {"weight": object()}
-        opt, extra = _Flag(), _Flag()
+        opt: Any = _Flag()
+        extra = _Flag()
         opt.param_groups, opt.state = [entry], {object(): {"k": object()}}
         tensor, arg = torch.zeros(2), torch.zeros(3)
 
@@ -165,7 +167,7 @@ def _catches_every_change() -> bool:
         entry["lr"] = 2.0  # not compared
         if check is None or not check([torch.ones(3)]):
             return False
-        others = ([], [arg, arg], [3], [torch.zeros(2)], [torch.zeros(3, dtype=torch.int64)],
+        others: tuple[list, ...] = ([], [arg, arg], [3], [torch.zeros(2)], [torch.zeros(3, dtype=torch.int64)],
                   [torch.zeros(3, requires_grad=True)], [torch.nn.Parameter(arg)])
         if any(map(check, others)):
             return False
