@@ -18,8 +18,8 @@ steps, and is compared here:
   leave the update).
 
 Where torch's guard manager can be used, all of it, and the layouts of the step's arguments, are compared by
-it in one C call a step (``check``, ``state_guard.py``); elsewhere the objects are gathered with C-level iteration (``map``, ``itertools.chain``)
-and compared with ``operator.is_``. The layouts are compared in C by torch's own tensor guard where this torch
+it in one C call a step (``check``, ``state_guard.py``); elsewhere the objects are gathered with C-level
+iteration (``map``, ``itertools.chain``) and compared with ``operator.is_``. The layouts are compared in C by torch's own tensor guard where this torch
 has it: a few microseconds a step where walking the same objects in Python took a hundred. The watch keeps a
 reference to everything it compared, so no id is reused while it holds it.
 """
@@ -46,6 +46,7 @@ _VALUES = dict.values
 _CALL = getattr(operator, "call", lambda fn, *args: fn(*args))  # operator.call: Python 3.11
 _ARG_LAYOUT = operator.attrgetter("__class__", "shape", "dtype", "device", "requires_grad")
 _MAX_GUARDS = 8  # arguments' layouts a watch keeps a guard for
+_MAX_REBUILDS = 4  # guards a watch builds again for a dict written without a change, before it stops
 
 
 def walk(module: torch.nn.Module, out: list) -> list:
@@ -112,6 +113,7 @@ class StateWatch:
         self.flags = tuple(map(_TRAINING, self.modules))
         self.snapshot = self._take()  # also the references that keep the guard's ids from being reused
         self.guards: dict[tuple, Callable[[Sequence], bool] | None] = {}  # by arguments' layout (``check``)
+        self.rebuilds = 0  # guards built again, the state unchanged
 
     def _take(self) -> tuple[list, list]:
         """(objects compared by identity, lengths compared by ``==``). The group dicts are the snapshot's
@@ -149,13 +151,18 @@ class StateWatch:
         if fits is None:
             return lambda now: False
         # one guard per arguments' layout (an evaluation's last batch may be short): built in milliseconds; built
-        # again where a dict was written without a change (a trace swaps the parameters out and back)
+        # again where a dict was written without a change (a trace swaps the parameters out and back), but not
+        # at every step (a user's ``preinitialize()`` that writes its state each time): then compared in Python
         layout = tuple(map(_ARG_LAYOUT, leaves))
         guard = self.guards.get(layout)
-        if (guard is None or not guard(leaves)) and len(self.guards) < _MAX_GUARDS + (guard is not None):
+        stale = guard is not None and not guard(leaves)
+        self.rebuilds += stale
+        if (guard is None and len(self.guards) < _MAX_GUARDS) or (stale and self.rebuilds <= _MAX_REBUILDS):
             guard = self.guards[layout] = state_guard(
                 given=self.given, modules=self.modules, dicts=self.dicts, optimizers=self.optimizers,
                 groups=self.groups, extras=self.extras, tensors=self.tensors, args=leaves)
+        elif stale:
+            guard = None
         if guard is not None:
             return guard
         return lambda now: self.unchanged() and fits(now)

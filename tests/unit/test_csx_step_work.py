@@ -190,6 +190,11 @@ def test_a_write_that_changes_nothing_leaves_the_check_passing_again(identities,
         d[key], d[key] = None, d[key]  # out and back
     assert watch.unchanged() and fits([T]) is not identities
     assert watch.check([T])([T])
+    for _ in range(6):  # written at every step (a user's preinitialize()): not a guard built each time
+        model[0]._parameters["weight"], model[0]._parameters["weight"] = None, weight
+        fits = watch.check([T])
+        assert fits([T])
+    assert fits.__module__ == StateWatch.__module__  # compared in Python from then on
 
 
 def test_steady_steps_take_the_one_call_check(monkeypatch):
