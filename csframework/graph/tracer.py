@@ -44,8 +44,7 @@ from ..errors import CompileError, TracingError
 from . import optim as graph_optim
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
 from .watch import StateWatch, walk
-from .errors import (Where, called_from, first_refusal, translate, tracing_error, user_frame_here,
-                     user_location)
+from .errors import Where, called_from, first_refusal, translate, tracing_error, user_frame_here, user_location
 
 # -- the active trace ---------------------------------------------------------------------------------------
 
@@ -534,15 +533,15 @@ class StepTracer:
         if cached is not None and cached[3](leaves):  # the state and the arguments' layout of the last call
             cached[1].lrs = cached[0].lrs()
             return cached[1], cached[2]
-        if cached is not None and cached[0].unchanged():
-            watch, state = cached[0], cached[1]
-            state.lrs = watch.lrs()
+        if cached is not None and (watch := cached[0]).unchanged():
+            state = cached[1]
         else:
             # the built-in optimizers' state is created if missing (it is, unchanged, when the watch holds)
             for opt in self.optimizers:
                 graph_optim.preinitialize(opt)
             state = collect_state(self.modules, self.optimizers, self.extras)
             watch = StateWatch(self.modules, self.optimizers, self.extras, state.tensors)
+        state.lrs = watch.lrs()
         sig = signature(state, self.modules, leaves, watch.flags)
         self._cached = (watch, state, sig, watch.check(leaves))
         return state, sig

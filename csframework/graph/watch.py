@@ -18,10 +18,11 @@ steps, and is compared here:
   leave the update).
 
 Where torch's guard manager can be used, all of it, and the layouts of the step's arguments, are compared by
-it in one C call a step (``check``, ``state_guard.py``); elsewhere the objects are gathered with C-level
-iteration (``map``, ``itertools.chain``) and compared with ``operator.is_``. The layouts are compared in C by torch's own tensor guard where this torch
-has it: a few microseconds a step where walking the same objects in Python took a hundred. The watch keeps a
-reference to everything it compared, so no id is reused while it holds it.
+it in one C call a step (``check``, ``state_guard.py``); elsewhere (and in ``unchanged``, the slow path) the
+objects are gathered with C-level iteration (``map``, ``itertools.chain``) and compared with ``operator.is_``,
+and the layouts in C by torch's own tensor guard where this torch has it: a few microseconds a step where
+walking the same objects in Python took a hundred. The watch keeps a reference to everything it compared, so
+no id is reused while it holds it.
 """
 from __future__ import annotations
 
