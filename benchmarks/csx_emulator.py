@@ -5,6 +5,7 @@ model (tiny transformer, AdamW, clipping), and the time to trace and compile the
     python -m benchmarks.csx_emulator --detail           # one process: trace, steps, retrace cost
     python -m benchmarks.csx_emulator --contestant csx   # one measurement (a JSON line)
     python -m benchmarks.csx_emulator --own-time         # the emulator's own work per step (issue 52)
+    python -m benchmarks.csx_emulator --opcodes [N]      # the same counted: bytecodes and C calls (N functions)
 
 Each contestant process builds the run, times ``backend.train_batch`` (the whole optimizer step: forward,
 backward, clipping, update, schedule) on one fixed batch for ``--steps`` steps after warm-up, and reports the
@@ -25,6 +26,7 @@ percentiles, nearer a quiet machine's figure on a shared one) is what the emulat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -95,8 +97,10 @@ def contestant(name: str, steps: int, compile_dir: str | None, graph_compiler: s
     return result
 
 
-def own_time(retrace: bool, steps: int = 400) -> dict:
-    """The emulator's own CPU time per step (see the module's docstring): median step less median graph."""
+@contextlib.contextmanager
+def own_setup(retrace: bool):
+    """The blobs MLP's CSX run after 20 steps, one batch, and a call of its graph's generated code alone on
+    the same live tensors: ``(run, batch, graph_once, graph_nodes)``."""
     import torch
 
     from csframework.graph.tracer import _inputs
@@ -118,6 +122,12 @@ def own_time(retrace: bool, steps: int = 400) -> dict:
             with torch.no_grad():
                 graph(*inputs)
 
+        yield run, batch, graph_once, len(compiled.gm.graph.nodes)
+
+
+def own_time(retrace: bool, steps: int = 400) -> dict:
+    """The emulator's own CPU time per step (see the module's docstring): median step less median graph."""
+    with own_setup(retrace) as (run, batch, graph_once, nodes):
         step, ops = [], []
         for _ in range(steps):  # alternated, so that both see the same machine
             step += step_times(run, batch, 1, time.process_time)
@@ -129,8 +139,33 @@ def own_time(retrace: bool, steps: int = 400) -> dict:
     # some iterations, and the least disturbed ones are nearest to a quiet machine's figure
     quiet_step, quiet_ops = (1e6 * statistics.quantiles(times, n=10)[0] for times in (step, ops))
     return {"contestant": "own-retrace" if retrace else "own", "step_us": step_us, "graph_ops_us": ops_us,
-            "own_us_per_step": step_us - ops_us, "own_us_quietest": quiet_step - quiet_ops,
-            "graph_ops": len(compiled.gm.graph.nodes)}
+            "own_us_per_step": step_us - ops_us, "own_us_quietest": quiet_step - quiet_ops, "graph_ops": nodes}
+
+
+def own_opcodes(functions: int, steps: int = 200) -> dict[str, dict[str, float]]:
+    """The emulator's own work per step counted, a figure the load does not move: Python bytecode instructions
+    and C calls from Python (``benchmarks.opcodes``' counter) of ``steps`` steps less those of as many runs of
+    the graph alone, and the ``functions`` that make the most of the difference; returns the counts a step by
+    function (``file:line:name``) or C function."""
+    from .opcodes import Counter, _by_name
+
+    with own_setup(False) as (run, batch, graph_once, _):
+        counters = {"step": Counter(), "graph": Counter()}
+        for name, one in (("step", lambda: step_times(run, batch, 1)), ("graph", graph_once)):
+            counters[name].on()
+            try:
+                for _ in range(steps):
+                    one()
+            finally:
+                counters[name].off()
+    counts = {}
+    for what in ("opcodes", "c_calls"):
+        step, graph = (_by_name(getattr(counters[name], what)) for name in ("step", "graph"))
+        own = counts[what] = {key: (step.get(key, 0) - graph.get(key, 0)) / steps for key in set(step) | set(graph)}
+        print(f"{what} per step, the emulator's own (step less graph): {sum(own.values()):,.1f}")
+        for key in sorted(own, key=lambda k: -abs(own[k]))[:functions]:
+            print(f"{own[key]:+10.1f}  {key}")
+    return counts
 
 
 def own_figures(rounds: int) -> list:
@@ -250,6 +285,9 @@ def main(argv=None) -> None:
                         help="one measurement, printed as JSON (compiled: cpu with backend.compile=true; own: the "
                              "emulator's own time per step, own-retrace: with retracing)")
     parser.add_argument("--own-time", action="store_true", help="only the emulator's own time per step")
+    parser.add_argument("--opcodes", type=int, nargs="?", const=0, default=None, metavar="N",
+                        help="the emulator's own bytecode instructions and C calls per step, counted (and the N "
+                             "functions that count most)")
     parser.add_argument("--compile-dir", default=None, help="the csx contestant's compile directory")
     parser.add_argument("--graph-compiler", choices=["inductor", "none"], default=None,
                         help="the csx contestant's backend.graph_compiler (default: the config's)")
@@ -258,7 +296,9 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="--detail's repeats")
     parser.add_argument("--threads", type=int, default=0, help="--detail's torch threads (0: torch's default)")
     args = parser.parse_args(argv)
-    if args.contestant in ("own", "own-retrace"):
+    if args.opcodes is not None:
+        own_opcodes(args.opcodes)
+    elif args.contestant in ("own", "own-retrace"):
         print(json.dumps(own_time(args.contestant == "own-retrace")))
     elif args.contestant:
         print(json.dumps(contestant(args.contestant, args.steps, args.compile_dir, args.graph_compiler)))

@@ -192,6 +192,7 @@ class StaticStep:
         self.on_compile = on_compile
         self.graphs: dict[Any, tuple[Signature, Compiled]] = {}
         self.first: tuple[Signature, Compiled] | None = None
+        self.flatten: flat.Flattener = lambda args, kwargs: None  # flattens the last call's structure
         self.traces = 0
         self.executions = 0
         self.trace_seconds = 0.0
@@ -214,7 +215,10 @@ class StaticStep:
         """Trace if needed (always under retrace); returns ``(compiled, state, leaves)`` for ``execute``, or
         ``None`` when ``max_graphs`` graphs are compiled and this call's signature is new to them (the caller
         runs the step without a graph)."""
-        leaves = flat.leaves((args, kwargs))
+        leaves = self.flatten(args, kwargs)
+        if leaves is None:  # arguments of another structure than the last call's
+            self.flatten = flat.flattener(args, kwargs)
+            leaves = flat.call_leaves(args, kwargs)
         state, sig = self.tracer.collect(leaves)
         known = self._lookup(sig)
         if known is not None and not self.retrace:
@@ -301,7 +305,7 @@ class StaticStep:
         live tensors, each operation checked against the first trace's before it runs, which executes the
         graph's operations in its order with its kernels (``StepTracer.run_checked``); returns ``(outputs,)``,
         or ``None`` where this does not apply (a compiled graph, new inputs, a stream not recorded)."""
-        leaves = flat.leaves((args, kwargs))
+        leaves = flat.call_leaves(args, kwargs)
         state, sig = self.tracer.collect(leaves)
         known = self._lookup(sig)
         if known is None or known[0].values != sig.values:

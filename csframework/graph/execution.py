@@ -6,7 +6,7 @@ holds) and keeps what a step would otherwise rebuild: the graph's input list (st
 global-step tensors, the slots of the step's tensor arguments), the outputs that must be copied, the state
 tensors written back. A step then puts in the arguments, writes the learning rates and the global step where
 they changed, runs the graph with autograd off, copies what shares memory with the state, and hands the
-values to the step closures (``deliver``).
+values to the step closures (``Delivery``).
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ class Execution:
             fresh = traced.fresh
         self.copied = [i for i in range(self.n_results) if fresh is None or not fresh[i]]
         self.written = [state.tensors[pos] for pos in traced.writebacks]
+        self.delivery = Delivery(traced)
 
     def _feed(self, lrs: list[float], global_step: int) -> None:
         """Write the rates and the step into their tensors, where the graph reads them and they changed."""
@@ -84,38 +85,54 @@ class Execution:
         try:
             outs = self.run_graph(*inputs)
             n = self.n_results
-            for target, value in zip(self.written, outs[n:]):
-                target.copy_(value)
+            if self.written:
+                for target, value in zip(self.written, outs[n:]):
+                    target.copy_(value)
             results = list(outs[:n])
             for i in self.copied:
                 results[i] = results[i].clone()
         finally:
             torch.set_grad_enabled(grad)
             inputs[self.first_arg:] = self.no_args  # the batch is not kept past its step
-        return deliver(self.traced, self.state.optimizers, results)
+        delivery = self.delivery
+        if delivery.closures is not self.traced.closures:  # a retrace handed this graph its own (``_same_graph``)
+            delivery = self.delivery = Delivery(self.traced)
+        return delivery(self.state.optimizers, results)
+
+
+class Delivery:
+    """``deliver`` for one trace's step closures and outputs, with their rebuilders looked up once."""
+
+    def __init__(self, traced: Traced | Recording):
+        self.closures = traced.closures
+        start, self.calls = len(traced.out_tensor_positions), []
+        for closure in traced.closures:
+            end = start + len(closure.positions)
+            every = end - start == len(closure.leaves)  # every value a tensor: they are the leaves
+            self.calls.append((closure.fn, flat.builder(closure.spec), start, end,
+                               None if every else (closure.leaves, closure.positions)))
+            start = end
+        self.out = (flat.builder(traced.out_spec), traced.out_leaves, traced.out_tensor_positions)
+
+    def __call__(self, optimizers: Sequence, results: list) -> Any:
+        for opt in optimizers:
+            opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
+        for fn, build, start, end, placed in self.calls:
+            c_args, c_kwargs = build(results[start:end] if placed is None else _placed(*placed, results[start:end]))
+            fn(*c_args, **c_kwargs)
+        build, leaves, positions = self.out
+        return build(_placed(leaves, positions, results) if positions else leaves)
+
+
+def _placed(leaves: list, positions: list[int], values: list) -> list:
+    """``leaves`` with ``values`` at ``positions``."""
+    leaves = list(leaves)
+    for pos, value in zip(positions, values):
+        leaves[pos] = value
+    return leaves
 
 
 def deliver(traced: Traced | Recording, optimizers: Sequence, results: list) -> Any:
     """Run the step closures with their values and return the step's outputs in its structure; ``results``:
     the step's tensor outputs, then the closures' tensor values, in the order the trace recorded them."""
-    for opt in optimizers:
-        opt._opt_called = True  # the scheduler checks that the optimizer stepped before it
-    n_out = len(traced.out_tensor_positions)
-    start = n_out
-    for closure in traced.closures:
-        end = start + len(closure.positions)
-        if end - start == len(closure.leaves):  # every value a tensor: they are the leaves
-            call_leaves = results[start:end]
-        else:
-            call_leaves = list(closure.leaves)
-            for pos, value in zip(closure.positions, results[start:end]):
-                call_leaves[pos] = value
-        start = end
-        c_args, c_kwargs = flat.unflatten(call_leaves, closure.spec)
-        closure.fn(*c_args, **c_kwargs)
-    if not n_out:
-        return flat.unflatten(traced.out_leaves, traced.out_spec)
-    out_leaves = list(traced.out_leaves)
-    for pos, value in zip(traced.out_tensor_positions, results):
-        out_leaves[pos] = value
-    return flat.unflatten(out_leaves, traced.out_spec)
+    return Delivery(traced)(optimizers, results)

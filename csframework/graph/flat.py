@@ -4,7 +4,7 @@
 model that was a tenth of the emulator's own work per step. Steps take and return plain tuples, lists and
 dicts of tensors; those are handled here directly, in the very order and shape pytree gives (anything else,
 a named tuple or an ``OrderedDict`` say, is handed to pytree), the outputs by code generated once per
-structure (``_builder``).
+structure (``_builder``), a step's arguments by code generated for the last call's structure (``flattener``).
 """
 from __future__ import annotations
 
@@ -22,6 +22,52 @@ def leaves(tree: Any) -> list:
     out: list = []
     _collect(tree, out)
     return out
+
+
+def call_leaves(args: tuple, kwargs: dict) -> list:
+    """``leaves((args, kwargs))``: a call's arguments, one container fewer to walk."""
+    out: list = []
+    _collect(args, out)
+    if kwargs:
+        _collect(kwargs, out)
+    return out
+
+
+Flattener = Callable[[tuple, dict], "list | None"]
+
+
+def flattener(args: tuple, kwargs: dict) -> Flattener:
+    """A function of a call's ``(args, kwargs)`` that returns ``call_leaves(args, kwargs)`` when they have the
+    structure of these (the same container types, lengths and dict keys in order, a leaf of a leaf type where
+    these have one), else ``None``: one generated expression, where ``_collect`` makes a call per container.
+    For a structure with another node, or a large or deep one, ``call_leaves`` itself."""
+    checks: list[str] = []
+    found: list[str] = []
+    keys: list[tuple] = []
+
+    def walk(expr: str, node: Any, depth: int) -> bool:
+        kind = type(node)
+        name = f"v{len(checks)}"  # each node read once, into a local of the generated function
+        if kind in _LEAVES:
+            checks.append(f"type({name} := {expr}) in L")
+            found.append(name)
+            return True
+        if depth >= _MAX_DEPTH or len(found) > _MAX_FLAT_LEAVES:
+            return False
+        if kind is dict:  # its keys are constants (``K``), never written into the code
+            keys.append(tuple(node))
+            known = f"K[{len(keys) - 1}]"
+            checks.append(f"type({name} := {expr}) is dict and tuple({name}) == {known}")
+            return all(walk(f"{name}[{known}[{i}]]", value, depth + 1) for i, value in enumerate(node.values()))
+        if kind is tuple or kind is list:
+            checks.append(f"type({name} := {expr}) is {kind.__name__} and len({name}) == {len(node)}")
+            return all(walk(f"{name}[{i}]", item, depth + 1) for i, item in enumerate(node))
+        return False
+
+    if not (walk("a", args, 0) and walk("k", kwargs, 0)):
+        return call_leaves
+    code = f"lambda a, k: [{', '.join(found)}] if {' and '.join(checks)} else None"
+    return eval(code, {"L": _LEAVES, "K": keys})  # noqa: S307 - indices and names only
 
 
 def _collect(tree: Any, out: list) -> None:
@@ -52,18 +98,25 @@ _MAX_BUILDERS = 256  # a retrace records new specs at every step: the oldest are
 _BY_STRUCTURE: dict[pytree.TreeSpec, Builder] = {}
 _MAX_DEPTH = 50  # deeper plain containers are rebuilt by pytree (Python's parser limits nesting to 200)
 _MAX_LEAVES = 10_000  # a larger structure is rebuilt by pytree (its generated code would be long to compile)
+_MAX_FLAT_LEAVES = 1_000  # a call's arguments with more leaves are walked (``flattener``)
 
 
 def unflatten(values: Sequence, spec: pytree.TreeSpec) -> Any:
     """``pytree.tree_unflatten(values, spec)``: a builder made once per spec rebuilds plain containers."""
+    if len(values) != spec.num_leaves:
+        raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
+    return builder(spec)(values)
+
+
+def builder(spec: pytree.TreeSpec) -> Builder:
+    """The function that rebuilds ``spec``'s structure from exactly ``spec.num_leaves`` values (made once per
+    spec: ``_BUILDERS``)."""
     known = _BUILDERS.get(id(spec))
     if known is None or known[0] is not spec:
         if len(_BUILDERS) >= _MAX_BUILDERS:
             del _BUILDERS[next(iter(_BUILDERS))]
         known = _BUILDERS[id(spec)] = (spec, _same_structure(spec))
-    if len(values) != spec.num_leaves:
-        raise ValueError(f"{len(values)} values for a structure of {spec.num_leaves} leaves")
-    return known[1](values)
+    return known[1]
 
 
 def _same_structure(spec: pytree.TreeSpec) -> Builder:

@@ -43,9 +43,8 @@ from ..compat import TORCH
 from ..errors import CompileError, TracingError
 from . import optim as graph_optim
 from .replay import CheckingRecorder, Diverged, OpRecorder, Recording, finish
-from .watch import StateWatch, args_check, walk
-from .errors import (Where, called_from, first_refusal, translate, tracing_error, user_frame_here,
-                     user_location)
+from .watch import StateWatch, walk
+from .errors import Where, called_from, first_refusal, translate, tracing_error, user_frame_here, user_location
 
 # -- the active trace ---------------------------------------------------------------------------------------
 
@@ -521,7 +520,7 @@ class StepTracer:
         self.record = record and TORCH >= (2, 5)
         self.modules, self.optimizers, self.extras = list(modules), list(optimizers), list(extras)
         self._user_preinitialized = [opt for opt in self.optimizers if not graph_optim.is_builtin(opt)]
-        self._cached: tuple[StateWatch, State, Signature, Callable | None] | None = None
+        self._cached: tuple[StateWatch, State, Signature, Callable] | None = None
         self.compute_context = compute_context or contextlib.nullcontext
 
     # -- state ------------------------------------------------------------------------------------------
@@ -531,19 +530,20 @@ class StepTracer:
         for opt in self._user_preinitialized:  # the user's own ``preinitialize()``: called at every step
             graph_optim.preinitialize(opt)
         cached = self._cached
-        if cached is not None and cached[0].unchanged():
-            watch, state, sig, args_fit = cached
-            state.lrs = watch.lrs()
-            if args_fit is not None and args_fit(leaves):  # the arguments' layout of the last signature
-                return state, sig
+        if cached is not None and cached[3](leaves):  # the state and the arguments' layout of the last call
+            cached[1].lrs = cached[0].lrs()
+            return cached[1], cached[2]
+        if cached is not None and (watch := cached[0]).unchanged():
+            state = cached[1]
         else:
             # the built-in optimizers' state is created if missing (it is, unchanged, when the watch holds)
             for opt in self.optimizers:
                 graph_optim.preinitialize(opt)
             state = collect_state(self.modules, self.optimizers, self.extras)
             watch = StateWatch(self.modules, self.optimizers, self.extras, state.tensors)
+        state.lrs = watch.lrs()
         sig = signature(state, self.modules, leaves, watch.flags)
-        self._cached = (watch, state, sig, args_check(leaves))
+        self._cached = (watch, state, sig, watch.check(leaves))
         return state, sig
 
     # -- tracing ----------------------------------------------------------------------------------------

@@ -17,10 +17,12 @@ steps, and is compared here:
   changed in place, ``p.data = other`` or ``model.double()``, keeps its identity; a frozen parameter must
   leave the update).
 
-The objects are gathered with C-level iteration (``map``, ``itertools.chain``) and compared with
-``operator.is_``; the layouts are compared in C by torch's own tensor guard where this torch has it: a few
-microseconds a step where walking the same objects in Python took a hundred. The watch keeps a reference
-to everything it compared, so no id is reused while it holds it.
+Where torch's guard manager can be used, all of it, and the layouts of the step's arguments, are compared by
+it in one C call a step (``check``, ``state_guard.py``); elsewhere (and in ``unchanged``, the slow path) the
+objects are gathered with C-level iteration (``map``, ``itertools.chain``) and compared with ``operator.is_``,
+and the layouts in C by torch's own tensor guard where this torch has it: a few microseconds a step where
+walking the same objects in Python took a hundred. The watch keeps a reference to everything it compared, so
+no id is reused while it holds it.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from itertools import chain
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .state_guard import state_guard
 
 _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
@@ -41,6 +45,9 @@ _STATE = operator.attrgetter("state")
 _LR = operator.itemgetter("lr")
 _VALUES = dict.values
 _CALL = getattr(operator, "call", lambda fn, *args: fn(*args))  # operator.call: Python 3.11
+_ARG_LAYOUT = operator.attrgetter("__class__", "shape", "dtype", "device", "requires_grad")
+_MAX_GUARDS = 8  # arguments' layouts a watch keeps a guard for
+_MAX_REBUILDS = 4  # guards a watch builds again for a dict written without a change, before it stops
 
 
 def walk(module: torch.nn.Module, out: list) -> list:
@@ -105,7 +112,9 @@ class StateWatch:
         self.settings = [_getter(sorted((k for k in group if k not in ("params", "lr")), key=str))
                          for group in self.groups]
         self.flags = tuple(map(_TRAINING, self.modules))
-        self.snapshot = self._take()
+        self.snapshot = self._take()  # also the references that keep the guard's ids from being reused
+        self.guards: dict[tuple, Callable[[Sequence], bool] | None] = {}  # by arguments' layout (``check``)
+        self.rebuilds = 0  # guards built again, the state unchanged
 
     def _take(self) -> tuple[list, list]:
         """(objects compared by identity, lengths compared by ``==``). The group dicts are the snapshot's
@@ -133,6 +142,31 @@ class StateWatch:
                     and values == old_values and self.layout(*self.tensors))
         except (KeyError, AttributeError, TypeError, RuntimeError):  # e.g. a state entry that is no dict
             return False
+
+    def check(self, leaves: Sequence) -> Callable[[Sequence], bool]:
+        """A check, called with a step's flattened arguments, that the state is ``unchanged()`` and that they have
+        the types and layouts of ``leaves``: torch's guard manager in one C call (``state_guard.py``) where it
+        can be used and all of them are tensors, else ``unchanged()`` and ``args_check`` (never true where an
+        argument is no tensor: the signature is then computed anew)."""
+        fits = args_check(leaves)
+        if fits is None:
+            return lambda now: False
+        # one guard per arguments' layout (an evaluation's last batch may be short): built in milliseconds; built
+        # again where a dict was written without a change (a trace swaps the parameters out and back), but not
+        # at every step (a user's ``preinitialize()`` that writes its state each time): then compared in Python
+        layout = tuple(map(_ARG_LAYOUT, leaves))
+        guard = self.guards.get(layout)
+        stale = guard is not None and not guard(leaves)
+        self.rebuilds += stale
+        if (guard is None and len(self.guards) < _MAX_GUARDS) or (stale and self.rebuilds <= _MAX_REBUILDS):
+            guard = self.guards[layout] = state_guard(
+                given=self.given, modules=self.modules, dicts=self.dicts, optimizers=self.optimizers,
+                groups=self.groups, extras=self.extras, tensors=self.tensors, args=leaves)
+        elif stale:
+            guard = None
+        if guard is not None:
+            return guard
+        return lambda now: self.unchanged() and fits(now)
 
     def lrs(self) -> list[float]:
         """Each param group's learning rate (valid while ``unchanged()``: the groups are the snapshot's)."""

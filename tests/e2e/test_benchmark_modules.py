@@ -119,3 +119,17 @@ def test_csx_own_time_measures_a_step_against_its_graph_alone(retrace):
     assert 0 < result["graph_ops_us"] < result["step_us"]
     assert result["own_us_per_step"] == pytest.approx(result["step_us"] - result["graph_ops_us"])
     assert result["own_us_quietest"] > 0
+
+
+def test_csx_opcodes_count_the_emulators_own_work_a_step(capsys):
+    """``benchmarks.csx_emulator --opcodes``: a step's bytecodes less the graph's alone; the emulator's own
+    frames count, the graph's generated code cancels out."""
+    from benchmarks import csx_emulator
+
+    counts = csx_emulator.own_opcodes(5, steps=10)
+    own = counts["opcodes"]
+    assert sum(own.values()) > 0
+    assert own[next(name for name in own if name.startswith("execution.py:") and name.endswith(":__call__"))] > 0
+    assert not any(abs(n) > 0 for name, n in own.items() if name.startswith("_ops.py:"))
+    out = capsys.readouterr().out
+    assert "opcodes per step" in out and "c_calls per step" in out

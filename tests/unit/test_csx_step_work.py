@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 import csframework as csf
 from csframework.backends.csx import lowlevel
-from csframework.graph import flat, passes, tracer
+from csframework.graph import flat, passes, state_guard, tracer
 from csframework.graph import optim as graph_optim
 from csframework.graph.compiler import StaticStep
 from csframework.graph.watch import StateWatch, args_check
@@ -44,6 +44,10 @@ def test_flat_gives_what_pytree_gives(tree):
     expected, spec = pytree.tree_flatten(tree)
     got = flat.leaves(tree)
     assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected))
+    for args, kwargs in (((tree,), {}), ((T, tree), {"k": tree, "j": T})):  # a step's arguments
+        call = [id(leaf) for leaf in pytree.tree_leaves((args, kwargs))]
+        assert [id(leaf) for leaf in flat.call_leaves(args, kwargs)] == call
+        assert [id(leaf) for leaf in flat.flattener(args, kwargs)(args, kwargs)] == call
     rebuilt = flat.unflatten(got, spec)
     assert type(rebuilt) is type(tree)
     limit = sys.getrecursionlimit()
@@ -55,6 +59,27 @@ def test_flat_gives_what_pytree_gives(tree):
     assert all(a is b for a, b in zip(pytree.tree_leaves(rebuilt), expected))
     with pytest.raises(ValueError):
         flat.unflatten(got + [0], spec)
+
+
+FLAT_CALL = (([(T, T)], {"x": T, "y": [1, None]}), {"k": T})
+OTHER_STRUCTURES = [(([(T, T, T)], {"x": T, "y": [1, None]}), {"k": T}),  # a longer tuple
+                    (([[T, T]], {"x": T, "y": [1, None]}), {"k": T}),  # a list for a tuple
+                    (([(T, T)], {"y": [1, None], "x": T}), {"k": T}),  # the keys in another order
+                    (([(T, T)], {"x": T, "z": [1, None]}), {"k": T}),  # another key
+                    (([(T, T)], {"x": T, "y": [1, (None,)]}), {"k": T}),  # a container for a leaf
+                    (([(T, nn.Parameter(T))], {"x": T, "y": [1, None]}), {"k": T}),  # another leaf type (pytree's)
+                    (([(T, T)], {"x": T, "y": [1, None]}), {}),  # no keyword
+                    (([(T, T)], collections.OrderedDict(x=T, y=[1, None])), {"k": T})]  # another container
+
+
+@pytest.mark.parametrize("other", OTHER_STRUCTURES, ids=range(len(OTHER_STRUCTURES)))
+def test_a_flattener_takes_only_its_own_structure(other):
+    """A step's arguments are flattened by code made for the last call's structure: any other is refused
+    (``None``: the step walks them and makes a flattener for the new one), its own gives pytree's leaves."""
+    flatten = flat.flattener(*FLAT_CALL)
+    assert [id(leaf) for leaf in flatten(*FLAT_CALL)] == [id(leaf) for leaf in pytree.tree_leaves(FLAT_CALL)]
+    assert flatten(*other) is None
+    assert [id(leaf) for leaf in flat.flattener(*other)(*other)] == [id(leaf) for leaf in pytree.tree_leaves(other)]
 
 
 def hide_torch_guard(monkeypatch) -> None:
@@ -103,25 +128,85 @@ CHANGES = {
     "a group added": lambda m, o: o.add_param_group({"params": [nn.Parameter(torch.ones(1))]}),
     "the optimizer's state loaded": lambda m, o: o.load_state_dict(o.state_dict()),
     "a state entry rebound": lambda m, o: o.state[m[0].weight].__setitem__("exp_avg", torch.zeros(8, 4)),
+    "a state entry added": lambda m, o: o.state[m[0].weight].__setitem__("extra", torch.zeros(1)),
+    "a parameter's state removed": lambda m, o: o.state.pop(m[2].bias),
 }
 
 
+@pytest.mark.parametrize("identities", [True, False], ids=["torch's guard manager", "identities in Python"])
 @pytest.mark.parametrize("guard", [True, False], ids=["torch's tensor guard", "attributes compared"])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_the_state_watch_sees_every_change(change, guard, monkeypatch):
-    """With torch's C tensor guard comparing the layouts, and without it (a torch that lacks the private API)."""
+def test_the_state_watch_sees_every_change(change, guard, identities, monkeypatch):
+    """With torch's C tensor guard comparing the layouts, and without it (a torch that lacks the private API);
+    with torch's guard manager comparing the identities (``state_guard.py``), and in Python."""
     if guard and not torch_guard_usable():
         pytest.skip(f"torch {torch.__version__}'s TensorGuards takes other arguments: the attributes are compared")
+    if identities and not state_guard._works():
+        pytest.skip(f"torch {torch.__version__}'s guard manager takes other arguments: compared in Python")
     if not guard:
         hide_torch_guard(monkeypatch)
+    if not identities:
+        monkeypatch.setattr(state_guard, "_works", lambda: False)
     model, optimizer, watch = watched()
     assert (type(watch.layout).__name__ == "builtin_function_or_method") is guard
-    assert watch.unchanged()
+    fits = watch.check([T])  # what a step calls: the state unchanged and an argument laid out as T
+    assert (fits.__module__ == state_guard.__name__) is identities
+    assert watch.unchanged() and fits([torch.zeros(2)])
     optimizer.param_groups[0]["lr"] = 0.5  # a graph input, not part of the state
     model[0].weight.data.add_(1.0)  # values change at every step
-    assert watch.unchanged()
+    assert watch.unchanged() and fits([torch.zeros(2)])
+    assert not fits([torch.zeros(3)]) and not fits([torch.zeros(2, dtype=torch.int64)]) and not fits([T, T])
     CHANGES[change](model, optimizer)
     assert not watch.unchanged()
+    assert not fits([T])
+
+
+@pytest.mark.skipif(tracer.TORCH < (2, 13), reason="torch's guard manager took other arguments before")
+def test_torch_guard_manager_checks_the_state_where_torch_has_it():
+    """Not only where it is imported first: a step's trace has imported Dynamo before the first watch."""
+    import torch._dynamo  # noqa: F401
+
+    state_guard._works.cache_clear()
+    assert state_guard._works()
+    watch = watched()[2]
+    assert watch.check([T]).__module__ == state_guard.__name__
+    # built once per arguments' layout (milliseconds on a real model): an evaluation's short last batch and
+    # the full ones alternate
+    assert watch.check([torch.zeros(2)]) is watch.check([T]) is not watch.check([torch.zeros(1)])
+
+
+@pytest.mark.parametrize("identities", [True, False], ids=["torch's guard manager", "identities in Python"])
+def test_a_write_that_changes_nothing_leaves_the_check_passing_again(identities, monkeypatch):
+    """A dict written back as it was (a trace swaps the parameters out and back) moves its version: the guard
+    built before fails, the state is found unchanged, and the check made then passes (not the stale guard)."""
+    if identities and not state_guard._works():
+        pytest.skip(f"torch {torch.__version__}'s guard manager takes other arguments: compared in Python")
+    if not identities:
+        monkeypatch.setattr(state_guard, "_works", lambda: False)
+    model, optimizer, watch = watched()
+    fits = watch.check([T])
+    weight, entry = model[0].weight, optimizer.state[model[0].weight]
+    for d, key in ((model[0]._parameters, "weight"), (entry, "exp_avg")):
+        d[key], d[key] = None, d[key]  # out and back
+    assert watch.unchanged() and fits([T]) is not identities
+    assert watch.check([T])([T])
+    for _ in range(6):  # written at every step (a user's preinitialize()): not a guard built each time
+        model[0]._parameters["weight"], model[0]._parameters["weight"] = None, weight
+        fits = watch.check([T])
+        assert fits([T])
+    assert fits.__module__ == StateWatch.__module__  # compared in Python from then on
+
+
+def test_steady_steps_take_the_one_call_check(monkeypatch):
+    """After the step that follows the trace (which swapped the parameters out and back), every step passes
+    the guard manager's check: the watch's Python comparison is not run again."""
+    if not state_guard._works():
+        pytest.skip(f"torch {torch.__version__}'s guard manager takes other arguments: compared in Python")
+    compared = []
+    unchanged = StateWatch.unchanged
+    monkeypatch.setattr(StateWatch, "unchanged", lambda self: compared.append(1) or unchanged(self))
+    weight, steps = sgd_steps(rebind=False, count=8)
+    assert steps.traces == 1 and steps.executions == 8 and len(compared) == 1
 
 
 def low_level_training(tmp_path, change, steps=4):
@@ -193,7 +278,7 @@ def test_the_rate_and_step_inputs_are_the_hosts_at_every_step_even_when_the_grap
     assert steps.traces == 1
 
 
-def sgd_steps(rebind: bool) -> tuple[torch.Tensor, StaticStep]:
+def sgd_steps(rebind: bool, count: int = 4) -> tuple[torch.Tensor, StaticStep]:
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -205,7 +290,7 @@ def sgd_steps(rebind: bool) -> tuple[torch.Tensor, StaticStep]:
         optimizer.zero_grad()
 
     steps = StaticStep(step, "step", retrace=False, cache=None, modules=[model], optimizers=[optimizer])
-    for i in range(4):
+    for i in range(count):
         if rebind and i == 2:
             optimizer.param_groups[0]["momentum"] = float("0.9")  # the same value, another object
         steps((torch.full((4, 3), float(i)),), {}, iteration=i + 1, global_step=i)

@@ -98,10 +98,13 @@ class CsxBackend(BackendBase):
         if not last:
             self._pending.append(batch)
             return {}
-        batches, self._pending = self._pending + [batch], []
+        batches = [batch]
+        if self._pending:
+            batches, self._pending = self._pending + batches, []
         self._delivered = None
-        train_step = self._traced()[0]
-        if train_step.first is None:
+        train_step = self.train_step
+        if train_step is None or train_step.first is None:
+            train_step = self._traced()[0]
             self._compiling(run)
         train_step(((batches,)), {}, iteration=run.global_step + 1, global_step=run.global_step)
         return self._delivered
