@@ -277,8 +277,11 @@ def window_means(windows: list[list]) -> list[float]:
 
 
 def _exact_mean(numbers: list) -> float:
-    """The mean of ``numbers`` rounded once; NaN when one is not finite (``fsum`` refuses ``inf - inf``)."""
+    """The mean of ``numbers`` rounded once; NaN when one is not finite (``fsum`` refuses ``inf - inf``); of
+    complex numbers (a complex 0-d output's ``.item()``), the float32 mean of their real parts, as before."""
     try:
         return math.fsum(numbers) / len(numbers)
     except (ValueError, OverflowError):
         return math.nan
+    except TypeError:
+        return float(torch.tensor(numbers).float().mean())

@@ -419,6 +419,8 @@ def test_logged_means_are_float32_means_of_device_windows_and_exact_means_of_hos
     assert window_means([host, [1, 2], [True, False, False, False]]) == [0.6 / 5, 1.5, 0.25]
     assert [math.isnan(m) for m in window_means([[1.0, math.inf, -math.inf], [math.nan, 1.0], [2.0]])] == \
         [True, True, False]
+    with pytest.warns(UserWarning, match="imaginary part"):  # a complex output: its real part, as torch casts
+        assert window_means([[1.0, 2.0], [1 + 2j, 3 - 1j]]) == [1.5, 2.0]
 
 
 # -- the step boundary --------------------------------------------------------------------------------------
