@@ -47,7 +47,8 @@ def test_the_plugin_has_a_per_step_hook_only_while_it_draws_a_bar(tmp_path):
             steppers.append(sorted(run.hooks.pm.get_name(impl.plugin) for impl in
                                    run.hooks.pm.hook.on_train_step_end.get_hookimpls()))
 
-    for stream, expected in ((io.StringIO(), ["checkpoint"]), (Terminal(), ["checkpoint", "progress_under_test.bar"])):
+    # (the checkpoint plugin has no per-step hook: it saves through run.set_save_due's save)
+    for stream, expected in ((io.StringIO(), []), (Terminal(), ["progress_under_test.bar"])):
         steppers.clear()
         cfg = fixtures.compose("loop.max_steps=3", "plugins.disable=[progress]")
         plugin = ProgressPlugin(stream=stream, min_interval=0.0)
