@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import textwrap
 import tomllib
 from dataclasses import dataclass, field
@@ -392,7 +393,10 @@ def run_commands(argvs: list[list[str]], work: Path, env: dict) -> list[dict]:
 
     def flush():
         if pending:
-            results.extend(run_chains([[{"argv": argv} for argv in pending]], env, parallel=1, timeout=1800,
+            time.sleep(1 - time.time() % 1)  # after a command run as a process: not in its second
+            # each in a second of its own, as typed: two in one second would share Hydra's dated run directory
+            results.extend(run_chains([[{"argv": argv, "new_second": True} for argv in pending]], env, parallel=1,
+                                      timeout=1800,
                                       cwd=str(work))[0])
             pending.clear()
 
@@ -401,6 +405,7 @@ def run_commands(argvs: list[list[str]], work: Path, env: dict) -> list[dict]:
             pending.append(argv[3:] + SHORT)
             continue
         flush()
+        time.sleep(1 - time.time() % 1)  # a second of its own, as typed (Hydra's dated run directory)
         program = {"python": sys.executable, "torchrun": str(TORCHRUN)}[argv[0]]
         done = subprocess.run([program, *argv[1:], *SHORT], env=env, cwd=work, capture_output=True, text=True,
                               timeout=900)

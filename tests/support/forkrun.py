@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -68,8 +69,13 @@ def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[d
         except OSError:
             return None
 
+    started: dict[int, float] = {}
+
     def start(chain: int) -> None:
         job = chains[chain][position[chain]]
+        if job.get("new_second") and chain in started:  # as typed: not in the second the previous one began
+            time.sleep(max(0.0, int(started[chain]) + 1 - time.time()))  # (Hydra's dated run directory)
+        started[chain] = time.time()
         out = str(workdir / f"{chain}-{position[chain]}.out")
         err = str(workdir / f"{chain}-{position[chain]}.err")
         pid = os.fork()
