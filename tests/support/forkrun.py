@@ -69,13 +69,13 @@ def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[d
         except OSError:
             return None
 
-    started: dict[int, float] = {}
+    ended: dict[int, float] = {}  # when each chain's previous command ended
 
     def start(chain: int) -> None:
         job = chains[chain][position[chain]]
-        if job.get("new_second") and chain in started:  # as typed: not in the second the previous one began
-            time.sleep(max(0.0, int(started[chain]) + 1 - time.time()))  # (Hydra's dated run directory)
-        started[chain] = time.time()
+        if job.get("new_second") and chain in ended:  # as typed: in a second after the previous one ended,
+            # which had named its run directory (Hydra's dated one, to the second) before it ended
+            time.sleep(max(0.0, int(ended[chain]) + 1 - time.time()))
         out = str(workdir / f"{chain}-{position[chain]}.out")
         err = str(workdir / f"{chain}-{position[chain]}.err")
         pid = os.fork()
@@ -88,6 +88,7 @@ def serve(chains: list[list[dict]], parallel: int, workdir: Path) -> list[list[d
             start(waiting.pop(0))
         pid, status = os.wait()
         chain, out, err = running.pop(pid)
+        ended[chain] = time.time()
         job = chains[chain][position[chain]]
         results[chain].append({"returncode": os.waitstatus_to_exitcode(status),
                                "stdout": Path(out).read_text(errors="replace"),
