@@ -55,19 +55,23 @@ def console_line(event: dict) -> str:
     return printable(f"{str(event.get('event', '')):<30} {fields}".rstrip())
 
 
-class ConsoleRecord(logging.LogRecord):
-    """A console line's record for the plugin's own handler, whose formatter (``FORMAT``) reads its time,
-    logger name, level name and message. ``LogRecord``'s own set-up also finds the caller's module and the
-    thread's and process's names, which ``FORMAT`` does not show (about 250 bytecodes, and the handler's
-    lock, filters and ``format`` 150 more: most of a console line's cost)."""
+class ConsoleClock:
+    """The time text of ``FORMAT``'s lines, as ``logging.Formatter.formatTime`` writes it (local time to the
+    second, then ``,mmm``), its date and time converted once a second: ``time.localtime`` and ``strftime``
+    cost more than the rest of a console line, and a log's two lines, a few milliseconds apart, share them."""
 
-    args = ()  # (read as attributes; the format's fields are read from the record's own dict)
-    exc_info = exc_text = stack_info = None
+    def __init__(self, formatter: logging.Formatter):
+        self.formatter = formatter
+        self.second, self.text = -1, ""
 
-    def __init__(self, levelname: str, message: str):  # (LogRecord.__init__ is left out on purpose)
-        self.name, self.levelname, self.msg, self.message = LOGGER, levelname, message, message
-        self.created = created = time.time()
-        self.msecs = int((created - int(created)) * 1000) + 0.0  # as LogRecord computes them
+    def now(self) -> str:
+        created = time.time()
+        second = int(created)
+        if second != self.second:
+            formatter = self.formatter
+            self.second, self.text = second, time.strftime(formatter.default_time_format,
+                                                           formatter.converter(created))
+        return f"{self.text},{int((created - second) * 1000):03d}"  # (LogRecord's msecs, as %03d formats them)
 
 
 class LoggingPlugin:
@@ -94,15 +98,15 @@ class LoggingPlugin:
             return show
         handler, formatter = logging.StreamHandler(stream), logging.Formatter(FORMAT)
         handler.setFormatter(formatter)
+        clock = ConsoleClock(formatter)
         names = {name: logging.getLevelName(number) for name, number in _LEVEL_NUMBERS.items()}
 
         def own(level: str, message: str) -> None:
-            # the handler's formatter on a record of what it shows, written as the handler writes it: its
-            # time and message format (Formatter.format adds only a record's exception and stack, none here)
+            # FORMAT's line, as the handler's formatter writes it (Formatter.format adds only a record's
+            # exception and stack, none here), without a LogRecord: its set-up finds the caller's module and
+            # the thread's and process's names, which FORMAT does not show (most of a console line's cost)
             try:
-                record = ConsoleRecord(names[level], message)
-                record.asctime = formatter.formatTime(record)
-                stream.write(clear + formatter.formatMessage(record) + handler.terminator)
+                stream.write(f"{clear}[{clock.now()}][{LOGGER}][{names[level]}] - {message}\n")
                 stream.flush()
             except Exception:  # (a level structlog does not have, a closed stream): as logging does it
                 number = _LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper())
@@ -140,11 +144,13 @@ class LoggingPlugin:
                     file.flush()  # on disk (with the OS) before the next step: what a crash leaves is complete
             if on_console and run.rank == 0:
                 show(level, console_line(event))
-            raise structlog.DropEvent
+            return ""  # (to ReturnLogger, which returns it: nothing else is done with it)
 
         # the bound logger itself, not the lazy proxy wrap_logger returns: the proxy looks up the logger
-        # again for every event (its __getattr__), and without caching binds a new one each time
-        run.log = structlog.wrap_logger(None, processors=[emit],
+        # again for every event (its __getattr__), and without caching binds a new one each time. The event is
+        # written by emit, which hands structlog's final logger an empty line (ReturnLogger: it returns it)
+        # rather than raising DropEvent, an exception a line
+        run.log = structlog.wrap_logger(structlog.ReturnLogger(), processors=[emit],
                                         wrapper_class=structlog.make_filtering_bound_logger(20)).bind()
         run.log.info(f"{run.mode}_start", output_dir=str(run.output_dir), device_type=run.device_type,
                      stages=[name for name, _ in run.stages], **run.distribution,

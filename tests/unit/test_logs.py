@@ -279,16 +279,23 @@ def test_the_plugins_own_console_line_is_what_a_logging_handler_with_its_format_
     """Without a configured handler the plugin formats the line itself, on a record of what ``FORMAT`` shows:
     the same text as ``logging``'s record through a ``StreamHandler`` of that format, at every level; a
     stream that refuses it is reported as ``logging`` reports it, and the run goes on."""
-    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0421)  # (LogRecord's clock on Python 3.11, ...)
-    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_042_100_000)  # (... and on 3.13)
-    for level in ("debug", "info", "warning", "error", "critical"):
-        ours, theirs = io.StringIO(), io.StringIO()
-        LoggingPlugin(stream=ours)._console()(level, "train   loss=0.5")
+    ours = io.StringIO()
+    show = LoggingPlugin(stream=ours)._console()  # one writer through the clock's moves (its time text is
+    # converted once a second: the next second's lines must not keep the last one's)
+    for now, level in ((1_700_000_000.0421, "debug"), (1_700_000_000.9999, "info"), (1_700_000_001.0, "warning"),
+                       (1_700_003_600.5, "error"), (1_700_003_600.5, "critical")):
+        monkeypatch.setattr(time, "time", lambda: now)  # (LogRecord's clock on Python 3.11, ...)
+        monkeypatch.setattr(time, "time_ns", lambda: int(now * 1e9))  # (... and on 3.13)
+        ours.seek(0)
+        ours.truncate()
+        theirs = io.StringIO()
+        show(level, "train   loss=0.5")
         handler = logging.StreamHandler(theirs)
         handler.setFormatter(logging.Formatter(FORMAT))
         handler.handle(logging.getLogger(LOGGER).makeRecord(LOGGER, getattr(logging, level.upper()), __name__, 0,
                                                               "train   loss=0.5", (), None))
-        assert ours.getvalue() == theirs.getvalue() and ",042][csframework][" in ours.getvalue()
+        assert ours.getvalue() == theirs.getvalue() and "][csframework][" in ours.getvalue()
+    assert ",500][csframework][CRITICAL] - train" in ours.getvalue()
     closed = io.StringIO()
     show = LoggingPlugin(stream=closed)._console()
     closed.close()
