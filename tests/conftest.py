@@ -15,6 +15,17 @@ os.environ["CSFRAMEWORK_PLUGINS_AUTOLOAD"] = "0"
 os.environ.setdefault("CSF_CSX_GRAPH_COMPILER", "none")
 
 
+@pytest.fixture(autouse=True)
+def _curves_only_where_tested(request, monkeypatch):
+    """A run made in the test's own process draws no loss curves at its end (``write_curves``: a third of a
+    short run's time, matplotlib rendering a PNG) unless the test is marked ``curves``: the tests of the
+    curves themselves. Runs of the command line, in processes of their own, draw them as a user's do."""
+    if request.node.get_closest_marker("curves") is None:
+        from csframework.builtin import metrics
+
+        monkeypatch.setattr(metrics, "write_curves", lambda *args, **kwargs: None)
+
+
 def _cli_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = fixtures.pythonpath()

@@ -21,6 +21,29 @@ import traceback
 from pathlib import Path
 
 
+def preload() -> None:
+    """Import, before forking, what every run imports (its children would each import it again, about half of
+    a short forked run's time): the CLI, the run and its built-in plugins, the eager backend, torch's compiler
+    stack (building an optimizer imports it), Hydra's plugins (found by a scan of every installed one), and
+    matplotlib's figure, PNG writer and font list (the loss curves drawn at a run's end) where the plot extra is
+    installed. Nothing here starts a thread or leaves a file open."""
+    import csframework.__main__  # noqa: F401
+    import csframework.backends.eager  # noqa: F401
+    import csframework.builtin.checkpoint  # noqa: F401
+    import csframework.builtin.logs  # noqa: F401
+    import csframework.run  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # (scans hydra_plugins once, importing each)
+    try:
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401 - (its import loads the font list: matplotlib.font_manager)
+        import matplotlib.ticker  # noqa: F401
+    except ImportError:  # no plot extra: a run draws curves.svg
+        pass
+
+
 def run_cli_and_exit(argv: list[str], setup=lambda: None) -> None:
     """In a forked child: ``setup()`` (redirections, environment), then the CLI's ``main()`` with ``argv``,
     then leave with the exit status the interpreter would give (an uncaught error's traceback printed, 1)."""
@@ -114,8 +137,7 @@ def run_chains(chains: list[list[dict]], env: dict, parallel: int = 2, timeout: 
 
 
 if __name__ == "__main__":
-    import csframework.__main__  # noqa: F401 - import once, before forking (no thread pool started yet)
-    import torch._dynamo  # noqa: F401 - what building an optimizer imports (most of a short run's time)
+    preload()  # once, before forking (no thread pool started yet)
 
     jobs_path, results_path = Path(sys.argv[1]), Path(sys.argv[2])
     parallel = int(sys.argv[3]) if len(sys.argv) > 3 else 2

@@ -252,8 +252,9 @@ def _serve() -> None:
     child in a session of its own that runs the CLI's ``main()`` with the request's argv, environment and
     working directory (stdin from /dev/null, stdout/stderr to the request's files), wait for it with the
     request's timeout (SIGTERM to its process group, 10 s later SIGKILL), and answer one line."""
-    import csframework.__main__  # noqa: F401 - imported once, before forking (no thread pool started yet)
-    import torch._dynamo  # noqa: F401 - what building an optimizer imports
+    from forkrun import preload
+
+    preload()  # once, before forking (no thread pool started yet)
 
     for line in sys.stdin:
         req = json.loads(line)

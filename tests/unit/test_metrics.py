@@ -64,6 +64,7 @@ def test_on_a_gpu_peak_memory_has_cuda_max_allocated(tmp_path):
     assert peak["cuda_max_allocated_mb"] > 0
 
 
+@pytest.mark.curves
 def test_a_validate_run_writes_its_summary_but_draws_no_curves(tmp_path):
     summary = csf.Run(fixtures.compose("mode=validate"), output_dir=tmp_path).validate()
     assert json.loads((tmp_path / "summary.json").read_text())["metrics"]["val/loss"] == summary["metrics"]["val/loss"]

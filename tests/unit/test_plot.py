@@ -9,6 +9,8 @@ import csframework as csf
 import fixtures
 from csframework.builtin import plot
 
+pytestmark = pytest.mark.curves  # (runs draw their curves: tests/conftest.py)
+
 
 def one_step(tmp_path):
     csf.Run(fixtures.compose("loop.max_steps=1", "loop.log_every=1"), output_dir=tmp_path).fit()
