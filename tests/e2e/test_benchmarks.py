@@ -12,13 +12,16 @@ def test_loop_overhead_figures_compare_the_same_training():
     [tiny] = loop_overhead.figures(1, only="tiny-premade", steps=60)
     [same_loader] = loop_overhead.figures(1, only="mlp2-loader", steps=30)
     [hook] = loop_overhead.figures(1, only="user-hook", steps=60)
-    [own] = loop_overhead.figures(1, only="own-time", steps=60)
-    for figure in (tiny, same_loader, hook, own):
+    [own, own_index] = loop_overhead.figures(1, only="own-time", steps=60)
+    for figure in (tiny, same_loader, hook, own, own_index):
         assert len(figure.samples) == len(figure.baseline_samples) == 1 and figure.met in (True, False, None)
         assert figure.name in harness.table([figure])
     assert tiny.limit == 1.10 and same_loader.limit == 1.01 and hook.kind == "difference" and hook.limit == 5
     assert own.kind == "difference" and own.limit == 20 and own.target == "<= +20 us"
     assert own.samples[0] > 0 and own.baseline_samples[0] > 0
+    # the second row: the same framework runs against a hand loop that reads its batches as it goes (no target)
+    assert own_index.samples == own.samples and own_index.limit is None and own_index.kind == "difference"
+    assert own_index.baseline_samples[0] > 0
 
 
 @pytest.mark.parametrize("side", ["hand", "framework"])
