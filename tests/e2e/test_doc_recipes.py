@@ -27,8 +27,8 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import textwrap
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
