@@ -3,9 +3,11 @@
 The first signal only records itself in the run's state (``RunState.request_stop``); the loop acts on it at the next step
 boundary: the step finishes, the checkpoint plugin saves, ``summary.json`` says ``interrupted`` and
 ``Run.fit`` raises :class:`Interrupted` (the CLI exits with ``ExitCode.INTERRUPTED``, 130, for SIGINT and
-``ExitCode.TERMINATED``, 143, for SIGTERM: 128 + the signal number). A second signal exits at once with
-the same status and no clean-up; every file csframework writes is replaced atomically, so nothing on disk
-is half-written by that exit.
+``ExitCode.TERMINATED``, 143, for SIGTERM: 128 + the signal number). A second signal to this process exits
+at once with the same status and no clean-up; every file csframework writes is replaced atomically, so
+nothing on disk is half-written by that exit. Under torchrun a stop the ranks agreed on for another rank's
+signal is not this process's first signal: when that rank exits, torchrun sends SIGTERM to the others,
+and rank 0, still saving the checkpoint and ``summary.json`` of the stop, finishes them.
 
 Handlers are installed only for the duration of ``fit`` and only in the main thread (Python delivers
 signals there); the previous handlers are restored afterwards.
@@ -75,9 +77,13 @@ def stop_on_signals(state: RunState):
         yield
         return
 
+    received: list[int] = []  # the signals this process got while active (not a stop agreed for another rank's)
+
     def handler(signum, frame):
         _caught.append(signum)
-        if state.request_stop(signum):
+        if not received:
+            received.append(signum)
+            state.request_stop(signum)  # (a stop already agreed on, for another rank's signal, stays as it is)
             with contextlib.suppress(OSError):  # os.write: safe where the buffered streams are not
                 os.write(2, f"\ncsframework: {signal_name(signum)}: finishing the current step, saving a "
                             "checkpoint, then stopping (send it again to exit at once)\n".encode())

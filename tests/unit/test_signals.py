@@ -51,3 +51,32 @@ def test_signal_handlers_are_left_alone_outside_the_main_thread():
     thread.start()
     thread.join()
     assert seen == [signal.getsignal(signal.SIGTERM)]
+
+
+AGREED_THEN_SIGNALLED = """
+import os, signal
+from csframework.signals import stop_on_signals
+from csframework.state import RunState
+
+state = RunState()
+with stop_on_signals(state):
+    state.stop_after_this_step(signal.SIGTERM)  # the ranks agreed to stop: another rank got SIGTERM
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun's SIGTERM to the ranks left, as that rank exits
+    print("finished the stop", flush=True)  # (rank 0 saving its checkpoint and summary.json)
+    os.kill(os.getpid(), signal.SIGTERM)  # a second one of this process's own: it exits at once
+    print("not reached", flush=True)
+"""
+
+
+def test_a_stop_agreed_for_another_ranks_signal_is_not_this_processs_first_signal():
+    """Under torchrun, when the rank that got a signal exits, torchrun sends SIGTERM to the others: rank 0,
+    stopping for that agreed signal and still writing the stop's checkpoint and summary.json, must finish
+    them (CI saw rank 0 exit "again: exiting now" with no summary.json); a second signal of its own still
+    exits at once."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", AGREED_THEN_SIGNALLED], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["finished the stop"], (done.stdout, done.stderr)
+    assert done.returncode == 143
+    assert "SIGTERM: finishing the current step" in done.stderr and "SIGTERM again: exiting now" in done.stderr
