@@ -452,7 +452,8 @@ def figures(rounds: int, only: str | None = None, steps: int = 0) -> list[harnes
                                    "framework": command("--contestant", "framework", "--data", "premade", *args)},
                                   rounds)
         check_same_numbers("own time", res)
-        name = "the loop's own CPU time per step (outside forward, backward, optimizer step, zero_grad): tiny 16-32-4 MLP"
+        name = ("the loop's own CPU time per step (outside forward, backward, optimizer step, zero_grad): "
+                "tiny 16-32-4 MLP")
         out.append(harness.Figure(name=f"{name}, tensor dataset", unit="us/step",
                                   samples=[r["own_us_per_step"] for r in res["framework"]],
                                   baseline="hand loop, pre-made batches",
