@@ -250,7 +250,8 @@ class InProcessPass:
         self._through = select.keywords.get("through") if select is not None else None
         if self._tensors is not None:
             row = sum(t[:1].numel() * t.element_size() for t in self._tensors)
-            self._chunk = max(1, min(64, READ_AHEAD_BYTES // max(1, row * sampler.batch_size)))
+            # (at most 256 batches: a small dataset's whole epoch, its views made in one cold pass, not four)
+            self._chunk = max(1, min(256, READ_AHEAD_BYTES // max(1, row * sampler.batch_size)))
             # the pass's indices, one tensor: a chunk's are a slice of it (no batches of indices split off
             # and joined again: a quarter of a small model's per-epoch work)
             self._order, self._at = sampler.order(), 0
