@@ -19,6 +19,7 @@ from ..failures import error_record
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
 from ..summary_file import read_summary
+from .logs import WRITE_INTERVAL
 from .plot import write_curves
 
 
@@ -50,6 +51,8 @@ class MetricsPlugin:
     def __init__(self):
         self.file = None
         self.writer = None
+        self.rows: list[tuple] = []  # held until WRITE_INTERVAL after the last write (or the run's end)
+        self.written = 0.0  # time.monotonic() of the last write
         self.model = None
         self.started: tuple[float, ...] | None = None  # at on_fit_start: perf_counter and the run's timings
 
@@ -69,8 +72,16 @@ class MetricsPlugin:
     @hookimpl
     def on_log_metrics(self, run, metrics, step):
         if self.writer is not None:  # the rows (step, stage, name, value) zipped in C: no Python code a row
-            self.writer.writerows(zip(repeat(step), repeat(run.stage), metrics.keys(), metrics.values()))
-            self.file.flush()  # on disk (with the OS) before the next step, as events.jsonl's lines
+            self.rows.extend(zip(repeat(step), repeat(run.stage), metrics.keys(), metrics.values()))
+            if time.monotonic() - self.written >= WRITE_INTERVAL:  # as events.jsonl's lines (logs.py)
+                self._write_rows()
+
+    def _write_rows(self) -> None:
+        """The rows held so far, written and flushed to the OS."""
+        self.writer.writerows(self.rows)
+        self.file.flush()
+        self.rows.clear()
+        self.written = time.monotonic()
 
     @hookimpl
     def on_fit_end(self, run):
@@ -82,6 +93,7 @@ class MetricsPlugin:
 
     def _finish(self, run, error=None):
         if self.file is not None:
+            self._write_rows()
             self.file.close()
             self.file = self.writer = None
         if run.rank != 0:

@@ -22,7 +22,7 @@ import structlog
 import csframework as csf
 import fixtures
 from fixtures import PoisonAt, StopAt, events
-from csframework.builtin.logs import FORMAT, LOGGER, LoggingPlugin, console_line
+from csframework.builtin.logs import FORMAT, LOGGER, WRITE_INTERVAL, LoggingPlugin, RunLogger, console_line
 from csframework.builtin.progress import ProgressPlugin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,15 +181,66 @@ class OnDiskAtStepStart:
             self.seen[run.global_step] = ([json.loads(line) for line in events_file], rows.read().splitlines())
 
 
+class SlowSteps:
+    """Steps that take ``WRITE_INTERVAL``: each log comes that long after the last write, as a model's do."""
+
+    name = "slow_steps"
+
+    @csf.hookimpl
+    def on_train_step_end(self):
+        time.sleep(WRITE_INTERVAL)
+
+
 def test_a_logs_lines_are_with_the_os_when_the_next_step_starts(tmp_path):
-    """The durability a log keeps (its lines flushed as written, not when a buffer fills or the run ends):
-    a crash in the next step leaves the log's events and rows in the files."""
+    """The durability a log keeps when logs come no faster than ``WRITE_INTERVAL`` (its lines flushed at its
+    end, not when a buffer fills or the run ends): a crash in the next step leaves the log's events and rows
+    in the files."""
     reader = OnDiskAtStepStart()
-    csf.Run(fixtures.compose("loop.max_steps=4", "loop.log_every=2"), plugins=[reader], output_dir=tmp_path).fit()
-    found, rows = reader.seen[2]
-    assert {(e["event"], e["step"]) for e in found} >= {("train", 2), ("metrics", 2)}
-    assert [row.split(",")[:3] for row in rows if row.startswith("2,")] == [
-        ["2", "main", name] for name in ("train/loss", "train/accuracy", "lr", "steps_per_sec")]
+    csf.Run(fixtures.compose("loop.max_steps=6", "loop.log_every=2"), plugins=[reader, SlowSteps()],
+            output_dir=tmp_path).fit()
+    for step in (2, 4):
+        found, rows = reader.seen[step]
+        assert {(e["event"], e["step"]) for e in found} >= {("train", step), ("metrics", step)}
+        assert [row.split(",")[:3] for row in rows if row.startswith(f"{step},")] == [
+            [str(step), "main", name] for name in ("train/loss", "train/accuracy", "lr", "steps_per_sec")]
+
+
+def test_logs_that_come_sooner_are_held_then_written_in_order_with_their_own_times(tmp_path, monkeypatch):
+    """A log ``WRITE_INTERVAL`` or more after the last write is written and flushed at its end; the lines of
+    sooner ones are held: written, in the order they came, with the next such log, before any other event's
+    line and when the run ends, each stamped with the time it was logged at."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    run, plugin = bare_run(tmp_path, []), LoggingPlugin(stream=io.StringIO())
+    plugin.on_fit_start(run)
+
+    def log(step):
+        plugin.on_log_metrics(run, {"train/loss": 0.5}, step)
+        run.log.info("train", step=step, console=False)  # the progress plugin's line
+        plugin.end_log()
+
+    def on_disk():
+        return [(e["event"], e["step"]) for e in events(tmp_path)]
+
+    log(1)  # the first: written at its end
+    assert on_disk()[-2:] == [("metrics", 1), ("train", 1)]
+    clock[0] += WRITE_INTERVAL / 2
+    log(2)
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: 1_700_000_000.25)
+        log(3)
+    assert on_disk()[-1] == ("train", 1)  # held
+    clock[0] += WRITE_INTERVAL
+    log(4)  # the interval has passed: the held lines, then its own
+    assert on_disk()[-6:] == [("metrics", 2), ("train", 2), ("metrics", 3), ("train", 3), ("metrics", 4),
+                              ("train", 4)]
+    assert [e["timestamp"] for e in events(tmp_path) if e["step"] == 3] == ["2023-11-14T22:13:20.250000Z"] * 2
+    log(5)
+    run.log.warning("slow")  # any other event: the held lines first
+    assert on_disk()[-3:] == [("metrics", 5), ("train", 5), ("slow", 7)]
+    log(6)
+    plugin._close()  # the run's end (on_fit_end), an error or a stop (on_exception)
+    assert on_disk()[-2:] == [("metrics", 6), ("train", 6)]
 
 
 def test_an_event_has_the_fields_and_order_structlogs_processors_gave_it(tmp_path):
@@ -215,6 +266,29 @@ def test_an_event_has_the_fields_and_order_structlogs_processors_gave_it(tmp_pat
         slow["timestamp"]) and slow["timestamp"] <= quiet["timestamp"] <= stamped
     assert start["event"] == "fit_start" and quiet["level"] == "info" and "job" not in quiet
     assert "][csframework][WARNING] - slow" in stream.getvalue() and "quiet" not in stream.getvalue()
+
+
+def test_run_log_gives_its_processor_the_event_structlogs_own_bound_logger_gives(tmp_path):
+    """``RunLogger`` calls the processor itself: what it hands it (bound context, keywords, ``event``, in that
+    order; ``%`` arguments; ``exception``'s ``exc_info``; levels below info dropped) is what structlog's
+    filtering bound logger at info hands the same processor, and so is what the call returns."""
+    def logged(wrapper_class) -> list:
+        seen = []
+
+        def processor(_, method_name, event):
+            seen.append((method_name, dict(event), list(event)))
+            return ""
+        log = structlog.wrap_logger(structlog.ReturnLogger(), processors=[processor], wrapper_class=wrapper_class)
+        bound = log.bind(job=1, event="bound")
+        returned = [log.info("plain", a=1, b=2), bound.warning("args %s-%d", "x", 3, c=3), bound.debug("dropped"),
+                    bound.unbind("job").error("unbound"), log.new(z=0).critical("new")]
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            returned.append(log.exception("failed", d=4))
+        return seen + returned
+
+    assert logged(RunLogger) == logged(structlog.make_filtering_bound_logger(logging.INFO))
 
 
 class CountedFlushes(io.TextIOWrapper):
@@ -289,7 +363,7 @@ def test_the_plugins_own_console_line_is_what_a_logging_handler_with_its_format_
         ours.seek(0)
         ours.truncate()
         theirs = io.StringIO()
-        show(level, "train   loss=0.5")
+        show(level, "train   loss=0.5", now)
         handler = logging.StreamHandler(theirs)
         handler.setFormatter(logging.Formatter(FORMAT))
         handler.handle(logging.getLogger(LOGGER).makeRecord(LOGGER, getattr(logging, level.upper()), __name__, 0,
@@ -299,7 +373,7 @@ def test_the_plugins_own_console_line_is_what_a_logging_handler_with_its_format_
     closed = io.StringIO()
     show = LoggingPlugin(stream=closed)._console()
     closed.close()
-    show("info", "train")  # ValueError: I/O operation on closed file: reported on stderr, not raised
+    show("info", "train", time.time())  # ValueError: I/O operation on closed file: reported on stderr, not raised
 
 
 def test_an_event_json_cannot_hold_is_named_as_the_event_schema_says(tmp_path):

@@ -4,6 +4,7 @@ for a fit. The command line of a CLI run: tests/e2e/test_run_summary_cli.py; the
 import csv
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from torch import nn
 
 import csframework as csf
 import fixtures
+from csframework.builtin.logs import WRITE_INTERVAL
+from csframework.builtin.metrics import MetricsPlugin
 
 
 class PartlyFrozen(nn.Module):
@@ -157,3 +160,29 @@ def test_backend_threads_is_honoured_on_csx(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert seen.threads == 1
+
+
+def test_metrics_csv_rows_are_held_and_written_as_a_logs_lines_are(tmp_path, monkeypatch):
+    """A log's rows are written at once when it comes ``WRITE_INTERVAL`` or more after the last write, else
+    held and written, in order, with the next such log's or when the run ends."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    plugin = MetricsPlugin()
+    plugin.file = open(tmp_path / "metrics.csv", "w", newline="", encoding="utf-8")
+    plugin.writer = csv.writer(plugin.file)
+    run = SimpleNamespace(stage="main", rank=1)  # (rank 1: the end closes the file, writes no summary)
+
+    def steps():
+        return [row.split(",")[0] for row in (tmp_path / "metrics.csv").read_text().splitlines()]
+
+    plugin.on_log_metrics(run, {"train/loss": 0.5, "lr": 0.1}, 1)
+    assert steps() == ["1", "1"]
+    clock[0] += WRITE_INTERVAL / 2
+    plugin.on_log_metrics(run, {"train/loss": 0.4, "lr": 0.1}, 2)
+    assert steps() == ["1", "1"]  # held
+    clock[0] += WRITE_INTERVAL
+    plugin.on_log_metrics(run, {"train/loss": 0.3, "lr": 0.1}, 3)
+    assert steps() == ["1", "1", "2", "2", "3", "3"]
+    plugin.on_log_metrics(run, {"train/loss": 0.2, "lr": 0.1}, 4)
+    plugin.on_fit_end(run)
+    assert steps()[-2:] == ["4", "4"] and plugin.file is None
