@@ -37,12 +37,12 @@ LOGGER = "csframework"
 #: Keys of an event that the console line leaves out (the format shows time and level; the name comes first).
 _NOT_ON_CONSOLE = frozenset(("run_id", "timestamp", "level", "sweep_dir", "event"))
 _QUOTED = frozenset(" \t=\r\n\"'")
-#: ``logging``'s number of each level structlog names, one lookup where ``logging.getLevelName`` upper-cases
-#: and looks up (a level not here, none structlog has today, still goes through it).
 #: Seconds: the lines of logs that come sooner than this after the last write of log lines are held and
 #: written together (at most this late, as tqdm redraws its bar at most every ``mininterval``): a log's code
 #: then runs warm, once for many, where logs come faster than a human reads them (a small model's steps).
 WRITE_INTERVAL = 0.1
+#: ``logging``'s number of each level structlog names, one lookup where ``logging.getLevelName`` upper-cases
+#: and looks up (a level not here, none structlog has today, still goes through it).
 _LEVEL_NUMBERS = {name: getattr(logging, name.upper()) for name in ("debug", "info", "warning", "error", "critical")}
 
 
