@@ -47,6 +47,32 @@ def test_params_metric_history_and_status(csf_runner):
     assert [s for s, _ in history(client, run.info.run_id, "val/loss")] == [5, 10, 15, 20]
 
 
+def test_logs_sooner_than_the_send_interval_go_in_one_call_and_every_metric_arrives(csf_runner, monkeypatch):
+    """A log within ``SEND_INTERVAL`` of the last send waits: the store is called for the first log, before each
+    checkpoint and at the end, not once a log, and holds every metric at its step."""
+    import csframework_mlflow
+
+    monkeypatch.setattr(csframework_mlflow, "SEND_INTERVAL", 3600.0)
+    sends = []
+    log_batch = MlflowClient.log_batch
+
+    def counted(self, run_id, metrics=(), **kwargs):
+        if metrics:
+            sends.append(len(metrics))
+        return log_batch(self, run_id, metrics=metrics, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", counted)
+    result = csf_runner.run(["loop.log_every=1"], autoload=ONLY)
+    assert result.exit_code == 0, result.error
+    client = store(result.output_dir.parent)
+    [run] = runs(client)
+    assert_matches(client, run, result)
+    saves = sum(e["event"] == "checkpoint_saved" for e in result.events)
+    logs = len({row["step"] for row in result.metrics})
+    # the first log's, then at most one before each checkpoint and one at the end (nothing may be left then)
+    assert logs == 20 and saves >= 1 and 2 <= len(sends) <= 2 + saves and sum(sends) == len(result.metrics)
+
+
 def test_one_mlflow_run_per_sweep_job(csf_runner):
     sweep = csf_runner.cli(["-m", "optimizer.lr=0.05,0.2"], autoload=ONLY)
     assert sweep.exit_code == 0, sweep.stderr[-3000:]

@@ -2,7 +2,9 @@
 the composed config as params, every reported metric at its step, and the run's status. The default
 store is a SQLite file beside the run directory (``<run dir>/../mlflow.db``), so the jobs of a sweep
 share one store. Only rank 0 writes. A resumed run continues the same MLflow run (its id is kept in the
-checkpoint)."""
+checkpoint). Metrics go to the store in one batch at most every ``SEND_INTERVAL`` seconds (a log
+after that is sent at once), and before a checkpoint is saved and when the run ends or fails: a call to
+the store costs milliseconds, more than a small model's step."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +18,11 @@ from csframework.config import flat_config
 
 __all__ = ["MlflowLogger", "MlflowConfig"]
 _BATCH = 100  # MLflow's limit of params per log_batch call
+_METRICS_BATCH = 1000  # and of metrics
+#: Seconds: a log this long after the last send is sent at once; sooner ones wait for the next such log
+#: (or a checkpoint, or the run's end). A send to a SQLite store takes 5-7 ms: one a log on the tiny MLP
+#: (log_every=25, 0.4 ms steps) made a run 1.6 times as long.
+SEND_INTERVAL = 1.0
 #: The loggers through which MLflow announces, at INFO on stderr, that it creates or migrates a SQLite store.
 _STORE_LOGGERS = ("mlflow.store.db.utils", "alembic")
 
@@ -51,6 +58,8 @@ class MlflowLogger:
     def __init__(self):
         self.client = None
         self.run_id: str | None = None
+        self.pending: list = []  # mlflow.entities.Metric not sent yet
+        self.sent = 0.0  # time.monotonic() of the last send
 
     @csf.hookimpl
     def csframework_config_sections(self):
@@ -62,6 +71,7 @@ class MlflowLogger:
 
     @csf.hookimpl
     def on_checkpoint_save(self, state):
+        self._send()  # the store holds the metrics of the steps a checkpoint holds
         if self.run_id is not None:
             state[self.name] = {"run_id": self.run_id}
 
@@ -106,12 +116,23 @@ class MlflowLogger:
         if self.client is not None:
             from mlflow.entities import Metric
 
-            now = int(time.time() * 1000)
-            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+            now = int(time.time() * 1000)  # (each metric keeps the time it was logged at)
+            self.pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+            if time.monotonic() - self.sent >= SEND_INTERVAL:
+                self._send()
+
+    def _send(self) -> None:
+        """The metrics not sent yet, to the store, in as few ``log_batch`` calls as MLflow takes."""
+        pending, self.pending = self.pending, []
+        if self.client is not None:
+            for start in range(0, len(pending), _METRICS_BATCH):
+                self.client.log_batch(self.run_id, metrics=pending[start:start + _METRICS_BATCH])
+        self.sent = time.monotonic()
 
     @csf.hookimpl
     def on_fit_end(self, run):
         if self.client is not None:
+            self._send()
             if run.stop_reason:
                 self.client.set_tag(self.run_id, "csframework.stop_reason", run.stop_reason)
             self.client.set_terminated(self.run_id, "FINISHED")
@@ -120,5 +141,6 @@ class MlflowLogger:
     @csf.hookimpl
     def on_exception(self, error):
         if self.client is not None:
+            self._send()
             self.client.set_terminated(self.run_id, "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
             self.client = None
