@@ -22,6 +22,10 @@ def test_loop_overhead_figures_compare_the_same_training():
     # the second row: the same framework runs against a hand loop that reads its batches as it goes (no target)
     assert own_index.samples == own.samples and own_index.limit is None and own_index.kind == "difference"
     assert own_index.baseline_samples[0] > 0
+    # a loop that reads its batches: against the hand loop that does, and that loop against pre-made batches
+    [index, read] = loop_overhead.figures(1, only="mlp-index", steps=20)
+    assert index.limit is None and read.limit is None and read.samples == index.baseline_samples
+    assert read.baseline == "hand loop, pre-made batches" and read.baseline_samples[0] > 0
 
 
 @pytest.mark.parametrize("side", ["hand", "framework"])
