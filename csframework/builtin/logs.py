@@ -102,7 +102,13 @@ class LoggingPlugin:
             def show(level: str, message: str, created: float) -> None:
                 if clear:
                     stream.write(clear)
-                logger.log(_LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper()), message)
+                number = _LEVEL_NUMBERS.get(level) or logging.getLevelName(level.upper())
+                if logger.isEnabledFor(number):  # (as logger.log asks), a record with the event's own time: a
+                    # held line (WRITE_INTERVAL) is shown with the time it was logged at, not when it is written
+                    record = logger.makeRecord(LOGGER, number, __file__, 0, message, (), None, "show")
+                    record.relativeCreated -= (record.created - created) * 1000
+                    record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0  # (LogRecord's)
+                    logger.handle(record)
 
             return show
         handler, formatter = logging.StreamHandler(stream), logging.Formatter(FORMAT)

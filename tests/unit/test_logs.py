@@ -243,6 +243,35 @@ def test_logs_that_come_sooner_are_held_then_written_in_order_with_their_own_tim
     assert on_disk()[-2:] == [("metrics", 6), ("train", 6)]
 
 
+def test_a_held_line_reaches_a_configured_handler_with_the_time_it_was_logged_at(tmp_path, monkeypatch, request):
+    """Under a handler the user (or the CLI's Hydra logging) configured, a held console line's record carries
+    the time its event was logged at, as ``events.jsonl``'s line does, not the later time it was written."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(LOGGER)
+    monkeypatch.setattr(logger, "handlers", [handler])
+    monkeypatch.setattr(logger, "disabled", False)  # (an earlier test's Hydra logging set-up may disable it)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # (setLevel, not the attribute: it clears the loggers' cached answers)
+    request.addfinalizer(lambda: logger.setLevel(level))
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    run, plugin = bare_run(tmp_path, []), LoggingPlugin()  # no stream: the configured handler shows the lines
+    plugin.on_fit_start(run)
+    for step, now in ((1, 1_700_000_000.25), (2, 1_700_000_003.5)):  # the first written, the second held
+        with monkeypatch.context() as m:
+            m.setattr(time, "time", lambda: now)
+            plugin.on_log_metrics(run, {"train/loss": 0.5}, step)
+            run.log.info("train", step=step)
+            plugin.end_log()
+    assert [r.getMessage().split()[0] for r in records][-1] == "train" and len(plugin.held) == 2
+    plugin._close()
+    shown = [r for r in records if r.getMessage().startswith("train")]
+    assert [(r.created, r.msecs) for r in shown] == [(1_700_000_000.25, 250.0), (1_700_000_003.5, 500.0)]
+    assert shown[1].relativeCreated - shown[0].relativeCreated == pytest.approx(3250.0)  # moved with it
+
+
 def test_an_event_has_the_fields_and_order_structlogs_processors_gave_it(tmp_path):
     """``run.log``'s one processor does what the chain it replaced did (the run's context, a sweep job's
     context variables, ``add_log_level``, ``TimeStamper(fmt="iso", utc=True)``): the same fields in the
