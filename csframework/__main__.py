@@ -55,7 +55,7 @@ def main() -> None:
             hydra_session.check_disabled_sections(args.overrides, found.sections, found.disabled)
             check_config_files(user_config_dirs(args.overrides, args.config_dir, args.config_path))
             if args.help:
-                sys.argv.append(help_footer(found))
+                add_override(sys.argv, help_footer(found))
             finish(lambda: run_hydra(args, found))
         except hydra_session.CallbackError as e:  # refused in a Hydra callback (run directory, sweep values)
             raise e.error from e
@@ -90,6 +90,20 @@ def run_hydra(args: argparse.Namespace, found: api.Composition) -> None:
         from .sweep import finish as finish_sweep
 
         sys.exit(finish_sweep())
+
+
+def add_override(argv: list[str], override: str) -> None:
+    """Put ``override`` among ``argv``'s overrides (before the first, or last when there is none): Hydra's
+    parser takes the overrides as one run of words, so one appended after a flag (``device=csx --help``) would
+    be an unrecognized argument."""
+    first = next((i for i, arg in enumerate(argv[1:], 1) if not arg.startswith("-")
+                  and ("=" in arg or arg.startswith("~")) and argv[i - 1] not in FLAGS_WITH_VALUES), len(argv))
+    argv.insert(first, override)
+
+
+#: Hydra's flags that take the next word as their value (which is no override, even with an ``=`` in it)
+FLAGS_WITH_VALUES = ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--cfg", "-c",
+                     "--package", "-p", "--info", "-i", "--experimental-rerun")
 
 
 def help_footer(found: api.Composition) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Iterable
 
 from ..errors import ConfigError
@@ -47,8 +48,9 @@ def check_config_files(dirs: Iterable[str]) -> None:
             seen.add(os.path.realpath(root))
             subdirs[:] = [d for d in subdirs if os.path.realpath(os.path.join(root, d)) not in seen]
             for path in (os.path.join(root, f) for f in sorted(files) if f.endswith((".yaml", ".yml"))):
-                if os.path.getsize(path) > MAX_CONFIG_BYTES:
-                    raise ConfigError(f"{path}: {os.path.getsize(path):,} bytes, larger than a config file "
+                nbytes = _regular_file_size(path)
+                if nbytes > MAX_CONFIG_BYTES:
+                    raise ConfigError(f"{path}: {nbytes:,} bytes, larger than a config file "
                                       f"may be ({MAX_CONFIG_BYTES:,}); keep data out of config files")
                 sizes: dict[int, int] = {}
 
@@ -68,12 +70,32 @@ def check_config_files(dirs: Iterable[str]) -> None:
                     total = size(root_node) if root_node is not None else 0
                 except yaml.YAMLError:
                     continue
+                except OSError as e:
+                    raise _unreadable(path, e) from None
                 except RecursionError:
                     raise ConfigError(f"{path}: nested too deeply to be a config file (more than "
                                       f"{MAX_CONFIG_DEPTH} levels)") from None
                 if total > MAX_CONFIG_NODES:
                     raise ConfigError(f"{path}: its YAML aliases expand it to more than {MAX_CONFIG_NODES:,} "
                                       "nodes (an alias bomb?); a config file must stay below that")
+
+
+def _regular_file_size(path: str) -> int:
+    """The size of the config file at ``path``; a ``ConfigError`` naming it when it cannot be read (a link
+    to nothing, no permission) or is no regular file (a FIFO would block its read forever, a device
+    never end)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise _unreadable(path, e) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file, so no config file; remove it from the config directory")
+    return st.st_size
+
+
+def _unreadable(path: str, error: OSError) -> ConfigError:
+    return ConfigError(f"{path}: cannot be read ({error.strerror or error}); fix or remove it (a config directory's "
+                       "YAML files are all checked before Hydra reads any)")
 
 
 def _compose_yaml(path: str, yaml: Any) -> Any:

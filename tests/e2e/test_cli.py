@@ -199,6 +199,22 @@ def test_help_and_cfg_job_list_every_backend_key_with_its_default(tmp_path, cli_
         assert "device_index" in listed["device=gpu"] and "threads" in listed["device=csx"].split(", ")
 
 
+@pytest.mark.parametrize("argv", [["device=csx", "--help"], ["--help", "device=csx"],
+                                  ["--config-dir", "conf", "model=tiny_linear", "--help"]],
+                         ids=["overrides-then-help", "help-then-overrides", "config-dir"])
+def test_help_shows_the_chosen_config_wherever_the_flag_stands(tmp_path, cli_env, argv):
+    """``--help`` after the overrides (``device=csx --help``) was an argparse error: the footer csframework
+    adds was appended after the flag, away from Hydra's one run of overrides."""
+    (tmp_path / "conf").mkdir()
+    r = cli(flags=argv, env=cli_env, cwd=tmp_path, tiny=False)
+    assert r.returncode == 0, r.stderr
+    assert "== Backend settings of every device" in r.stdout and "unrecognized arguments" not in r.stderr
+    config = r.stdout.split("Override anything in the config")[1]
+    shown = yaml.safe_load(config.split("\n", 1)[1].split("== Backend settings of every device")[0])
+    assert shown["device"]["type"] == ("CSX" if "device=csx" in argv else "CPU")
+    assert shown["model"]["_target_"].endswith("Supervised" if "model=tiny_linear" in argv else "TinyTransformer")
+
+
 def test_check_mode_from_the_cli_trains_nothing(tmp_path, cli_env):
     run_dir = tmp_path / "run"
     r = cli("mode=check", f"hydra.run.dir={run_dir}", env=cli_env)

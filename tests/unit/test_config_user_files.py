@@ -111,6 +111,28 @@ def test_a_hostile_user_file_is_refused_naming_it(case, tmp_path):
     assert str(caught.value).startswith(f"{conf}/data/hostile.yaml: ") and says in str(caught.value)
 
 
+@pytest.mark.parametrize("kind", ["dangling-link", "fifo", "unreadable"])
+def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(kind, tmp_path):
+    """A link to nothing, a FIFO (whose read would block forever) or a file without read permission in the
+    config directory is refused naming it, not a traceback or a hang."""
+    conf = Path(_user_conf(tmp_path, "data/ok.yaml", "batch_size: 4\n"))
+    path = conf / "model" / "odd.yaml"
+    path.parent.mkdir(exist_ok=True)
+    if kind == "dangling-link":
+        path.symlink_to(tmp_path / "nowhere.yaml")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text("x: 1\n")
+        path.chmod(0)
+        if os.access(path, os.R_OK):  # root reads it anyway
+            pytest.skip("running as root: a file without read permission is still readable")
+    with deadline(60), pytest.raises(ConfigError) as caught:
+        csf.compose(TINY, config_dir=conf)
+    assert str(caught.value).startswith(f"{path}: "), caught.value
+    assert "remove" in str(caught.value)
+
+
 def test_an_alias_bomb_on_the_search_path_is_refused(tmp_path):
     conf = _user_conf(tmp_path, "data/bomb.yaml", billion_laughs())
     with deadline(60), pytest.raises(ConfigError, match=r"data/bomb\.yaml: .*alias"):
