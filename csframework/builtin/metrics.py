@@ -14,6 +14,7 @@ from itertools import repeat
 from typing import Any
 
 from ..command import command_line
+from ..config.sections import test_metrics
 from ..errors import ExitCode
 from ..failures import error_record
 from ..hookspecs import hookimpl
@@ -103,6 +104,8 @@ class MetricsPlugin:
         if error is None and run.already_complete and (kept := self._completed_before(run)) is not None:
             if type(kept["metrics"].get("steps_per_sec")) is float and "steps_per_sec" in run.metrics:
                 run.metrics["steps_per_sec"] = kept["metrics"]["steps_per_sec"]  # the fit's, as that summary says
+            for name, value in kept["metrics"].items():  # its test sets' metrics: the fit returns them too
+                run.metrics.setdefault(name, value)
             return  # resumed at its end, nothing done: the summary of the run that got there stays
         figures = self._figures(run)
         if figures.get("steps_per_sec") is not None and "steps_per_sec" in run.metrics:
@@ -127,8 +130,13 @@ class MetricsPlugin:
         not its ``steps_per_sec``, the fit's rate where the checkpoint holds the last log's."""
         summary, _ = read_summary(run.files)
         ours = json.loads(dumps({k: v for k, v in run.metrics.items() if k != "steps_per_sec"}))
-        same = (summary is not None and summary["status"] == "completed" and summary["global_step"] == run.global_step
-                and {k: v for k, v in summary["metrics"].items() if k != "steps_per_sec"} == ours)
+        if summary is None or summary["status"] != "completed" or summary["global_step"] != run.global_step:
+            return None
+        theirs = {k: v for k, v in summary["metrics"].items() if k != "steps_per_sec"}
+        # every metric the checkpoint holds must be there, the same; besides them only the test sets' (data.test:
+        # measured after the last checkpoint, which cannot hold them)
+        tested = test_metrics(theirs, run.stage_config.data)
+        same = {k: theirs.get(k) for k in ours} == ours and all(k in tested for k in theirs if k not in ours)
         return summary if same else None
 
     def _figures(self, run) -> dict:

@@ -192,6 +192,13 @@ def test_sets(data: DataConfig) -> dict[str, Any]:
     return sets
 
 
+def test_metrics(metrics: dict, data: DataConfig) -> dict:
+    """The metrics of ``data``'s test sets among ``metrics`` (``<set>/...``): measured after a fit's last
+    checkpoint, so that no checkpoint holds them, only the run's ``summary.json``."""
+    prefixes = tuple(f"{name}/" for name in test_sets(data))
+    return {k: v for k, v in metrics.items() if k.startswith(prefixes)}
+
+
 def test_set_key(data: DataConfig, name: str) -> str:
     """The config key of test set ``name`` (``data.test`` for its short form)."""
     return "data.test" if name == "test" and data.test is not None else f"data.test_sets.{name}"

@@ -37,10 +37,12 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from .. import console_once
+from ..config.sections import test_metrics
 from ..errors import CsfError, ExitCode, RunDirHoldsRun, RunDirInUse, UnsafePathError, one_line, printable
 from ..files import SafeDir
 from ..jsonout import dumps
@@ -170,10 +172,11 @@ def recorded_point(job: SafeDir) -> dict[str, str] | None:
     return _point(override_columns(recorded)) if recorded else None
 
 
-def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
+def completed_before(job: SafeDir, data: Any = None) -> tuple[dict | None, str | None]:
     """The job's summary if it shows a completed job that its own checkpoints confirm (the newest is named by the
     summary's ``global_step``, and its meta.json reads back), with the metrics of that checkpoint (derived, not believed: a summary.json
-    can be edited, the checkpoint's are what the run's state holds); else None and, when the directory claims
+    can be edited, the checkpoint's are what the run's state holds) and the summary's metrics of ``data``'s test
+    sets (measured after that checkpoint, which cannot hold them); else None and, when the directory claims
     more than it shows, why."""
     from ..builtin.checkpoint import checkpoint_names, read_meta
 
@@ -198,7 +201,9 @@ def completed_before(job: SafeDir) -> tuple[dict | None, str | None]:
         meta = read_meta(root / names[-1])
     except (CsfError, ValueError, OSError) as e:  # DamagedCheckpoint, UnreadableCheckpoints
         return None, f"its checkpoints cannot confirm its summary.json ({printable(str(e))})"
-    return {**summary, "metrics": dict(meta.get("metrics") or {})}, None
+    confirmed = dict(meta.get("metrics") or {})
+    tested = test_metrics(summary["metrics"], data) if data is not None else {}
+    return {**summary, "metrics": {**confirmed, **{k: v for k, v in tested.items() if k not in confirmed}}}, None
 
 
 def run_sweep_job(cfg, run_job) -> float | None:
@@ -247,7 +252,7 @@ def _run_sweep_job(cfg, run_job) -> float | None:
                  f"of other overrides ({other}), another sweep's; run this sweep in a new hydra.sweep.dir")
             refuse(sweep_dir, num)  # the multirun exits 1; the other sweep's job and row stay
             return None
-        done, why = completed_before(job)
+        done, why = completed_before(job, cfg.data)
         if done is not None and recorded is None:  # counted only as the run of this job's own overrides
             done, why = None, "its .hydra/overrides.yaml records no overrides to show it is this job's run"
         if done is not None:

@@ -70,6 +70,30 @@ def test_a_summary_counts_only_with_its_final_checkpoint(tmp_path):
     assert done is None and "cannot confirm" in problem and "no files table" in problem
 
 
+def test_a_completed_job_keeps_its_test_sets_metrics_and_nothing_else_the_checkpoint_does_not_hold(tmp_path):
+    """A job rerun with ``resume=auto`` is not run again; its row's metrics are its final checkpoint's, and its
+    summary's metrics of the test sets the job's config names (measured after that checkpoint): a sweep
+    with ``data.test`` and ``sweep.objective=test/loss`` lost them (``no job reported test/loss``)."""
+    import json
+
+    import torch
+
+    from csframework.builtin.checkpoint import write_checkpoint
+
+    summary = {"status": "completed", "global_step": 8,
+               "metrics": {"val/loss": 0.25, "test/loss": 0.5, "shifted/loss": 0.75, "planted/loss": 9.0}}
+    d = fake_job(tmp_path, 0, json.dumps(summary).encode())
+    (d / "checkpoints").mkdir()
+    write_checkpoint(d / "checkpoints", "step-00000008", {"x": torch.zeros(1)},
+                     {"global_step": 8, "metrics": {"val/loss": 0.5}}, "a: 1\n")
+    data = OmegaConf.create({"test": {"_target_": "x.Y"}, "test_sets": {"shifted": {"_target_": "x.Y"}}})
+    done, problem = completed_before(SafeDir(tmp_path, "0"), data)
+    assert problem is None
+    assert done["metrics"] == {"val/loss": 0.5, "test/loss": 0.5, "shifted/loss": 0.75}  # the checkpoint's val/loss
+    done, _ = completed_before(SafeDir(tmp_path, "0"), OmegaConf.create({"test": None, "test_sets": {}}))
+    assert done["metrics"] == {"val/loss": 0.5}
+
+
 def test_a_job_that_failed_before_its_run_began_records_it_but_keeps_an_earlier_summary(tmp_path):
     """Issue 29 item 6: the failure goes into the job's events.jsonl and a new summary.json (status failed, the
     error on one line); an earlier run's summary.json stays as it was (issue 27: a rerun refused before it

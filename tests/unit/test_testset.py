@@ -48,6 +48,30 @@ def test_the_test_set_is_tested_once_after_training_with_the_best_checkpoint_s_w
     assert all(torch.equal(v, best.model[k]) for k, v in run.model.state_dict().items())  # left loaded
 
 
+def test_a_run_resumed_at_its_end_keeps_its_test_results(tmp_path):
+    """``checkpoint.resume=auto`` on a finished run with ``data.test`` trains and tests nothing: its
+    ``summary.json`` (the test metrics, ``tested_weights``, its timings) stays as the fit wrote it; it was
+    rewritten without them, since the last checkpoint cannot hold metrics measured after it."""
+    _, first = fixtures.fit(tmp_path, *TEST, *BEST_FIRST)
+    written = (tmp_path / "summary.json").read_text()
+    run, again = fixtures.fit(tmp_path, *TEST, *BEST_FIRST, "checkpoint.resume=auto")
+    assert run.already_complete
+    assert (tmp_path / "summary.json").read_text() == written
+    assert again["metrics"]["test/loss"] == first["metrics"]["test/loss"]
+    assert csv_rows(tmp_path, "test/loss") == [(8, first["metrics"]["test/loss"])]  # not tested again
+
+
+def test_a_summary_with_a_metric_the_checkpoint_does_not_hold_is_rewritten(tmp_path):
+    """Only the test sets' metrics may stand beside the checkpoint's: another one (an edited summary) is
+    not believed, and the summary is written again from the run."""
+    fixtures.fit(tmp_path, *TEST, *BEST_FIRST)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    on_disk["metrics"]["val/planted"] = 1.0
+    (tmp_path / "summary.json").write_text(json.dumps(on_disk))
+    fixtures.fit(tmp_path, *TEST, *BEST_FIRST, "checkpoint.resume=auto")
+    assert "val/planted" not in json.loads((tmp_path / "summary.json").read_text())["metrics"]
+
+
 def test_without_keep_best_the_last_weights_are_tested(tmp_path):
     run, summary = fixtures.fit(tmp_path, *TEST, "loop.max_steps=6")
     assert summary["tested_weights"] == "last"
