@@ -42,18 +42,25 @@ def check_fresh_start(run) -> None:
     the directory and the ways on), or with ``checkpoint.start_over=true`` the old run's files are moved into
     ``previous-runs/<time>/`` first, all or nothing."""
     files, resume = run.files, str(run.config.checkpoint.resume)
-    if resume == "auto":
-        return
     found = run_records(files)
     if not found:
         return
+    if resume == "auto":
+        if files.kind("checkpoints") is not None or not trained_unresumable(files):
+            return  # resumed from its checkpoints (or refused by them), or started over a failed run
+        if run.config.checkpoint.start_over:
+            _move_aside(run, files)
+            return
+        raise RunDirHoldsRun(
+            f"checkpoint.resume=auto: run directory {printable(str(files.path))} holds a run that trained "
+            f"({', '.join(found)}) but has no checkpoint to continue it from, and a new run there would mix its "
+            "records with that run's; start a new run in another directory (hydra.run.dir=...), or here with "
+            f"checkpoint.start_over=true (the old run's files are moved into {PREVIOUS_RUNS}/ there)")
     other = None if resume == "never" else other_lineage(Path(resume), files)
     if resume != "never" and other is None:  # a checkpoint of the run there: it goes on
         return
     if run.config.checkpoint.start_over:
-        moved = move_aside(files, keep=(LOCK_NAME,))
-        run.log.warning("previous_run_moved", path=str(moved),
-                        problem=f"{files.path} held a run; its files are now in {moved} (checkpoint.start_over=true)")
+        _move_aside(run, files)
         return
     shown, ways = printable(str(files.path)), (
         f"or here with checkpoint.start_over=true (the old run's files are moved into {PREVIOUS_RUNS}/ there)")
@@ -66,6 +73,34 @@ def check_fresh_start(run) -> None:
         f"run directory {shown} holds a run ({', '.join(found)}); continue it with: "
         f"{printable(continue_run(files.path))}, or start a new run in another directory (hydra.run.dir=...), "
         + ways)
+
+
+def _move_aside(run, files: SafeDir) -> None:
+    moved = move_aside(files, keep=(LOCK_NAME,))
+    run.log.warning("previous_run_moved", path=str(moved),
+                    problem=f"{files.path} held a run; its files are now in {moved} (checkpoint.start_over=true)")
+
+
+def trained_unresumable(files: SafeDir) -> bool:
+    """Whether the run a directory holds trained and did not fail, as its records say (read as untrusted data):
+    its summary.json says so (a ``global_step`` above 0, a status other than ``failed``), or, without one, its
+    metrics.csv has a row beyond the header. A run that failed (its checkpoints, if it had any, are what
+    ``resume=auto`` continues) or took no step is started again there by ``resume=auto``, as before."""
+    try:
+        summary = json.loads(files.read("summary.json", _SUMMARY_BYTES))
+        status, step = summary.get("status"), summary.get("global_step")
+    except FileNotFoundError:
+        status = step = None
+    except (OSError, ValueError, AttributeError, RecursionError, UnsafePathError):
+        return True  # a record that cannot be read is not a failure's to start over
+    if status is not None or step is not None:
+        return status != "failed" and type(step) is int and step > 0
+    try:
+        with files.reader("metrics.csv") as f:
+            head = f.read(1 << 16)  # the header and a row, if there is one
+    except (OSError, ValueError, UnsafePathError):
+        return False
+    return any(row.strip() for row in head.splitlines()[1:])
 
 
 def other_lineage(target: Path, files: SafeDir) -> str | None:

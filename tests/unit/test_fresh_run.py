@@ -59,6 +59,30 @@ def test_a_validate_before_fit_is_refused_over_a_finished_run_as_fit_alone_is(fi
     assert resumed.validate()["global_step"] == 2 and resumed.fit()["status"] == "completed"
 
 
+def test_resume_auto_over_a_run_without_checkpoints_is_refused_not_mixed_with_it(tmp_path):
+    """A run that trained but kept no checkpoint cannot be continued: ``resume=auto`` there started a new run
+    on top of it (its metrics.csv rows appended to the old run's, its summary.json replaced); now it is
+    refused, or with ``start_over`` the old run is moved aside first. A directory whose run failed without a
+    checkpoint is still started again by ``resume=auto``, as before."""
+    csf.Run(fixtures.compose("loop.max_steps=3", "loop.eval_every=null", "checkpoint.save_at_end=false"),
+            output_dir=tmp_path).fit()
+    assert not (tmp_path / "checkpoints").exists()
+    before = snapshot(tmp_path)
+    again = ["loop.max_steps=2", "loop.eval_every=null", "checkpoint.resume=auto"]
+    with pytest.raises(RunDirHoldsRun, match="holds a run that trained .* but has no checkpoint") as refused:
+        csf.Run(fixtures.compose(*again), output_dir=tmp_path).fit()
+    assert refused.value.exit_code == 2 and snapshot(tmp_path) == before
+    summary = csf.Run(fixtures.compose(*again, "checkpoint.start_over=true"), output_dir=tmp_path).fit()
+    assert summary["global_step"] == 2
+    [moved] = (tmp_path / PREVIOUS_RUNS).iterdir()
+    assert (moved / "metrics.csv").read_bytes() == before["metrics.csv"]
+    failed_run = tmp_path / "failed_run"
+    failed_run.mkdir()
+    (failed_run / "events.jsonl").write_text('{"event": "fit_failed"}\n')
+    (failed_run / "summary.json").write_text('{"status": "failed", "global_step": 1, "metrics": {}}')
+    assert csf.Run(fixtures.compose(*again), output_dir=failed_run).fit()["global_step"] == 2
+
+
 def test_a_checkpoint_of_an_earlier_run_in_previous_runs_is_not_resumed_over_the_new_run(finished):  # item 4
     csf.Run(fixtures.compose(*CFG, "checkpoint.start_over=true"), output_dir=finished).fit()
     [earlier] = (finished / PREVIOUS_RUNS).iterdir()
