@@ -119,9 +119,20 @@ class MetricsPlugin:
         summary.update(figures)
         if error is not None:
             summary["error"] = error_record(run, error)  # one line, as the console's
-        run.files.write("summary.json", dumps(summary, indent=2, where="summary.json"))
+        name = self._summary_name(run)
+        run.files.write(name, dumps(summary, indent=2, where=name))
         if run.mode == "fit":  # curves are training's; an evaluation alone has none to draw
             write_curves(run.files, title=curves_title(run, summary["status"]))
+
+    @staticmethod
+    def _summary_name(run) -> str:
+        """``summary.json``; for ``mode=validate``, ``test`` or ``predict`` in the directory of a run that trained
+        (its ``summary.json`` a fit's), ``summary-<mode>.json``, so that the training's summary stays."""
+        if run.mode != "fit":
+            kept, _ = read_summary(run.files)
+            if kept is not None and kept.get("mode", "fit") == "fit":
+                return f"summary-{run.mode}.json"
+        return "summary.json"
 
     @staticmethod
     def _completed_before(run) -> dict | None:

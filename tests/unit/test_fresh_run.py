@@ -59,6 +59,22 @@ def test_a_validate_before_fit_is_refused_over_a_finished_run_as_fit_alone_is(fi
     assert resumed.validate()["global_step"] == 2 and resumed.fit()["status"] == "completed"
 
 
+def test_an_evaluation_in_a_trained_run_s_directory_keeps_the_training_s_summary(finished):
+    """``mode=validate`` (or ``test``, ``predict``) with ``resume=auto`` in the directory of the run it evaluates
+    wrote its summary over the training's (its timings, test results, command line lost); it now goes to
+    ``summary-<mode>.json`` beside it. In a directory of its own it is ``summary.json``, as before."""
+    import json
+
+    trained = (finished / "summary.json").read_bytes()
+    summary = csf.Run(fixtures.compose(*CFG, "mode=validate", "checkpoint.resume=auto"), output_dir=finished).validate()
+    assert (finished / "summary.json").read_bytes() == trained
+    on_disk = json.loads((finished / "summary-validate.json").read_text())
+    assert on_disk["mode"] == "validate" and on_disk["metrics"] == summary["metrics"] and "val/loss" in on_disk["metrics"]
+    elsewhere = finished / "evaluated"
+    csf.Run(fixtures.compose(*CFG, "mode=validate", f"checkpoint.resume={finished}"), output_dir=elsewhere).validate()
+    assert json.loads((elsewhere / "summary.json").read_text())["mode"] == "validate"
+
+
 def test_resume_auto_over_a_run_without_checkpoints_is_refused_not_mixed_with_it(tmp_path):
     """A run that trained but kept no checkpoint cannot be continued: ``resume=auto`` there started a new run
     on top of it (its metrics.csv rows appended to the old run's, its summary.json replaced); now it is
