@@ -16,7 +16,7 @@ from . import api, command, hydra_session
 from .cli.job import task
 from .cli.process_group import leave_process_group
 from .cli.report import error_lines, report_error  # noqa: F401 - the CLI's report, as tests and docs name it
-from .cli.run_dir import CREATED, remove_if_empty
+from .cli.run_dir import CREATED, remove_if_empty, undo_refused
 from .config import check_config_files, user_config_dirs
 from .config.backend import backend_settings_help
 from .errors import ConfigError, CsfError, ExitCode
@@ -120,6 +120,10 @@ def finish(run) -> None:
     try:
         try:
             run()
+        except SystemExit as e:
+            if e.code == ExitCode.CONFIG_ERROR:  # refused: nothing trained, Hydra's .hydra/ record undone
+                undo_refused()
+            raise
         finally:
             remove_if_empty(list(CREATED))
     except SystemExit as e:

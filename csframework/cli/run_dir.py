@@ -1,20 +1,53 @@
 """A single run's directory, before Hydra creates it: checked, and what Hydra then creates for it remembered,
 so that the CLI removes it again when nothing was written there (``mode=check``, a refused run, a torchrun
-rank other than 0, which writes into rank 0's directory). ``conf/config.yaml`` lists ``RunDirCallback``."""
+rank other than 0, which writes into rank 0's directory). Hydra writes the job's ``.hydra/`` files before
+csframework can refuse the run: a refused run (exit 2) puts back an existing directory's ``.hydra/`` as it was,
+and removes what it left in a directory it created (``undo_refused``). ``conf/config.yaml`` lists
+``RunDirCallback``."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .. import hydra_session
-from ..errors import CsfError
-from ..rundir import check_run_dir
+from ..errors import CsfError, UnsafePathError
+from ..files import SafeDir
+from ..rundir import LOCK_NAME, check_run_dir
 
 #: The directories Hydra is about to create for this process's single run, deepest first.
 CREATED: list[Path] = []
+#: What a refused run leaves in a directory it created: Hydra's record, the lock, the refusal's events
+SETUP_ENTRIES = frozenset({".hydra", LOCK_NAME, "events.jsonl"})
+#: The largest ``.hydra/`` file kept to be put back (Hydra's are a few kB)
+MAX_HYDRA_FILE = 1 << 20
+
+
+class HydraRecord(NamedTuple):
+    """An existing run directory's ``.hydra/`` before this process's job rewrote it: its regular files' bytes
+    (``None``: there was no ``.hydra/`` directory), and what the run's records looked like then (``written``)."""
+    run_dir: Path
+    files: dict[str, bytes] | None
+    written: tuple
+
+
+def written(run_dir: Path) -> tuple:
+    """When the run's metrics rows and checkpoints last changed (a step logged, a checkpoint saved): unchanged
+    since ``on_run_start``, the job trained nothing there."""
+    marks = []
+    for name in ("metrics.csv", "checkpoints"):
+        try:
+            st = os.stat(run_dir / name, follow_symlinks=False)
+            marks.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            marks.append(None)
+    return tuple(marks)
+
+
+BEFORE: list[HydraRecord] = []
 
 
 class RunDirCallback(Callback):
@@ -29,6 +62,49 @@ class RunDirCallback(Callback):
         except CsfError as e:
             raise hydra_session.CallbackError(e) from e
         CREATED[:] = new_directories(run_dir)
+        BEFORE[:] = [] if CREATED else [HydraRecord(run_dir, hydra_files(SafeDir(run_dir)), written(run_dir))]
+
+
+def hydra_files(run_dir: SafeDir) -> dict[str, bytes] | None:
+    """The regular files of ``run_dir``'s ``.hydra/`` (links and oversized files left out: not put back), or
+    ``None`` when it has no ``.hydra/`` directory."""
+    if run_dir.kind(".hydra") != "dir":
+        return None
+    hydra = run_dir.sub(".hydra", create=False)
+    kept = {}
+    for name in hydra.names():
+        try:
+            kept[name] = hydra.read(name, MAX_HYDRA_FILE)
+        except (OSError, ValueError, UnsafePathError):
+            continue
+    return kept
+
+
+def undo_refused() -> None:
+    """After a refused run (exit 2), when it trained nothing: a directory this process created holds only what the
+    refusal left (``SETUP_ENTRIES``), removed with it; an existing one gets its ``.hydra/`` back as it was, so
+    that it still records the run that wrote it. Best effort: a failure here leaves what is there."""
+    try:
+        if CREATED:
+            created = SafeDir(CREATED[0])
+            if set(created.names()) <= SETUP_ENTRIES:
+                for name in created.names():
+                    created.remove(name)
+        for record in BEFORE:
+            if written(record.run_dir) != record.written:  # it trained before it was refused: its record stays
+                continue
+            run_dir = SafeDir(record.run_dir)
+            if record.files is None:
+                if run_dir.kind(".hydra") == "dir":
+                    run_dir.remove(".hydra")
+                continue
+            hydra = run_dir.sub(".hydra")
+            for name in set(hydra.names()) - set(record.files):
+                hydra.remove(name)
+            for name, data in record.files.items():
+                hydra.write(name, data)
+    except (OSError, UnsafePathError):
+        pass
 
 
 def new_directories(path: Path) -> list[Path]:

@@ -357,3 +357,20 @@ def test_test_and_predict_modes_use_a_trained_run_s_best_checkpoint(tmp_path, cl
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in (tmp_path / "predict" / "predictions.jsonl").read_text().splitlines()]
     assert [row["index"] for row in rows] == list(range(5)) and all(0 <= row["preds"] < 4 for row in rows)
+
+
+def test_a_refused_resume_leaves_the_run_directories_as_they_were(tmp_path, cli_env):
+    """Exit 2 writes nothing: Hydra had rewritten an existing run directory's .hydra/ (the record of how its
+    run was trained) before the refusal, and a run directory created for a refused run was left holding its
+    lock, .hydra/ and events.jsonl, which then refused a fresh run there ("holds a run")."""
+    trained = tmp_path / "trained"
+    assert cli("loop.max_steps=2", "loop.eval_every=null", f"hydra.run.dir={trained}", env=cli_env).returncode == 0
+    (trained / "checkpoints" / "step-00000002" / "state.pt").write_bytes(b"")  # damaged: every resume refused
+    hydra = {p.name: p.read_bytes() for p in (trained / ".hydra").iterdir()}
+    r = cli("loop.max_steps=4", "optimizer.lr=0.5", "checkpoint.resume=auto", f"hydra.run.dir={trained}", env=cli_env)
+    assert r.returncode == 2 and "could read none" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in (trained / ".hydra").iterdir()} == hydra
+    fresh = tmp_path / "new" / "run"
+    r = cli("loop.max_steps=4", f"checkpoint.resume={trained}", f"hydra.run.dir={fresh}", env=cli_env)
+    assert r.returncode == 2 and "could read none" in r.stderr and "start_over" not in r.stderr, r.stderr
+    assert not (tmp_path / "new").exists()

@@ -109,3 +109,21 @@ def test_test_sets_that_cannot_be_named_or_built_are_refused(tmp_path, overrides
 def test_mode_test_without_a_test_set_says_what_to_set(tmp_path):
     with pytest.raises(csf.ConfigError, match="data.test: mode=test needs a test set"):
         csf.Run(fixtures.compose("mode=test"), output_dir=tmp_path).test()
+
+
+def test_a_run_trained_past_this_config_s_max_steps_is_evaluated_not_called_damaged(tmp_path):
+    """``mode=validate``/``test`` of a run trained longer than the config's ``loop.max_steps`` (its default, say)
+    refused its checkpoint as damaged ("loop.stage_step: 8 must be between 0 and 4") and advised moving it
+    aside; an evaluation continues nothing, so that setting bounds nothing. A fit resumed there is still
+    refused, saying which setting to raise."""
+    trained = tmp_path / "trained"
+    fixtures.fit(trained, *TEST, "loop.max_steps=8")
+    for mode in ("validate", "test"):
+        run = csf.Run(fixtures.compose(*TEST, "loop.max_steps=4", f"mode={mode}", f"checkpoint.resume={trained}"),
+                      output_dir=tmp_path / mode)
+        assert getattr(run, mode)()["global_step"] == 8
+    with pytest.raises(csf.CsfError) as refused:
+        fixtures.fit(trained, *TEST, "loop.max_steps=4", "checkpoint.resume=auto")
+    assert refused.value.exit_code == 2
+    [damaged] = [e for e in fixtures.events(trained) if e["event"] == "checkpoint_damaged"]
+    assert "loop.stage_step: 8 is past this stage's 4 steps" in damaged["error"] and "loop.max_steps" in damaged["error"]

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -160,10 +161,13 @@ class CheckpointPlugin:
             self._load(run, path, state, meta)
             return True
         if damaged:  # starting over would, at the first save, prune checkpoints someone may still need
+            own = os.path.realpath(source) == os.path.realpath(run.output_dir / "checkpoints")
+            ways = ("start afresh here with checkpoint.start_over=true (which moves them aside), or in a new run "
+                    "directory (hydra.run.dir=...)" if own else
+                    "resume another checkpoint, or start afresh without checkpoint.resume")
             raise ConfigError(f"checkpoint.resume={resume}: found {len(damaged)} checkpoint(s) in {source} but "
-                              f"could read none ({', '.join(damaged)}; events.jsonl says why); start afresh "
-                              "here with checkpoint.start_over=true (which moves them aside), or in a new run "
-                              "directory (hydra.run.dir=...)")
+                              f"could read none ({', '.join(damaged)}; the checkpoint_damaged warnings above say "
+                              f"why); {ways}")
         return False
 
     def _checkpoints(self, run, root: Path, rewrite: bool) -> list[str]:

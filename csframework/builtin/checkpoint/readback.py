@@ -36,7 +36,11 @@ def _rate(key: str, value) -> list[str]:
 
 def stage_limits(run) -> list[int | None]:
     """The optimizer steps each stage of this run's config may take (``None`` where it is counted in epochs of
-    a stage not yet built: bounded by the epoch check instead)."""
+    a stage not yet built: bounded by the epoch check instead; ``None`` for every stage when the run evaluates
+    or predicts: ``mode=validate``, ``test`` or ``predict`` of a run trained longer than this config's
+    ``loop.max_steps`` continues nothing, so that setting bounds nothing)."""
+    if getattr(run, "mode", "fit") != "fit":
+        return [None] * len(run.stages)
     limits: list[int | None] = []
     for index, (_, cfg) in enumerate(run.stages):
         if cfg.loop.max_steps is not None:
@@ -60,6 +64,9 @@ def position_problems(run, loop) -> list[str]:
     limit, earlier = limits[index], limits[:index]
     found += _count("loop.stage_step", loop.get("stage_step"), 0, limit if limit is not None else MAX_COUNT)
     if found:
+        if type(loop.get("stage_step")) is int and limit is not None and loop["stage_step"] > limit >= 0:
+            found = [f"loop.stage_step: {loop['stage_step']} is past this stage's {limit} steps (loop.max_steps, or "
+                     "max_epochs); to continue that run, set loop.max_steps (or max_epochs) to cover its steps"]
         return found
     stage_step: int = loop["stage_step"]
     before = sum(n for n in earlier if n is not None) if None not in earlier else MAX_COUNT
