@@ -40,9 +40,10 @@ class CarriedState:
         self.value: Any = None
         """The state the next batch gets; ``None``: the next batch starts a pass (``initial_state``)."""
 
-    def forward(self, module: Callable[..., Any], batch: Any) -> Any:
+    def forward(self, module: Callable[..., Any], batch: Any, checked: bool = True) -> Any:
         """``module(batch, state)``'s outputs (a loss or a dict, as a stateless ``forward`` returns), keeping
-        the new state, detached, for the next batch."""
+        the new state, detached, for the next batch; ``checked``: as the model contract says (a loss in them,
+        ``step.model_outputs``), else as returned (``mode=predict``: batches without targets give no loss)."""
         from .step import model_outputs
 
         state = self.model.initial_state(batch) if self.value is None else self.value  # type: ignore[operator]
@@ -53,7 +54,7 @@ class CarriedState:
             raise ModelError(f"model.forward: {self._name()} has initial_state, so forward(batch, state) must return "
                              f"(loss or outputs dict, new state); it returned {got}")
         self.value = detached_state(returned[1], f"model.forward: {self._name()}.forward(batch, state)")
-        return model_outputs(returned[0])
+        return model_outputs(returned[0]) if checked else returned[0]
 
     def reset(self) -> None:
         """The next batch starts a pass: it gets ``initial_state``."""

@@ -8,6 +8,7 @@ as a number or a (nested) list; ``loss`` and outputs of another shape (a batch's
 ``logits``."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,13 +19,13 @@ from .jsonout import dumps
 from .batched import samples_in
 
 if TYPE_CHECKING:
-    from .protocol import RunProtocol
+    from .protocol import LoopRun
 
 #: The file ``mode=predict`` writes in the run directory.
 PREDICTIONS = "predictions.jsonl"
 
 
-def predict_pass(run: RunProtocol) -> dict:
+def predict_pass(run: LoopRun) -> dict:
     """Write ``predictions.jsonl`` for ``data.predict``; returns ``{"path", "rows", "outputs"}``, which
     ``summary.json`` holds as ``predictions``."""
     if run.world_size > 1:
@@ -35,10 +36,13 @@ def predict_pass(run: RunProtocol) -> dict:
     rows, keys = 0, None
     was_training = run.module.training
     run.module.eval()
+    carried = run.state.carried  # a stateful model: the pass starts from initial_state, the state carried on
     try:
-        with run.files.atomic(PREDICTIONS) as out, torch.inference_mode():
+        with run.files.atomic(PREDICTIONS) as out, torch.inference_mode(), \
+                carried.evaluating() if carried is not None else contextlib.nullcontext():
             for batch in loader:
-                outputs = run.module(run.backend.to_device(batch))
+                batch = run.backend.to_device(batch)
+                outputs = run.module(batch) if carried is None else carried.forward(run.module, batch, checked=False)
                 if not isinstance(outputs, dict):
                     outputs = {"output": outputs}
                 count = samples_in(batch) or 1

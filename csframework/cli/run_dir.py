@@ -37,7 +37,7 @@ class HydraRecord(NamedTuple):
 def written(run_dir: Path) -> tuple:
     """When the run's metrics rows and checkpoints last changed (a step logged, a checkpoint saved): unchanged
     since ``on_run_start``, the job trained nothing there."""
-    marks = []
+    marks: list[tuple[int, int] | None] = []
     for name in ("metrics.csv", "checkpoints"):
         try:
             st = os.stat(run_dir / name, follow_symlinks=False)

@@ -192,7 +192,7 @@ def test_sets(data: DataConfig) -> dict[str, Any]:
     return sets
 
 
-def test_metrics(metrics: dict, data: DataConfig) -> dict:
+def test_metrics(metrics: dict[str, Any], data: DataConfig) -> dict[str, Any]:
     """The metrics of ``data``'s test sets among ``metrics`` (``<set>/...``): measured after a fit's last
     checkpoint, so that no checkpoint holds them, only the run's ``summary.json``."""
     prefixes = tuple(f"{name}/" for name in test_sets(data))

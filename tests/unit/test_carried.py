@@ -185,3 +185,24 @@ def test_a_state_of_anything_but_tensors_is_refused_from_forward_and_from_a_chec
         carried.load_state_dict({"value": [torch.zeros(1), {"h": "x"}]}, torch.device("cpu"))
     carried.load_state_dict({"value": (torch.zeros(1), {"h": torch.ones(2)})}, torch.device("cpu"))
     assert torch.equal(carried.value[1]["h"], torch.ones(2))
+
+
+def test_mode_predict_carries_the_state_from_batch_to_batch_from_initial_state(tmp_path):
+    """``mode=predict`` on a stateful model called ``forward(batch)`` without its state (a TypeError, the run
+    failed); now its pass starts from ``initial_state`` and carries the state on, as an evaluation's does,
+    and each sample's outputs are those of that carried pass."""
+    import json
+
+    fit(tmp_path / "trained", "loop.max_steps=4", "loop.eval_every=null")
+    predict = ["mode=predict", f"checkpoint.resume={tmp_path / 'trained'}", "loop.max_steps=4",
+               "+data.predict._target_=test_carried.token_stream", "+data.predict.length=41"]
+    run = csf.Run(fixtures.compose(*STREAM, *predict, "+model.outputs=true"), output_dir=tmp_path / "predicted")
+    assert run.predict()["predictions"]["rows"] == 40
+    assert [kind for kind, training in run.model.seen] == ["initial"] + ["carried"] * 3
+    rows = [json.loads(line) for line in (tmp_path / "predicted" / "predictions.jsonl").read_text().splitlines()]
+    model = run.model.eval()
+    tokens, _ = token_stream(length=41).tensors
+    with torch.no_grad():  # the whole stream in one pass: what batches carrying the state compute
+        out, _ = model.rnn(model.embed(tokens), torch.zeros(1, tokens.shape[1], model.rnn.hidden_size))
+        expected = model.head(out)
+    assert torch.allclose(torch.tensor([row["logits"] for row in rows]), expected, atol=1e-5)
