@@ -53,16 +53,35 @@ def plugin_name(plugin: Any) -> str:
     return plugin.__name__ if isinstance(plugin, type) else type(plugin).__name__
 
 
-def instantiate(name: str, plugin: Any) -> Any:
-    """A class plugin becomes an instance (no arguments); modules and instances are used as they are."""
+def instantiate(name: str, plugin: Any, configured: bool = False) -> Any:
+    """A class plugin becomes an instance (no arguments); modules and instances are used as they are.
+    ``configured``: ``plugins.enable`` names it, so a class that cannot be made is a bad config (exit 2)."""
     if not isinstance(plugin, type):
         return plugin
     try:
         return plugin()
     except Exception as e:  # noqa: BLE001 - named like an import failure
+        off = "remove it from plugins.enable" if configured else f"turn it off with plugins.disable=[{name}]"
         raise PluginImportError(name, f"class {plugin.__module__}.{plugin.__qualname__}", e,
-                                f"make it instantiable with no arguments, or turn it off with "
-                                f"plugins.disable=[{name}]") from e
+                                f"make it instantiable with no arguments, or {off}",
+                                exit_code=ExitCode.CONFIG_ERROR if configured else None) from e
+
+
+def check_implements_hooks(pm: pluggy.PluginManager, path: str, plugin: Any) -> None:
+    """``plugins.enable`` names ``path``: a ``ConfigError`` when it implements no hook (a module whose hooks are
+    methods of a class in it, hook methods without ``@csframework.hookimpl``), which would do nothing."""
+    if pm.get_hookcallers(plugin):
+        return
+    where = vars(plugin) if isinstance(plugin, ModuleType) else {n: getattr(type(plugin), n) for n in dir(type(plugin))}
+    marked = f"{PROJECT}_impl"  # the attribute csframework.hookimpl sets
+    unmarked = sorted(n for n, v in where.items() if callable(v) and not n.startswith("_") and hasattr(pm.hook, n)
+                      and not hasattr(v, marked))
+    classes = sorted(n for n, v in where.items() if isinstance(plugin, ModuleType) and isinstance(v, type)
+                     and v.__module__ == plugin.__name__ and any(hasattr(getattr(v, a, None), marked) for a in dir(v)))
+    fix = (f"name the class that does: {', '.join(f'{path}:{c}' for c in classes)}" if classes else
+           f"mark {', '.join(unmarked)} with @csframework.hookimpl" if unmarked else
+           "implement a hook (csframework.hookspecs lists them) with @csframework.hookimpl")
+    raise ConfigError(f"plugins.enable: {path} implements no hook, so it would do nothing; {fix}")
 
 
 def _autoload() -> set[str] | None:
@@ -147,7 +166,8 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
     disable = set(disable)
     installed = installed_entry_points()  # read once: scanning the distributions' metadata is not free
     candidates = load_entry_points(disable, installed)
-    candidates += [(plugin_name(obj), obj) for obj in (load_module_path(p) for p in enable if p not in disable)]
+    configured = {path: load_module_path(path) for path in enable if path not in disable}
+    candidates += [(plugin_name(obj), obj) for obj in configured.values()]
     # a string among ``extra`` (``csf.compose(plugins=["pkg.module"])``) is a module path, as in ``enable``
     extra = [load_module_path(p) if isinstance(p, str) else p for p in extra]
     candidates += [(plugin_name(p), p) for p in extra] + list(builtins)
@@ -172,7 +192,11 @@ def build_manager(builtins: Iterable[tuple[str, Any]], enable: Iterable[str] = (
             continue
         if pm.has_plugin(name):
             raise ConfigError(f"plugins: two plugins are named '{name}'; give one a different `name`")
-        pm.register(instantiate(name, plugin), name=name)
+        path = next((p for p, obj in configured.items() if obj is plugin), None)
+        registered = instantiate(name, plugin, configured=path is not None)
+        pm.register(registered, name=name)
+        if path is not None:
+            check_implements_hooks(pm, path, registered)
     return pm
 
 

@@ -143,6 +143,47 @@ def test_a_plugin_that_fails_to_import_is_named(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+PLUGIN_MODULE = """
+import csframework as csf
+
+class Best:
+    @csf.hookimpl
+    def on_eval_end(self, run, metrics):
+        pass
+
+class Unmarked:
+    def on_eval_end(self, run, metrics):
+        raise RuntimeError("never called")
+
+class NeedsArgs:
+    def __init__(self, x):
+        pass
+
+    @csf.hookimpl
+    def on_eval_end(self, run, metrics):
+        pass
+"""
+
+
+@pytest.mark.parametrize("path, says", [
+    ("plugmod_enable", "plugins.enable: plugmod_enable implements no hook, so it would do nothing; name the class "
+                       "that does: plugmod_enable:Best, plugmod_enable:NeedsArgs"),
+    ("plugmod_enable:Unmarked", "plugins.enable: plugmod_enable:Unmarked implements no hook, so it would do nothing; "
+                                "mark on_eval_end with @csframework.hookimpl"),
+    ("plugmod_enable:NeedsArgs", "make it instantiable with no arguments, or remove it from plugins.enable"),
+])
+def test_a_plugins_enable_entry_that_would_do_nothing_or_cannot_be_made_is_a_bad_config(tmp_path, monkeypatch, path,
+                                                                                       says):
+    """A module whose hooks are a class's, a class whose hook methods lack ``@hookimpl``: each registered and
+    silently did nothing; a class that needs arguments failed with exit 1 and the advice to disable it."""
+    (tmp_path / "plugmod_enable.py").write_text(PLUGIN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(csf.CsfError) as refused:
+        csf.Run(fixtures.compose(f"plugins.enable=[{path}]"), output_dir=tmp_path / "run")
+    assert refused.value.exit_code == 2 and says in str(refused.value)
+    csf.Run(fixtures.compose("plugins.enable=[plugmod_enable:Best]"), output_dir=tmp_path / "run")
+
+
 def test_plugins_disable_turns_off_builtins_and_unknown_names_are_refused(tmp_path):
     summary = fit(tmp_path, "loop.max_steps=2", "plugins.disable=[checkpoint,metrics]")
     assert summary["status"] == "completed"
