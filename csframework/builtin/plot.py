@@ -12,7 +12,7 @@ import logging
 import math
 import textwrap
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from ..errors import printable
 from ..files import SafeDir
@@ -39,7 +39,7 @@ def read_series(metrics_csv: Path | SafeDir, names: Sequence[str] | None = ("tra
     stride: dict[str, list[int]] = {}  # name -> [keep every n-th row, rows seen]
     raw = metrics_csv.reader("metrics.csv") if isinstance(metrics_csv, SafeDir) else open(metrics_csv, "rb")
     with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
-        for row in csv.DictReader(f):
+        for row in _rows(f):
             if row.get("name") is not None and (names is None or row["name"] in names):
                 try:
                     step, value = int(row["step"]), float(row["value"])
@@ -56,6 +56,20 @@ def read_series(metrics_csv: Path | SafeDir, names: Sequence[str] | None = ("tra
                         points[:] = points[::2]
                         every[0] *= 2
     return series
+
+
+#: A ``metrics.csv`` line longer than this is no row csframework wrote (a step, a stage, a name and a number):
+#: skipped, as a field beyond ``csv``'s own limit (131072 characters) would stop the reader with an error
+MAX_ROW_CHARS = 4096
+
+
+def _rows(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """The rows of a ``metrics.csv`` (untrusted: others may have written it), lines too long for a row left
+    out; a line ``csv`` cannot parse (a NUL byte, a quote left open) ends the rows there."""
+    try:
+        yield from csv.DictReader(line for line in lines if len(line) <= MAX_ROW_CHARS)
+    except csv.Error:
+        return
 
 
 def _tick(value: float) -> str:

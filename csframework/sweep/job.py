@@ -174,10 +174,9 @@ def recorded_point(job: SafeDir) -> dict[str, str] | None:
 
 def completed_before(job: SafeDir, data: Any = None) -> tuple[dict | None, str | None]:
     """The job's summary if it shows a completed job that its own checkpoints confirm (the newest is named by the
-    summary's ``global_step``, and its meta.json reads back), with the metrics of that checkpoint (derived, not believed: a summary.json
-    can be edited, the checkpoint's are what the run's state holds) and the summary's metrics of ``data``'s test
-    sets (measured after that checkpoint, which cannot hold them); else None and, when the directory claims
-    more than it shows, why."""
+    summary's ``global_step``, and its meta.json reads back), with that checkpoint's metrics (derived, not believed:
+    a summary.json can be edited) and the summary's of ``data``'s test sets (measured after it, which it cannot
+    hold); else None and, when the directory claims more than it shows, why."""
     from ..builtin.checkpoint import checkpoint_names, read_meta
 
     summary, problem = read_summary(job)
@@ -201,8 +200,7 @@ def completed_before(job: SafeDir, data: Any = None) -> tuple[dict | None, str |
         meta = read_meta(root / names[-1])
     except (CsfError, ValueError, OSError) as e:  # DamagedCheckpoint, UnreadableCheckpoints
         return None, f"its checkpoints cannot confirm its summary.json ({printable(str(e))})"
-    confirmed = dict(meta.get("metrics") or {})
-    tested = test_metrics(summary["metrics"], data) if data is not None else {}
+    confirmed, tested = dict(meta.get("metrics") or {}), test_metrics(summary["metrics"], data) if data else {}
     return {**summary, "metrics": {**confirmed, **{k: v for k, v in tested.items() if k not in confirmed}}}, None
 
 

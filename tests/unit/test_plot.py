@@ -141,3 +141,22 @@ def test_the_curves_title_names_the_run_and_the_settings_that_differ(tmp_path, m
     assert metrics.curves_title(Run, "failed").endswith("(failed, run abc123)\ndefault settings")
     monkeypatch.setattr(metrics, "composed_overrides", lambda: None)  # a run from Python: nothing recorded
     assert metrics.curves_title(Run, "completed") == "2026-11-28/21-20-00 (completed, run abc123)"
+
+
+def test_a_planted_metrics_csv_line_never_fails_the_run_that_draws_it(tmp_path, monkeypatch):
+    """``metrics.csv`` is untrusted: a line with a field beyond csv's limit (131072 characters) made the curves'
+    reader raise in ``on_fit_end``, and a completed fit (its checkpoints written) said ``failed``. Lines too
+    long to be a row are skipped; a line csv cannot parse ends the rows read."""
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
+    overrides = ("loop.max_steps=2", "loop.log_every=1", "loop.eval_every=null")
+    csf.Run(fixtures.compose(*overrides), output_dir=tmp_path).fit()
+    with open(tmp_path / "metrics.csv", "a") as f:
+        f.write("2,main,planted," + "y" * 200_000 + "\n")
+    summary = csf.Run(fixtures.compose("loop.max_steps=3", "loop.log_every=1", "loop.eval_every=null",
+                                       "checkpoint.resume=auto"), output_dir=tmp_path).fit()
+    assert summary["status"] == "completed" and summary["global_step"] == 3
+    series = plot.read_series(tmp_path / "metrics.csv")
+    assert [step for step, _ in series["train/loss"]] == [1, 2, 3]
+    with open(tmp_path / "metrics.csv", "a") as f:
+        f.write('4,main,"train/loss,1.0\n')  # a quote never closed: the rows end there
+    assert [step for step, _ in plot.read_series(tmp_path / "metrics.csv")["train/loss"]] == [1, 2, 3]
