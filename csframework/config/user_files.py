@@ -104,6 +104,11 @@ def _compose_yaml(path: str, yaml: Any) -> Any:
     a syntax error again (``YAMLError``), or a ``RecursionError``."""
     with open(path, "rb") as f:
         text = f.read()
+    try:  # Hydra reads config files as UTF-8 (PyYAML alone would take UTF-16 too)
+        text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {text[e.start:e.start + 1]!r}); save it as UTF-8"
+                          ) from None
     try:
         return yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:

@@ -76,13 +76,16 @@ def test_an_interpolation_in_a_user_file_names_the_key(tmp_path, monkeypatch):
         csf.compose(TINY + ["data=envsized"], config_dir=conf)
 
 
-def _user_conf(tmp_path: Path, name: str, text: str) -> str:
-    """A copy of the test config directory with ``text`` in the file ``name``."""
+def _user_conf(tmp_path: Path, name: str, text: str | bytes) -> str:
+    """A copy of the test config directory with ``text`` (or those bytes) in the file ``name``."""
     conf = tmp_path / "conf"
     if not conf.exists():
         shutil.copytree(CONF, conf)
     (conf / name).parent.mkdir(parents=True, exist_ok=True)
-    (conf / name).write_text(text)
+    if isinstance(text, bytes):
+        (conf / name).write_bytes(text)
+    else:
+        (conf / name).write_text(text)
     return str(conf)
 
 
@@ -99,6 +102,7 @@ HOSTILE_FILES = {
     "deeply-nested": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested"),  # beyond libyaml's own limit
     "nested-past-the-limit": ("a: " + "[" * 150 + "]" * 150 + "\n", "nested"),  # within it
     "oversized": ("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1) + "batch_size: 4\n", "bytes"),
+    "not-utf-8": ("batch_size: 4\n# caf\xe9\n".encode("latin-1"), "not UTF-8"),  # was a message naming no file
 }
 
 
