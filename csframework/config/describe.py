@@ -100,6 +100,23 @@ _INTERPOLATION_HINTS = {
 }
 
 
+def _found_nearby(group: str, option: str) -> str:
+    """Where the working directory holds a file for ``group=option`` that the search path missed (its config
+    directory not given with ``--config-dir``; the file in another folder than the group's): the hint, else ''."""
+    from pathlib import Path
+
+    files = sorted(p for pattern in (f"{group}/{option}.yaml", f"*/{group}/{option}.yaml", f"*/{option}.yaml",
+                                     f"*/*/{option}.yaml") for p in Path().glob(pattern) if p.is_file())
+    for path in files:
+        if path.parent.as_posix().endswith(group):
+            base = path.parent.as_posix()[: -len(group)].rstrip("/") or "."
+            return f"; {path} is here: give its config directory with --config-dir {base}"
+    if files:
+        return (f"; {files[0]} is here, but a config group's options are the files of a folder named after it: "
+                f"move it to <your config directory>/{group}/")
+    return ""
+
+
 def _describe_known(error: BaseException) -> str | None:
     """Hydra's and YAML's errors that carry the override, group or file in attributes."""
     import yaml
@@ -112,7 +129,7 @@ def _describe_known(error: BaseException) -> str | None:
         group, _, option = missing.rpartition("/")
         if group and error.options is not None:
             close = closest(option, error.options)
-            hint = f"; did you mean `{group.replace('/', '.')}={close}`?" if close else ""
+            hint = f"; did you mean `{group.replace('/', '.')}={close}`?" if close else _found_nearby(group, option)
             return (f"{group.replace('/', '.')}: no option '{option}' in config group '{group}' "
                     f"(available: {', '.join(error.options) or 'none'}){hint}")
         first = str(error).splitlines()[0].strip()

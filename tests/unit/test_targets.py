@@ -77,3 +77,21 @@ def test_targets_below_recursive_false_are_left_to_the_target():
     built = targets.build({"_target_": "collections.OrderedDict", "_recursive_": False,
                            "inner": {"_target_": "csf_no_such_module.Thing"}}, "model")
     assert built == {"inner": {"_target_": "csf_no_such_module.Thing"}}  # never imported, as Hydra leaves it
+
+
+def test_an_option_whose_file_is_here_but_not_on_the_search_path_says_where_it_is(tmp_path, monkeypatch):
+    """A newcomer's ``data=my_data`` without ``--config-dir conf``, or ``conf/models/`` for the group ``model``:
+    the refusal listed only the built-in options; it now names the file found and what to do."""
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "my_data.yaml").write_text("batch_size: 4\n")
+    (tmp_path / "conf" / "models").mkdir()
+    (tmp_path / "conf" / "models" / "my_model.yaml").write_text("_target_: torch.nn.Linear\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(csf.ConfigError) as caught:
+        csf.compose(["data=my_data"])
+    assert str(caught.value).endswith("; conf/data/my_data.yaml is here: give its config directory with "
+                                      "--config-dir conf")
+    with pytest.raises(csf.ConfigError) as caught:
+        csf.compose(["model=my_model"], config_dir="conf")
+    assert str(caught.value).endswith("; conf/models/my_model.yaml is here, but a config group's options are the files "
+                                      "of a folder named after it: move it to <your config directory>/model/")
