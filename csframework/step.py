@@ -85,7 +85,7 @@ def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], b
     with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
         try:
             outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
-        except RuntimeError as e:  # free until it fails: then say which setting to change, if it is the data's
+        except (RuntimeError, TypeError) as e:  # free until it fails: then say what to change, if it is the data's
             raise_data_problem(run, batch, e)
             raise
     loss = outputs["loss"]
@@ -110,7 +110,7 @@ def plain_step(run: LoopRun, module: Callable[[Any], Any], batch: Any, max_grad_
     quiet, carried = state.quiet, state.carried
     try:
         outputs = module(batch) if carried is None else carried.forward(module, batch)
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:
         raise_data_problem(run, batch, e)
         raise
     if type(outputs) is not dict or "loss" not in outputs:  # (model_outputs' usual answer asked here: no call)
@@ -135,12 +135,43 @@ def plain_step(run: LoopRun, module: Callable[[Any], Any], batch: Any, max_grad_
     return outputs
 
 
-def raise_data_problem(run: LoopRun, batch: Any, error: RuntimeError) -> None:
-    """Raise the ``ModelError`` that names the data setting when ``forward``'s ``error`` is the data's
-    (``integer_batch_problem``); else return (the caller re-raises ``error``)."""
-    problem = integer_batch_problem(run, batch, error)
+def raise_data_problem(run: LoopRun, batch: Any, error: Exception) -> None:
+    """Raise the ``ModelError`` that names the data setting or the call when ``forward``'s ``error`` is the
+    data's (``integer_batch_problem``, ``double_batch_problem``) or its signature's (``call_problem``); else
+    return (the caller re-raises ``error``)."""
+    problem = (call_problem(run, batch, error) if isinstance(error, TypeError) else
+               integer_batch_problem(run, batch, error) or double_batch_problem(run, batch, error))
     if problem is not None:
         raise ModelError(problem) from error
+
+
+def call_problem(run: LoopRun, batch: Any, error: TypeError) -> str | None:
+    """When calling ``forward`` itself failed (a signature of ``forward(self, x, y)``): the refusal saying how
+    csframework calls it, with the batch whole; else ``None``."""
+    model = type(run.model)
+    if not str(error).startswith(f"{model.__name__}.forward() "):
+        return None
+    call = "forward(batch)" if run.state.carried is None else "forward(batch, state)"
+    kind = (f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list, dict))
+            else f"a {type(batch).__name__}")
+    return (f"model.forward: {model.__module__}.{model.__qualname__}: {one_line(error)}; csframework calls {call} "
+            f"with the batch whole, as data.train gives it ({kind} here): take it and unpack it inside, e.g. "
+            "def forward(self, batch): x, y = batch")
+
+
+def double_batch_problem(run: LoopRun, batch: Any, error: Exception) -> str | None:
+    """When ``forward`` failed on a dtype mismatch and the batch holds float64 tensors (NumPy's default) where
+    the model computes in float32: the refusal naming the data setting; else ``None``."""
+    doubles = [t for t in _tensors(batch) if isinstance(t, torch.Tensor) and t.dtype == torch.float64]
+    if not doubles or "double" not in str(error).lower() \
+            or any(p.dtype == torch.float64 for p in run.model.parameters()):
+        return None
+    model = type(run.model)
+    data = getattr(run.stage_config.data.train, "get", lambda *_: None)("_target_") or "data.train"
+    return (f"model.forward: {model.__module__}.{model.__qualname__}.forward(batch) got float64 inputs "
+            f"({list(doubles[0].shape)} from data.train, {data}) and computes in float32 ({one_line(error)}); make "
+            "the dataset return float32 tensors (NumPy's default is float64: torch.from_numpy(a).float(), or "
+            "a.astype(np.float32))")
 
 
 def raise_loss_problem(run: LoopRun, loss: Any, error: Exception) -> None:
@@ -156,7 +187,7 @@ def raise_loss_problem(run: LoopRun, loss: Any, error: Exception) -> None:
 _FLOAT_AND_INTEGER = re.compile(r"(?is)(?=.*\b(long|int)\b)(?=.*\b(float|half|bfloat16|double)\b)")
 
 
-def integer_batch_problem(run: LoopRun, batch: Any, error: RuntimeError) -> str | None:
+def integer_batch_problem(run: LoopRun, batch: Any, error: Exception) -> str | None:
     """When ``forward`` failed on a dtype mismatch and every tensor of ``batch`` is integer (token ids: the
     default ``data=stdlib_text`` with a model of float inputs), the refusal naming the data setting; else ``None``."""
     tensors = [t for t in _tensors(batch) if isinstance(t, torch.Tensor)]

@@ -194,3 +194,44 @@ def test_a_float_model_on_the_default_token_data_is_refused_naming_the_data_sett
     assert "Long and Float" in str(e.value) and "data=<yours>" in str(e.value) and "data=stdlib_text" in str(e.value)
     assert e.value.exit_code == 2
     assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+
+
+class TakesInputsAndTargets(torch.nn.Module):
+    """A newcomer's signature: forward(x, y) where csframework passes the batch whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.linear(x), y)
+
+
+def doubles(n: int = 64):
+    """A dataset as NumPy makes it: float64 inputs."""
+    import fixtures
+
+    blobs = fixtures.Blobs(n=n)
+    return torch.utils.data.TensorDataset(blobs.x.double(), blobs.y)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ([f"model={{_target_:{__name__}.TakesInputsAndTargets}}"],
+     f"model.forward: {__name__}.TakesInputsAndTargets: TakesInputsAndTargets.forward() missing 1 required positional "
+     "argument: 'y'; csframework calls forward(batch) with the batch whole, as data.train gives it (a list of 2 here): "
+     "take it and unpack it inside, e.g. def forward(self, batch): x, y = batch"),
+    ([f"data.train._target_={__name__}.doubles", "~data.train.n"],
+     "model.forward: csframework.models.Supervised.forward(batch) got float64 inputs ([16, 8] from data.train, "
+     f"{__name__}.doubles) and computes in float32 ("),
+], ids=["forward-x-y", "float64-data"])
+def test_a_newcomer_s_model_or_data_mismatch_is_one_error_naming_the_fix(tmp_path, overrides, says):
+    """They failed at step 1 with torch's TypeError or dtype error (exit 1) naming neither the data nor how
+    csframework calls forward; now a ModelError (exit 2) says which."""
+    import csframework as csf
+    import fixtures
+
+    cfg = fixtures.compose(*overrides, *(["~model.net", "~model.loss"] if "model=" in overrides[0] else []),
+                           "loop.max_steps=2")
+    with pytest.raises(ModelError) as e:
+        csf.Run(cfg, output_dir=tmp_path).fit()
+    assert str(e.value).startswith(says) and e.value.exit_code == 2, str(e.value)
