@@ -69,7 +69,10 @@ def monitored_value(settings: ScheduleConfig, metrics: dict) -> float:
     are when it reported none (a typo would otherwise never reduce the rate)."""
     value = metrics.get(settings.monitor)
     if value is None:
-        raise ConfigError(f"optimizer.schedule.monitor: the evaluation reported no {settings.monitor!r} "
+        when = (" (training's metrics are those of the last log, at loop.log_every: none was logged before this "
+                "evaluation; log at least as often as you evaluate, or monitor a validation metric)"
+                if settings.monitor.startswith("train/") else "")
+        raise ConfigError(f"optimizer.schedule.monitor: the evaluation reported no {settings.monitor!r}{when} "
                           f"(it reported {', '.join(sorted(metrics)) or 'nothing'}); set it to one of them")
     return float(value)
 

@@ -116,6 +116,16 @@ def test_a_monitor_no_evaluation_reports_fails_at_the_first_evaluation_naming_th
         fixtures.fit(tmp_path, *PLATEAU, "optimizer.schedule.monitor=val/los", "loop.eval_every=2")
 
 
+def test_a_training_monitor_not_yet_logged_says_to_log_as_often_as_evaluating(tmp_path):
+    """``monitor=train/loss`` with evaluations more often than logs: the first evaluation has no training
+    metric yet; the refusal said only that it was not reported (and a run evaluating once, after its final
+    log, completed), now it says why and what to change."""
+    with pytest.raises(csf.ConfigError, match=r"'train/loss' \(training's metrics are those of the last log.*"
+                                              "log at least as often as you evaluate"):
+        fixtures.fit(tmp_path, *PLATEAU, "optimizer.schedule.monitor=train/loss", "loop.eval_every=2",
+                     "loop.log_every=5")
+
+
 def test_a_checkpoint_s_forged_plateau_state_is_refused_as_damaged(tmp_path):
     from csframework.builtin.checkpoint.readback import schedule_problems
 
