@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from ..errors import printable
+from ..errors import UnsafePathError, printable
 from ..files import SafeDir
 
 def escape(text: str) -> str:
@@ -255,7 +255,7 @@ def write_curves(run_dir: SafeDir, title: str = "") -> Path | None:
     link); ``None`` without metrics."""
     try:
         series = read_series(run_dir, names=None)
-    except FileNotFoundError:
+    except (OSError, ValueError, UnsafePathError):  # none, or no regular file (a planted link): no curves
         return None
     if not any(series.values()):
         return None
