@@ -54,7 +54,7 @@ class CarriedState:
             raise ModelError(f"model.forward: {self._name()} has initial_state, so forward(batch, state) must return "
                              f"(loss or outputs dict, new state); it returned {got}")
         self.value = detached_state(returned[1], f"model.forward: {self._name()}.forward(batch, state)")
-        return model_outputs(returned[0]) if checked else returned[0]
+        return model_outputs(returned[0], self.model) if checked else returned[0]
 
     def reset(self) -> None:
         """The next batch starts a pass: it gets ``initial_state``."""

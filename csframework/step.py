@@ -55,9 +55,9 @@ class PrecisionOps(Protocol):
         """Adjust a dynamic loss scale after the step."""
 
 
-def model_outputs(out: Any) -> dict:
+def model_outputs(out: Any, model: Any = None) -> dict:
     """The model contract: a loss tensor, or a dict with ``loss``; anything else is a ``ModelError``
-    naming what ``forward`` returned (the keys of a dict without ``loss``)."""
+    naming what ``forward`` returned (the keys of a dict without ``loss``), and ``model``'s class if given."""
     if type(out) is dict and "loss" in out:  # the usual answer first: one check, not two isinstance calls
         return out
     if isinstance(out, torch.Tensor):
@@ -66,8 +66,9 @@ def model_outputs(out: Any) -> dict:
         return out
     got = (f"a dict without a 'loss' key (its keys: {', '.join(map(repr, out))})" if isinstance(out, dict)
            else f"a {type(out).__name__}")
-    raise ModelError(f"model.forward: forward(batch) returned {got}; return the loss tensor or a dict with a 'loss' "
-                     "key (and any other outputs, e.g. {'loss': loss, 'logits': logits})")
+    where = "" if model is None else f"{type(model).__module__}.{type(model).__qualname__}."
+    raise ModelError(f"model.forward: {where}forward(batch) returned {got}; return the loss tensor or a dict with a "
+                     "'loss' key (and any other outputs, e.g. {'loss': loss, 'logits': logits})")
 
 
 def detached(outputs: dict) -> dict:
@@ -84,7 +85,7 @@ def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], b
     carried, quiet = state.carried, state.quiet  # quiet: hooks nobody implements, not called (RunState.quiet)
     with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
         try:
-            outputs = model_outputs(module(batch)) if carried is None else carried.forward(module, batch)
+            outputs = model_outputs(module(batch), run.model) if carried is None else carried.forward(module, batch)
         except (RuntimeError, TypeError) as e:  # free until it fails: then say what to change, if it is the data's
             raise_data_problem(run, batch, e)
             raise
@@ -114,7 +115,7 @@ def plain_step(run: LoopRun, module: Callable[[Any], Any], batch: Any, max_grad_
         raise_data_problem(run, batch, e)
         raise
     if type(outputs) is not dict or "loss" not in outputs:  # (model_outputs' usual answer asked here: no call)
-        outputs = model_outputs(outputs)
+        outputs = model_outputs(outputs, run.model)
     loss = outputs["loss"]
     if "on_before_backward" not in quiet:
         run.hooks.on_before_backward(run=run, loss=loss)

@@ -140,9 +140,9 @@ def test_a_forward_without_loss_is_refused_naming_the_keys_it_returned(results):
     result = results["misspelt"]
     assert result["returncode"] == 2, result["stderr"][-3000:]
     assert error_lines(result) == [
-        "csframework: error: model.forward: forward(batch) returned a dict without a 'loss' key (its keys: 'los', "
-        "'logits'); return the loss tensor or a dict with a 'loss' key (and any other outputs, e.g. {'loss': loss, "
-        "'logits': logits})"], result["stderr"][-3000:]
+        "csframework: error: model.forward: usermod.Misspelt.forward(batch) returned a dict without a 'loss' key (its "
+        "keys: 'los', 'logits'); return the loss tensor or a dict with a 'loss' key (and any other outputs, e.g. "
+        "{'loss': loss, 'logits': logits})"], result["stderr"][-3000:]
     assert "Traceback" not in result["stderr"]
 
 

@@ -90,7 +90,7 @@ class CsxBackend(BackendBase):
 
     def _eval_step(self, batch) -> None:
         with self.precision.autocast():
-            outputs = step.model_outputs(self.run.model(batch))
+            outputs = step.model_outputs(self.run.model(batch), self.run.model)
         self._deliver(step.detached(outputs))
 
     # -- steps ------------------------------------------------------------------------------------------
