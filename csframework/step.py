@@ -85,10 +85,12 @@ def micro_batch(run: LoopRun, ops: PrecisionOps, module: Callable[[Any], Any], b
     carried, quiet = state.carried, state.quiet  # quiet: hooks nobody implements, not called (RunState.quiet)
     with ops.autocast():  # a stateful model: forward(batch, state) (csframework.carried)
         try:
-            outputs = model_outputs(module(batch), run.model) if carried is None else carried.forward(module, batch)
+            outputs = module(batch) if carried is None else carried.forward(module, batch)
         except (RuntimeError, TypeError) as e:  # free until it fails: then say what to change, if it is the data's
             raise_data_problem(run, batch, e)
             raise
+        if type(outputs) is not dict or "loss" not in outputs:  # (the usual answer asked here: no call)
+            outputs = model_outputs(outputs, run.model)
     loss = outputs["loss"]
     if "on_before_backward" not in quiet:
         run.hooks.on_before_backward(run=run, loss=loss)
