@@ -201,6 +201,13 @@ class LoggingPlugin:
         if self.held and time.monotonic() - self.written >= WRITE_INTERVAL:
             self.write_held()
 
+    @hookimpl
+    def on_checkpoint_save(self, run, state):
+        """The lines held are written before the checkpoint is (as ``metrics.csv``'s rows): a run killed after
+        it and resumed from it does not log those steps again."""
+        if self.held:
+            self.write_held()
+
     def write_held(self) -> None:
         """Write the held lines of the logs so far, in order, and flush them to the OS."""
         held, self.held = self.held, []

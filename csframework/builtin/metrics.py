@@ -85,6 +85,13 @@ class MetricsPlugin:
         self.written = time.monotonic()
 
     @hookimpl
+    def on_checkpoint_save(self, run, state):
+        """The rows held (``WRITE_INTERVAL``) are written before the checkpoint is: they are of steps it holds,
+        which a run killed after it and resumed from it does not take, nor log, again."""
+        if self.writer is not None and self.rows:
+            self._write_rows()
+
+    @hookimpl
     def on_fit_end(self, run):
         self._finish(run)
 

@@ -186,3 +186,34 @@ def test_metrics_csv_rows_are_held_and_written_as_a_logs_lines_are(tmp_path, mon
     plugin.on_log_metrics(run, {"train/loss": 0.2, "lr": 0.1}, 4)
     plugin.on_fit_end(run)
     assert steps()[-2:] == ["4", "4"] and plugin.file is None
+
+
+class RowsAtCheckpoint:
+    """At each checkpoint (after the built-ins' on_checkpoint_save): the steps metrics.csv and events.jsonl
+    hold then."""
+
+    name = "rows_at_checkpoint"
+
+    def __init__(self):
+        self.seen: list[tuple[int, int, int]] = []
+
+    @csf.hookimpl
+    def on_checkpoint_save(self, run, state):
+        with open(run.output_dir / "metrics.csv") as f:
+            rows = max(int(r["step"]) for r in csv.DictReader(f) if r["name"] == "train/loss")
+        events = fixtures.events(run.output_dir)
+        logged = max(e["step"] for e in events if e["event"] == "train")
+        self.seen.append((run.global_step, rows, logged))
+
+
+def test_the_rows_and_lines_of_the_steps_a_checkpoint_holds_are_written_before_it(tmp_path, monkeypatch):
+    """Rows and lines held by ``WRITE_INTERVAL`` waited past a checkpoint: a run killed (SIGKILL) after it
+    and resumed from it never logged those steps (the resumed run starts after them)."""
+    from csframework.builtin import logs, metrics
+
+    monkeypatch.setattr(logs, "WRITE_INTERVAL", 3600.0)  # every log held but for the checkpoints
+    monkeypatch.setattr(metrics, "WRITE_INTERVAL", 3600.0)
+    seen = RowsAtCheckpoint()
+    fixtures.fit(tmp_path, "loop.max_steps=9", "loop.log_every=1", "checkpoint.every_steps=4", "loop.eval_every=null",
+                 plugins=[seen])
+    assert seen.seen[:2] == [(4, 4, 4), (8, 8, 8)]
