@@ -1,28 +1,25 @@
 """One job of a multirun, as any launcher runs it (in the launcher's process or in a worker process).
 
-A job never ends the sweep: a failure is reported in one line naming the job and its overrides and the
-job returns ``None`` (the Optuna sweeper counts a trial whose value is not a number as failed and goes on;
-a NaN or infinite objective is returned as ``None`` too, since Optuna would fail itself on it); a stop
-signal finishes the step, checkpoints, marks the sweep interrupted (``.interrupted`` in the sweep
-directory, which later jobs see and do not start) and returns too, also when it came after the job's
-last step (during its final checkpoint). Either way the job's row is added to the sweep table as it ends.
+A job never ends the sweep: a failure is reported in one line naming the job and its overrides and the job
+returns ``None`` (Optuna counts a trial whose value is not a number as failed and goes on; a NaN or infinite
+objective is returned as ``None`` too, since Optuna would fail on it); a stop signal finishes the step,
+checkpoints, marks the sweep interrupted (``.interrupted`` in the sweep directory: later jobs do not start)
+and returns too, also when it came during the job's final checkpoint. Either way its row goes into the table.
 
 A failed job's directory holds its failure as a run's does: a job that failed before its run wrote anything
-(its model, data or backend could not be built, its config was refused) gets a ``fit_failed`` event in
-``events.jsonl`` and a ``summary.json`` with ``status: failed`` and the error, unless an earlier run's
-``summary.json`` is there (a rerun refused before it began must not overwrite it) or another run holds
-the directory.
+(its model, data or backend not built, its config refused) gets a ``fit_failed`` event in ``events.jsonl`` and
+a ``summary.json`` with ``status: failed`` and the error, unless an earlier run's ``summary.json`` is there
+(a rerun refused before it began must not overwrite it) or another run holds the directory.
 
 Under ``checkpoint.resume=auto`` a job counts as completed before only when its ``summary.json`` is
 well-formed, says ``completed`` and agrees with the job's own checkpoints (the newest is at the summary's
 ``global_step``) and its ``.hydra/overrides.yaml`` records the job's own overrides; its metrics are then
-that checkpoint's (derived, not believed). Anything else is run again (resuming from its checkpoints) with a
-one-line note; a job directory recording other overrides (another sweep's) is refused.
-
-Everything in the sweep directory is read and written through ``files.SafeDir``: a job directory that is a
-link or not a directory is refused for that job, before the run writes anything.
-
-In a worker process, a watchdog ends the process when the multirun's parent is gone (``.watchdog``).
+that checkpoint's (derived, not believed), plus its test sets' from the summary. Anything else is run again
+with a one-line note, resuming from its checkpoints, or without any moving the records it holds into
+``previous-runs/`` first; a job directory recording other overrides (another sweep's) is refused. Everything
+in the sweep directory is read and written through ``files.SafeDir``: a job directory that is a link or not
+a directory is refused for that job, before the run writes anything. In a worker process, a watchdog ends
+the process when the multirun's parent is gone (``.watchdog``).
 """
 from __future__ import annotations
 
@@ -40,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from omegaconf import OmegaConf
 
 from .. import console_once
 from ..config.sections import test_metrics
@@ -262,6 +260,8 @@ def _run_sweep_job(cfg, run_job) -> float | None:
             return _objective(num, overrides, done, objective)
         if why:
             _say(f"{describe(num, overrides)}: {why}; running it again (from its checkpoints, if any)")
+            if job.kind("checkpoints") is None:  # what it claims goes into previous-runs/, not mixed with the new
+                OmegaConf.update(cfg, "checkpoint.start_over", True, force_add=True)
 
     status, started, failure = "failed", time.time(), None
     forget_stop_signals()
