@@ -27,10 +27,10 @@ MAX_HYDRA_FILE = 1 << 20
 
 
 class HydraRecord(NamedTuple):
-    """An existing run directory's ``.hydra/`` before this process's job rewrote it: its regular files' bytes
-    (``None``: there was no ``.hydra/`` directory), and what the run's records looked like then (``written``)."""
+    """An existing run directory's ``.hydra/`` before this process's job rewrote it (``hydra_files``; ``None``:
+    there was none), and what the run's records looked like then (``written``)."""
     run_dir: Path
-    files: dict[str, bytes] | None
+    files: dict[str, bytes | None] | None
     written: tuple
 
 
@@ -62,21 +62,24 @@ class RunDirCallback(Callback):
         except CsfError as e:
             raise hydra_session.CallbackError(e) from e
         CREATED[:] = new_directories(run_dir)
-        BEFORE[:] = [] if CREATED else [HydraRecord(run_dir, hydra_files(SafeDir(run_dir)), written(run_dir))]
+        try:  # (a .hydra/ that cannot be read is not put back)
+            BEFORE[:] = [] if CREATED else [HydraRecord(run_dir, hydra_files(SafeDir(run_dir)), written(run_dir))]
+        except (OSError, UnsafePathError):
+            BEFORE[:] = []
 
 
-def hydra_files(run_dir: SafeDir) -> dict[str, bytes] | None:
-    """The regular files of ``run_dir``'s ``.hydra/`` (links and oversized files left out: not put back), or
-    ``None`` when it has no ``.hydra/`` directory."""
+def hydra_files(run_dir: SafeDir) -> dict[str, bytes | None] | None:
+    """The entries of ``run_dir``'s ``.hydra/``: a regular file's bytes, ``None`` for another entry (a link, an
+    oversized file: left as it is then), or ``None`` when it has no ``.hydra/`` directory."""
     if run_dir.kind(".hydra") != "dir":
         return None
     hydra = run_dir.sub(".hydra", create=False)
-    kept = {}
+    kept: dict[str, bytes | None] = {}
     for name in hydra.names():
         try:
             kept[name] = hydra.read(name, MAX_HYDRA_FILE)
         except (OSError, ValueError, UnsafePathError):
-            continue
+            kept[name] = None
     return kept
 
 
@@ -102,7 +105,8 @@ def undo_refused() -> None:
             for name in set(hydra.names()) - set(record.files):
                 hydra.remove(name)
             for name, data in record.files.items():
-                hydra.write(name, data)
+                if data is not None:
+                    hydra.write(name, data)
     except (OSError, UnsafePathError):
         pass
 
