@@ -340,6 +340,18 @@ def test_a_keep_best_monitor_no_evaluation_reports_is_said_at_the_first_evaluati
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step-00000002", "step-00000004"]
 
 
+@pytest.mark.parametrize("monitor, warned", [("train/loss", False), ("train/los", True)])
+def test_a_training_monitor_is_checked_once_training_metrics_were_logged(tmp_path, monitor, warned):
+    """``keep_best.monitor=train/loss`` was warned as not reported at the first evaluation when no log had come
+    yet (``loop.log_every`` after it), though it then kept a best; its check waits for the first training log."""
+    csf.Run(fixtures.compose("loop.max_steps=8", "loop.eval_every=2", "loop.eval_steps=2", "loop.log_every=4",
+                             "checkpoint.every_steps=2", f"checkpoint.keep_best.monitor={monitor}"),
+            output_dir=tmp_path).fit()
+    warnings = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
+                if '"keep_best_monitor_not_reported"' in line]
+    assert len(warnings) == int(warned) and all(w["monitor"] == monitor for w in warnings)
+
+
 # -- the step's hooks: no call back into the loop (issue 51 item 5) ------------------------------------------
 class Nesting:
     """Records each ``on_log_metrics`` dispatched while ``on_train_step_end`` is being dispatched."""

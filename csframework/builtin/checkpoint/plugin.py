@@ -100,9 +100,11 @@ class CheckpointPlugin:
 
     @hookimpl
     def on_eval_end(self, run, metrics):
-        """At the first evaluation, a ``keep_best.monitor`` no metric is named (a typo) is said once."""
+        """At the first evaluation, a ``keep_best.monitor`` no metric is named (a typo) is said once; a training
+        metric's (``train/*``) at the first evaluation after a log has reported training's metrics."""
         monitor = run.stage_config.checkpoint.keep_best.monitor
-        if monitor and not self.monitor_checked:
+        if monitor and not self.monitor_checked and (
+                not monitor.startswith("train/") or any(name.startswith("train/") for name in run.metrics)):
             self.monitor_checked = True
             if monitor not in metrics and monitor not in run.metrics:
                 run.log.warning("keep_best_monitor_not_reported", monitor=monitor,
