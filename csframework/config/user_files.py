@@ -102,8 +102,16 @@ def _compose_yaml(path: str, yaml: Any) -> Any:
     """The node graph of the YAML file at ``path``, by libyaml where PyYAML has it (fast). libyaml refuses
     nesting beyond its own limit as a syntax error; the pure-Python parser, which Hydra uses, then decides:
     a syntax error again (``YAMLError``), or a ``RecursionError``."""
-    with open(path, "rb") as f:
-        text = f.read()
+    # opened without blocking and checked again by descriptor (swapped for a FIFO since the size was read, it
+    # is refused, not waited on), and read no further than a config file may be
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file, so no config file; remove it from the config directory")
+        text = f.read(MAX_CONFIG_BYTES + 1)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than a config file may be ({MAX_CONFIG_BYTES:,} bytes); keep data out of "
+                          "config files")
     try:  # Hydra reads config files as UTF-8 (PyYAML alone would take UTF-16 too)
         text.decode("utf-8")
     except UnicodeDecodeError as e:
