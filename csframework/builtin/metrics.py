@@ -2,21 +2,24 @@
 ``metrics.csv`` (``step,stage,name,value``), and, when the run ends, fails or stops, ``summary.json``
 (status, global step, device type, final metrics, the model, ``wall_seconds``, ``eval_seconds``,
 ``compile_seconds``, ``steps_per_sec`` of training alone, peak memory, the command line) and the curves
-(``curves.png`` or ``curves.svg``)."""
+(``curves.png`` or ``curves.svg``). A fit resumed from a checkpoint first moves the rows of steps after it
+(a killed run's, about to be logged again) into ``metrics-superseded.csv`` (``supersede_rows_after``)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import sys
 import time
 from itertools import repeat
-from typing import Any
+from typing import Any, Iterator, cast
 
 from ..command import command_line
 from ..config.sections import test_metrics
-from ..errors import ExitCode
+from ..errors import ExitCode, UnsafePathError
 from ..failures import error_record
+from ..files import SafeDir
 from ..hookspecs import hookimpl
 from ..jsonout import dumps
 from ..summary_file import read_summary
@@ -56,6 +59,13 @@ class MetricsPlugin:
         self.written = 0.0  # time.monotonic() of the last write
         self.model = None
         self.started: tuple[float, ...] | None = None  # at on_fit_start: perf_counter and the run's timings
+        self.resumed_at: int | None = None  # the step of the checkpoint a fit resumed from
+
+    @hookimpl
+    def on_checkpoint_load(self, run, state):
+        """(The checkpoint plugin loads it in its ``on_fit_start``, which runs before ours.)"""
+        if run.mode == "fit":
+            self.resumed_at = run.global_step
 
     @hookimpl
     def on_fit_start(self, run):
@@ -64,6 +74,11 @@ class MetricsPlugin:
         run.log.info("model", **self.model)
         if run.rank != 0:
             return
+        if self.resumed_at is not None:
+            moved = supersede_rows_after(run.files, self.resumed_at)
+            if moved:
+                run.log.info("metrics_rows_superseded", rows=moved, after_step=self.resumed_at,
+                             file=str(run.files / SUPERSEDED))
         self.file = run.files.append("metrics.csv")  # a regular file of the run directory, never a link
         new = os.fstat(self.file.fileno()).st_size == 0
         self.writer = csv.writer(self.file)
@@ -173,6 +188,54 @@ class MetricsPlugin:
                        compile_seconds=round(compiles, 3), train_seconds=round(seconds, 3),
                        steps_per_sec=round(steps / seconds, 3) if seconds > 0 else None)
         return out
+
+
+#: Where a resumed fit moves the rows of ``metrics.csv`` of steps after its checkpoint
+SUPERSEDED = "metrics-superseded.csv"
+#: A line of ``metrics.csv`` read in pieces of at most this many bytes (the file is untrusted: no line is read whole)
+_PIECE = 1 << 16
+
+
+def supersede_rows_after(files: SafeDir, step: int) -> int:
+    """Move the rows of the run directory's ``metrics.csv`` whose step is after ``step`` to the end of
+    ``metrics-superseded.csv`` (created with the header), and return how many moved. They were logged by a
+    run killed (or resumed from an earlier checkpoint) after the checkpoint of ``step``; the resumed fit logs
+    those steps again, so without this ``metrics.csv`` would hold two rows, and the curves two points, for
+    each. The file is untrusted: a line that is no row of a step (the header, an overlong line, damage)
+    stays where it is, and a last line that does not end is ended. The moved rows are appended and made
+    durable before ``metrics.csv`` is replaced (atomically), so a crash in between loses nothing (at worst
+    the rows are in both files). A ``metrics.csv`` that is absent or not a regular file is left alone
+    (``files.append`` refuses the latter with its own message)."""
+    def lines() -> Iterator[tuple[bool, bytes]]:  # (after step, the line's bytes), in pieces for overlong lines
+        try:
+            f = files.reader("metrics.csv")
+        except (OSError, ValueError, UnsafePathError):
+            return
+        with f:
+            ended = True  # whether the piece before ended its line
+            while piece := f.readline(_PIECE):
+                whole = ended and (piece.endswith(b"\n") or len(piece) < _PIECE)
+                head = piece.split(b",", 1)[0]
+                ended = piece.endswith(b"\n") or len(piece) < _PIECE
+                later = whole and head.isdigit() and len(head) < 20 and int(head) > step
+                yield later, piece if piece.endswith(b"\n") or not ended else piece + b"\r\n"
+
+    if not any(later for later, _ in lines()):
+        return 0
+    moved = 0
+    with files.append(SUPERSEDED) as text:
+        out = cast(io.TextIOWrapper, text).buffer  # the rows' bytes as they were
+        if os.fstat(out.fileno()).st_size == 0:
+            out.write(b"step,stage,name,value\r\n")
+        for later, line in lines():
+            if later:
+                out.write(line)
+                moved += 1
+        out.flush()
+        os.fsync(out.fileno())
+    with files.atomic("metrics.csv") as kept:
+        kept.writelines(line for later, line in lines() if not later)
+    return moved
 
 
 def curves_title(run, status: str) -> str:

@@ -217,3 +217,48 @@ def test_the_rows_and_lines_of_the_steps_a_checkpoint_holds_are_written_before_i
     fixtures.fit(tmp_path, "loop.max_steps=9", "loop.log_every=1", "checkpoint.every_steps=4", "loop.eval_every=null",
                  plugins=[seen])
     assert seen.seen[:2] == [(4, 4, 4), (8, 8, 8)]
+
+
+def test_a_fit_resumed_from_an_earlier_checkpoint_moves_the_rows_it_logs_again_aside(tmp_path):
+    """Rows of steps after the checkpoint a fit resumes from (a run killed past it, or one resumed from an
+    earlier checkpoint) would be logged twice: they move to metrics-superseded.csv, and metrics.csv ends as
+    the uninterrupted run's (steps_per_sec aside, a rate)."""
+    fixtures.fit(tmp_path, "loop.max_steps=8", "loop.log_every=1", "checkpoint.every_steps=4", "loop.eval_every=2")
+    first = (tmp_path / "metrics.csv").read_text().splitlines()
+    fixtures.fit(tmp_path, "loop.max_steps=8", "loop.log_every=1", "checkpoint.every_steps=4", "loop.eval_every=2",
+                 f"checkpoint.resume={tmp_path / 'checkpoints' / 'step-00000004'}")
+    again = (tmp_path / "metrics.csv").read_text().splitlines()
+
+    def steady(lines):
+        return [line for line in lines if ",steps_per_sec," not in line]
+
+    assert steady(again) == steady(first) and len(again) == len(first)
+    later = [line for line in first[1:] if int(line.split(",")[0]) > 4]
+    assert later and (tmp_path / "metrics-superseded.csv").read_text().splitlines() == [first[0], *later]
+    moved = next(e for e in fixtures.events(tmp_path) if e["event"] == "metrics_rows_superseded")
+    assert moved["rows"] == len(later) and moved["after_step"] == 4
+
+
+def test_superseding_rows_reads_metrics_csv_as_untrusted_and_loses_nothing(tmp_path):
+    """Only whole rows of a later step move, in order, appended after the header or earlier moves; the header,
+    an overlong line, garbage, non-UTF-8 bytes and rows of earlier steps stay; a last line cut short is ended;
+    with nothing to move, neither file is touched."""
+    from csframework.builtin.metrics import _PIECE, supersede_rows_after
+    from csframework.files import SafeDir
+
+    long_row = b"9,main," + b"x" * (2 * _PIECE) + b",1.0\r\n"  # a row of step 9, but too long to be one
+    lines = [b"step,stage,name,value\r\n", b"3,main,train/loss,1.5\r\n", b"5,main,train/loss,\xff\xfe\r\n",
+             b"garbage\r\n", long_row, b"12x,main,a,1\r\n", b"4,main,val/loss,2\r\n", b"6,main,lr,0.1"]
+    (tmp_path / "metrics.csv").write_bytes(b"".join(lines))
+    (tmp_path / "metrics-superseded.csv").write_bytes(b"step,stage,name,value\r\n7,main,lr,1\r\n")
+    files = SafeDir(tmp_path)
+    assert supersede_rows_after(files, 6) == 0
+    assert (tmp_path / "metrics.csv").read_bytes() == b"".join(lines)
+    assert supersede_rows_after(files, 4) == 2
+    assert (tmp_path / "metrics.csv").read_bytes() == b"".join(
+        [lines[0], lines[1], lines[3], long_row, lines[5], lines[6]])
+    assert (tmp_path / "metrics-superseded.csv").read_bytes() == (
+        b"step,stage,name,value\r\n7,main,lr,1\r\n5,main,train/loss,\xff\xfe\r\n6,main,lr,0.1\r\n")
+    (tmp_path / "metrics.csv").unlink()
+    (tmp_path / "metrics.csv").symlink_to(tmp_path / "metrics-superseded.csv")  # never followed
+    assert supersede_rows_after(files, 0) == 0
