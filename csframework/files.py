@@ -154,6 +154,9 @@ class SafeDir:
                     break
                 except FileExistsError:
                     continue
+                except OSError as e:  # a read-only or immutable directory, say
+                    raise UnsafePathError(f"{self / name}: cannot write it (a new file in {self.path}: "
+                                          f"{_why(e)})") from e
             else:  # pragma: no cover - 100 collisions of 64 random bits
                 raise UnsafePathError(f"{self / name}: cannot create a temporary file beside it")
             try:
@@ -180,9 +183,18 @@ class SafeDir:
         return self / name
 
     def append(self, name: str) -> IO[str]:
-        """``name`` opened for appending text (created if absent): a regular file with no other name."""
-        return os.fdopen(self._open_file(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a",
-                         encoding="utf-8", newline="")
+        """``name`` opened for appending lines of text (created if absent): a regular file with no other name.
+        A last line left unended (a process killed mid-write, or planted) is ended first, so that what is
+        appended starts a line of its own rather than being glued to it."""
+        fd = self._open_file(name, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                os.write(fd, b"\n")
+        except OSError:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "a", encoding="utf-8", newline="")
 
     def lock_file(self, name: str) -> int:
         """A read-write descriptor of ``name`` (created if absent) for ``flock``: a regular file with no

@@ -69,21 +69,21 @@ class MetricsPlugin:
 
     @hookimpl
     def on_fit_start(self, run):
+        resumed_at, self.resumed_at = self.resumed_at, None  # this fit's (a validate after it loads none)
+        if run.rank == 0:  # the files first: one refused (a link, say) leaves the earlier summary.json (_finish)
+            if resumed_at is not None and run.mode == "fit":
+                moved = supersede_rows_after(run.files, resumed_at)
+                if moved:
+                    run.log.info("metrics_rows_superseded", rows=moved, after_step=resumed_at,
+                                 file=str(run.files / SUPERSEDED))
+            self.file = run.files.append("metrics.csv")  # a regular file of the run directory, never a link
+            new = os.fstat(self.file.fileno()).st_size == 0
+            self.writer = csv.writer(self.file)
+            if new:
+                self.writer.writerow(["step", "stage", "name", "value"])
         self.started = (time.perf_counter(), *_timings(run))
         self.model = model_summary(run.model)
         run.log.info("model", **self.model)
-        if run.rank != 0:
-            return
-        if self.resumed_at is not None:
-            moved = supersede_rows_after(run.files, self.resumed_at)
-            if moved:
-                run.log.info("metrics_rows_superseded", rows=moved, after_step=self.resumed_at,
-                             file=str(run.files / SUPERSEDED))
-        self.file = run.files.append("metrics.csv")  # a regular file of the run directory, never a link
-        new = os.fstat(self.file.fileno()).st_size == 0
-        self.writer = csv.writer(self.file)
-        if new:
-            self.writer.writerow(["step", "stage", "name", "value"])
 
     @hookimpl
     def on_log_metrics(self, run, metrics, step):
@@ -202,10 +202,11 @@ def supersede_rows_after(files: SafeDir, step: int) -> int:
     run killed (or resumed from an earlier checkpoint) after the checkpoint of ``step``; the resumed fit logs
     those steps again, so without this ``metrics.csv`` would hold two rows, and the curves two points, for
     each. The file is untrusted: a line that is no row of a step (the header, an overlong line, damage)
-    stays where it is, and a last line that does not end is ended. The moved rows are appended and made
-    durable before ``metrics.csv`` is replaced (atomically), so a crash in between loses nothing (at worst
-    the rows are in both files). A ``metrics.csv`` that is absent or not a regular file is left alone
-    (``files.append`` refuses the latter with its own message)."""
+    stays where it is (a last line left unended is ended by the next append, ``SafeDir.append``). The moved
+    rows are appended and made durable before ``metrics.csv`` is replaced (atomically), so a crash in
+    between loses nothing (at worst the rows are in both files). A ``metrics.csv`` that is absent or not a
+    regular file is left alone (``files.append`` refuses the latter with its own message). Two reads: one to
+    see whether any row moves, one to move them."""
     def lines() -> Iterator[tuple[bool, bytes]]:  # (after step, the line's bytes), in pieces for overlong lines
         try:
             f = files.reader("metrics.csv")
@@ -216,25 +217,24 @@ def supersede_rows_after(files: SafeDir, step: int) -> int:
             while piece := f.readline(_PIECE):
                 whole = ended and (piece.endswith(b"\n") or len(piece) < _PIECE)
                 head = piece.split(b",", 1)[0]
-                ended = piece.endswith(b"\n") or len(piece) < _PIECE
-                later = whole and head.isdigit() and len(head) < 20 and int(head) > step
-                yield later, piece if piece.endswith(b"\n") or not ended else piece + b"\r\n"
+                ended = piece.endswith(b"\n")
+                yield whole and head.isdigit() and len(head) < 20 and int(head) > step, piece
 
     if not any(later for later, _ in lines()):
         return 0
     moved = 0
-    with files.append(SUPERSEDED) as text:
+    with files.atomic("metrics.csv") as kept, files.append(SUPERSEDED) as text:
         out = cast(io.TextIOWrapper, text).buffer  # the rows' bytes as they were
         if os.fstat(out.fileno()).st_size == 0:
             out.write(b"step,stage,name,value\r\n")
         for later, line in lines():
             if later:
-                out.write(line)
+                out.write(line if line.endswith(b"\n") else line + b"\r\n")
                 moved += 1
+            else:
+                kept.write(line)
         out.flush()
-        os.fsync(out.fileno())
-    with files.atomic("metrics.csv") as kept:
-        kept.writelines(line for later, line in lines() if not later)
+        os.fsync(out.fileno())  # before metrics.csv is replaced, as the atomic block ends
     return moved
 
 

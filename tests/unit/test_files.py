@@ -159,3 +159,33 @@ def test_a_private_directory_is_new_unpredictable_and_ours_alone(planted):
     a, b = SafeDir(run).private_dir("collect-rank0"), SafeDir(run).private_dir("collect-rank0")
     assert a.path != b.path and a.path.name.startswith(".collect-rank0.") and len(a.path.name) == 31
     assert stat.S_IMODE(os.stat(a.path).st_mode) == 0o700
+
+
+def test_an_append_starts_a_line_of_its_own_after_a_line_left_unended(tmp_path):
+    """A process killed mid-write leaves a last line without its newline: what is appended next must not be
+    glued to it (a metrics.csv row or an events.jsonl line lost, the one before changed)."""
+    (tmp_path / "events.jsonl").write_bytes(b'{"event": "a"}\n{"event": "b", "st')
+    (tmp_path / "metrics.csv").write_bytes(b"step,stage,name,value\r\n")
+    for name in ("events.jsonl", "metrics.csv", "new.csv"):
+        with SafeDir(tmp_path).append(name) as f:
+            f.write("next\n")
+    assert (tmp_path / "events.jsonl").read_bytes() == b'{"event": "a"}\n{"event": "b", "st\nnext\n'
+    assert (tmp_path / "metrics.csv").read_bytes() == b"step,stage,name,value\r\nnext\n"
+    assert (tmp_path / "new.csv").read_bytes() == b"next\n"
+
+
+def test_an_atomic_write_into_a_directory_that_refuses_new_files_names_it(tmp_path, monkeypatch):
+    """A read-only or immutable run directory (the temporary file beside the target cannot be created): one
+    line naming the file and the directory, not an OSError naming a temporary file's relative name."""
+    import csframework.files as files_module
+
+    real_open = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if flags & os.O_EXCL:
+            raise PermissionError(1, "Operation not permitted")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(files_module.os, "open", refusing)
+    with pytest.raises(UnsafePathError, match=f"^{tmp_path / 'summary.json'}: cannot write it .*{tmp_path}"):
+        SafeDir(tmp_path).write("summary.json", "{}")

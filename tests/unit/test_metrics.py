@@ -240,9 +240,10 @@ def test_a_fit_resumed_from_an_earlier_checkpoint_moves_the_rows_it_logs_again_a
 
 
 def test_superseding_rows_reads_metrics_csv_as_untrusted_and_loses_nothing(tmp_path):
-    """Only whole rows of a later step move, in order, appended after the header or earlier moves; the header,
-    an overlong line, garbage, non-UTF-8 bytes and rows of earlier steps stay; a last line cut short is ended;
-    with nothing to move, neither file is touched."""
+    """Only whole rows of a later step move, in order, appended after the header or earlier moves (a last line
+    there left unended is ended first, not glued to); the header, an overlong line, garbage, non-UTF-8 bytes
+    and rows of earlier steps stay; a moved row cut short is ended; with nothing to move, neither file is
+    touched."""
     from csframework.builtin.metrics import _PIECE, supersede_rows_after
     from csframework.files import SafeDir
 
@@ -250,15 +251,37 @@ def test_superseding_rows_reads_metrics_csv_as_untrusted_and_loses_nothing(tmp_p
     lines = [b"step,stage,name,value\r\n", b"3,main,train/loss,1.5\r\n", b"5,main,train/loss,\xff\xfe\r\n",
              b"garbage\r\n", long_row, b"12x,main,a,1\r\n", b"4,main,val/loss,2\r\n", b"6,main,lr,0.1"]
     (tmp_path / "metrics.csv").write_bytes(b"".join(lines))
-    (tmp_path / "metrics-superseded.csv").write_bytes(b"step,stage,name,value\r\n7,main,lr,1\r\n")
+    (tmp_path / "metrics-superseded.csv").write_bytes(b"step,stage,name,value\r\n7,main,lr,1")  # left unended
     files = SafeDir(tmp_path)
     assert supersede_rows_after(files, 6) == 0
     assert (tmp_path / "metrics.csv").read_bytes() == b"".join(lines)
+    assert not (tmp_path / "metrics-superseded.csv").read_bytes().endswith(b"\n")
     assert supersede_rows_after(files, 4) == 2
     assert (tmp_path / "metrics.csv").read_bytes() == b"".join(
         [lines[0], lines[1], lines[3], long_row, lines[5], lines[6]])
     assert (tmp_path / "metrics-superseded.csv").read_bytes() == (
-        b"step,stage,name,value\r\n7,main,lr,1\r\n5,main,train/loss,\xff\xfe\r\n6,main,lr,0.1\r\n")
+        b"step,stage,name,value\r\n7,main,lr,1\n5,main,train/loss,\xff\xfe\r\n6,main,lr,0.1\r\n")
     (tmp_path / "metrics.csv").unlink()
     (tmp_path / "metrics.csv").symlink_to(tmp_path / "metrics-superseded.csv")  # never followed
     assert supersede_rows_after(files, 0) == 0
+
+
+def test_a_refused_resume_keeps_the_summary_and_a_validate_after_a_resumed_fit_moves_nothing(tmp_path):
+    """A planted metrics-superseded.csv (a link) refuses the resume before it begins: the finished run's
+    summary.json stays. A ``validate`` after a resumed ``fit`` in the same ``Run`` moves none of the rows that
+    fit logged."""
+    overrides = ["loop.max_steps=6", "loop.log_every=1", "checkpoint.every_steps=2"]
+    fixtures.fit(tmp_path, *overrides)
+    summary = (tmp_path / "summary.json").read_bytes()
+    (tmp_path / "metrics-superseded.csv").symlink_to(tmp_path / "elsewhere.csv")
+    resume = f"checkpoint.resume={tmp_path / 'checkpoints' / 'step-00000004'}"
+    with pytest.raises(csf.CsfError, match="metrics-superseded.csv: cannot open it"):
+        fixtures.fit(tmp_path, *overrides, resume)
+    assert (tmp_path / "summary.json").read_bytes() == summary and not (tmp_path / "elsewhere.csv").exists()
+    (tmp_path / "metrics-superseded.csv").unlink()
+    run = csf.Run(fixtures.compose(*overrides, resume), output_dir=tmp_path)
+    run.fit()
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    run.validate()
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[:len(rows)] == rows
+    assert [e["event"] for e in fixtures.events(tmp_path)].count("metrics_rows_superseded") == 1
