@@ -72,7 +72,7 @@ def run_hydra(args: argparse.Namespace, found: api.Composition) -> None:
     and sets its section, the plugins the config files choose are asked, and Hydra runs once more."""
     for attempt in (1, 2):
         try:
-            with hydra_session.composition_errors():
+            with hydra_session.composition_errors(args.overrides):
                 hydra_session.main_app(task(found))()
             break
         except SweepEnded:  # a joblib worker died: every job of its batch has its row

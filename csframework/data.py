@@ -295,6 +295,10 @@ def build_loader(data: DataConfig, role: str, seed: int, *, rank: int = 0, world
 
 #: The role of ``data.predict``'s loader (no set's name has a '/').
 PREDICT = "/predict"
+#: ``mode=predict`` without ``data.predict`` (the schema's ``None``: on the command line it takes the ``+``)
+NO_PREDICT_SET = ("data.predict: mode=predict needs a dataset to predict; set it in your data config "
+                  "(predict: {_target_: ...}) or on the command line with +data.predict._target_=<dataset class> "
+                  "(its arguments +data.predict.<name>=...)")
 
 
 def set_spec(data: DataConfig, role: str) -> tuple[Any, str]:
@@ -302,7 +306,7 @@ def set_spec(data: DataConfig, role: str) -> tuple[Any, str]:
     (``data.test`` ...) or ``PREDICT``; a ``ConfigError`` naming the key when there is none."""
     if role == PREDICT:
         if data.predict is None:
-            raise ConfigError("data.predict: mode=predict needs a dataset to predict; set data.predict._target_")
+            raise ConfigError(NO_PREDICT_SET)
         return data.predict, "data.predict"
     for sets, key_of in ((eval_sets(data), eval_set_key), (test_sets(data), test_set_key)):
         if sets.get(role) is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -154,7 +155,7 @@ def _compose(overrides: list[str], config_dir: str | None, config_name: str,
         raise ConfigError(f"config_dir: no such directory: {config_dir}")
     user_dir = os.path.abspath(config_dir) if config_dir is not None else None
     searching = _searching(overrides, f"file://{user_dir}") if user_dir else overrides
-    with composition_errors():
+    with composition_errors(overrides):
         with _session() as loader:
             try:
                 return hydra_compose(config_name=config_name, overrides=searching, return_hydra_config=True)
@@ -188,16 +189,30 @@ def _missing_primary(config_name: str, loader, overrides: list[str]) -> str:
             f"{', '.join(found) or 'none'}){hint}")
 
 
+#: The groups of csframework's primary config's defaults list (conf/config.yaml), which a user's primary extends
+IN_EVERY_DEFAULTS_LIST = frozenset({"device", "backend", "optimizer", "precision", "model", "data"})
+
+
 @contextlib.contextmanager
-def composition_errors() -> Iterator[None]:
-    """Turns Hydra's, OmegaConf's and YAML's errors into a ``ConfigError`` (``describe_error``), in one line."""
+def composition_errors(overrides: Sequence[str] = ()) -> Iterator[None]:
+    """Turns Hydra's, OmegaConf's and YAML's errors into a ``ConfigError`` (``describe_error``), in one line;
+    a group option it suggests is written as ``overrides`` chose the group (``+experiment=spirals`` for
+    ``+experiment=spiral``; not for a group in every defaults list), so that pasted it works."""
     import yaml
     from hydra.errors import HydraException
 
     try:
         yield
     except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
-        raise ConfigError(clipped_words(describe_error(e))) from e  # a value quoted whole: clipped
+        message = describe_error(e)
+        suggested = re.search(r"did you mean `([\w./-]+)=", message)
+        if suggested and suggested.group(1) not in IN_EVERY_DEFAULTS_LIST and \
+                not suggested.group(1).startswith("hydra/"):  # (there a '+' fails: "Multiple values for ...")
+            group = suggested.group(1)
+            plus = next((o[:len(o) - len(o.lstrip("+"))] for o in overrides
+                         if o.lstrip("+").split("=", 1)[0] == group), "")
+            message = message.replace(f"`{group}=", f"`{plus}{group}=")
+        raise ConfigError(clipped_words(message)) from e  # a value quoted whole: clipped
     except OSError as e:
         if e.errno != errno.ENAMETOOLONG:
             raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from . import evaluation, predict as predictions, testset
+from .data import NO_PREDICT_SET
 from .errors import ConfigError
 from .fresh_run import writing
 
@@ -39,7 +40,7 @@ def predict(run: LoopRun) -> dict:
     directory (``mode=predict``, ``csframework.predict``), with the weights ``test`` would use; returns the
     run's summary, whose ``predictions`` names the file, its rows and the outputs written."""
     if run.stage_config.data.predict is None:
-        raise ConfigError("data.predict: mode=predict needs a dataset to predict; set data.predict._target_")
+        raise ConfigError(NO_PREDICT_SET)
     return _once(run, "predict", "predicting", lambda: predictions.predict_pass(run))
 
 

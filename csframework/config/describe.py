@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import shlex
 from typing import Any, Collection, Iterable, Mapping, cast
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,7 +16,7 @@ def describe_error(error: BaseException, prefix: str = "") -> str:
     the config group or the file); ``prefix`` is the path of the node the error is relative to
     (``stages.<name>.``). An unknown key gets the nearest known one ("did you mean"); a key of an open
     map that does not exist (``stages.b.loop.max_steps=3`` without a stage ``b``) gets Hydra's ``+`` form."""
-    append = re.search(r"To append to your config use (\S+)", str(error))
+    append = re.search(r"To append to your config use (.+)", str(error))  # the override, spaces and all
     seen: BaseException | None = error
     while seen is not None:
         found = _describe_known(seen)
@@ -25,7 +26,15 @@ def describe_error(error: BaseException, prefix: str = "") -> str:
             msg = str(getattr(seen, "msg", None) or seen).splitlines()[0]
             key = prefix + str(seen.full_key)
             if append and getattr(seen, "object_type", None) is dict:
-                return f"{key}: not in the config; to add it, write {append.group(1)}"
+                add = f"write {shlex.quote(append.group(1))}"  # as pasted into a shell
+                parent, name = getattr(seen, "parent_node", None), getattr(seen, "key", None)
+                close = None
+                if isinstance(parent, DictConfig) and isinstance(name, str):
+                    close = closest(name, [str(k) for k in parent])
+                if close and isinstance(name, str):  # a misspelt argument of a model or dataset (no schema's)
+                    return (f"{key}: not in the config; did you mean `{key[:len(key) - len(name)]}{close}`? "
+                            f"(to add a new key, {add})")
+                return f"{key}: not in the config; to add it, {add}"
             hint = next((h for text, h in _INTERPOLATION_HINTS.items() if text in msg), "")
             return f"{key}: {msg}{hint}{_did_you_mean(seen, key)}"
         seen = seen.__cause__ or seen.__context__
@@ -129,7 +138,7 @@ def _describe_known(error: BaseException) -> str | None:
         group, _, option = missing.rpartition("/")
         if group and error.options is not None:
             close = closest(option, error.options)
-            hint = f"; did you mean `{group.replace('/', '.')}={close}`?" if close else _found_nearby(group, option)
+            hint = f"; did you mean `{group}={close}`?" if close else _found_nearby(group, option)
             return (f"{group.replace('/', '.')}: no option '{option}' in config group '{group}' "
                     f"(available: {', '.join(error.options) or 'none'}){hint}")
         first = str(error).splitlines()[0].strip()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,11 +79,37 @@ def test_final_checkpoint_and_summary_hold_the_metrics_of_the_last_steps(tmp_pat
     ("precision=bfloat61", "did you mean `precision=bfloat16`?"),
     ("+stages.b.loop.max_stepz=3", "did you mean `stages.b.loop.max_steps`?"),
     ("stages.b.loop.max_steps=3", "to add it, write +stages.b.loop.max_steps=3"),
+    # a model's arguments are an open map: its keys, not a schema's, are the nearest; the + form stays offered
+    ("model.net.hiden=5", "did you mean `model.net.hidden`? (to add a new key, write +model.net.hiden=5)"),
+    # the whole override, quoted for a shell (it was cut at its first space: `write +metrics={mae:`)
+    ("metrics={mae: {_target_: x.Y}}", "to add it, write '+metrics={mae: {_target_: x.Y}}'"),
+    # a nested group's option is suggested as it is written (a '/'), without a '+' where one fails (a group
+    # in every defaults list: "Multiple values for hydra/sweeper"); test_cli.py: a group of the user's own
+    ("hydra/launcher=joblibb", "did you mean `hydra/launcher=joblib`?"),
+    ("+hydra/sweeper=optunaa", "did you mean `hydra/sweeper=optuna`?"),
 ])
 def test_a_misspelled_key_or_option_gets_did_you_mean(override, message):
     with pytest.raises(csf.ConfigError) as error:
         csf.Run(fixtures.compose(override))
     assert message in str(error.value)
+
+
+def test_a_group_of_the_user_s_own_is_suggested_with_the_plus_it_needs(tmp_path):
+    """``+experiment=spiral`` (a group no defaults list holds): the suggestion keeps the ``+``; without it the
+    pasted override is refused (no match in the defaults list)."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "spirals.yaml").write_text("# @package _global_\nseed: 3\n")
+    with pytest.raises(csf.ConfigError, match=re.escape("did you mean `+experiment=spirals`?")):
+        csf.compose(["+experiment=spiral"], config_dir=tmp_path)
+    assert csf.compose(["+experiment=spirals"], config_dir=tmp_path).seed == 3
+
+
+def test_predict_without_a_predict_set_says_how_to_give_one(tmp_path):
+    """data.predict is None in the schema: ``data.predict._target_=...`` would be refused (not in the config);
+    the message gives the form that works, which composes."""
+    with pytest.raises(csf.ConfigError, match=re.escape("+data.predict._target_=<dataset class>")):
+        csf.Run(fixtures.compose(), output_dir=tmp_path).predict()
+    fixtures.compose("+data.predict._target_=x.Y", "+data.predict.n=3")
 
 
 def test_a_stage_device_type_in_lower_case_is_the_run_s_device():
