@@ -115,15 +115,20 @@ def test_a_run_trained_past_this_config_s_max_steps_is_evaluated_not_called_dama
     """``mode=validate``/``test`` of a run trained longer than the config's ``loop.max_steps`` (its default, say)
     refused its checkpoint as damaged ("loop.stage_step: 8 must be between 0 and 4") and advised moving it
     aside; an evaluation continues nothing, so that setting bounds nothing. A fit resumed there is still
-    refused, saying which setting to raise."""
+    refused, saying which setting to raise (before: as damage, each checkpoint in turn, an earlier one within
+    the steps taken in its place)."""
     trained = tmp_path / "trained"
-    fixtures.fit(trained, *TEST, "loop.max_steps=8")
+    fixtures.fit(trained, *TEST, "loop.max_steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=4")  # 2, 4: within 4
     for mode in ("validate", "test"):
         run = csf.Run(fixtures.compose(*TEST, "loop.max_steps=4", f"mode={mode}", f"checkpoint.resume={trained}"),
                       output_dir=tmp_path / mode)
         assert getattr(run, mode)()["global_step"] == 8
+    summary = (trained / "summary.json").read_bytes()
     with pytest.raises(csf.CsfError) as refused:
-        fixtures.fit(trained, *TEST, "loop.max_steps=4", "checkpoint.resume=auto")
+        fixtures.fit(trained, *TEST, "loop.max_steps=4", "checkpoint.every_steps=2", "checkpoint.resume=auto")
     assert refused.value.exit_code == 2
-    [damaged] = [e for e in fixtures.events(trained) if e["event"] == "checkpoint_damaged"]
-    assert "loop.stage_step: 8 is past this stage's 4 steps" in damaged["error"] and "loop.max_steps" in damaged["error"]
+    # the newest checkpoint, named with the setting to raise; not called damaged, no fall back to an earlier one
+    assert (f"checkpoint {trained / 'checkpoints' / 'step-00000008'}: loop.stage_step: 8 is past this stage's 4 steps"
+            in str(refused.value)) and "set loop.max_steps" in str(refused.value)
+    assert (trained / "summary.json").read_bytes() == summary
+    assert not [e for e in fixtures.events(trained) if e["event"] in ("checkpoint_damaged", "resumed")]

@@ -28,7 +28,7 @@ from .best import BestTracker
 from .changes import changed_settings, changes_problem, config_differences
 from .format import (MAX_CONFIG_BYTES, MAX_META_BYTES, SHARDED, read_checkpoint, read_config_yaml, temporary_dir,
                      write_checkpoint)
-from .schema import StateMismatch, checked_state
+from .schema import StateMismatch, TrainedFurther, checked_state
 from .store import INDEX, checkpoint_names, read_best, resume_source, step_of
 
 #: What the plugins' state may take in meta.json (the rest of ``MAX_META_BYTES`` is the files table).
@@ -154,6 +154,10 @@ class CheckpointPlugin:
                 state, meta = read_checkpoint(path, shard_check)
                 state = checked_state(run, state, f"checkpoint {path}")  # forged values: the config's rules
             except DamagedCheckpoint as e:
+                # trained past this config's steps, at the step its name says: a setting to raise, not damage
+                # to fall back from (an earlier checkpoint would undo the training this one holds)
+                if isinstance(e, TrainedFurther) and store.NAME.fullmatch(path.name) and step_of(path.name) == e.step:
+                    raise ConfigError(f"checkpoint {path}: {e.problem}") from e
                 if not fallback:
                     raise ConfigError(f"checkpoint.resume: {e}") from e
                 run.log.warning("checkpoint_damaged", path=str(path), error=str(e),

@@ -34,6 +34,10 @@ def _rate(key: str, value) -> list[str]:
     return check_range(key, value, 0.0, MAX_FLOAT32)
 
 
+#: What a checkpoint trained past this config's steps is refused with: no damage, a setting to raise
+PAST_THE_STAGE = "is past this stage's"
+
+
 def stage_limits(run) -> list[int | None]:
     """The optimizer steps each stage of this run's config may take (``None`` where it is counted in epochs of
     a stage not yet built: bounded by the epoch check instead; ``None`` for every stage when the run evaluates
@@ -65,7 +69,7 @@ def position_problems(run, loop) -> list[str]:
     found += _count("loop.stage_step", loop.get("stage_step"), 0, limit if limit is not None else MAX_COUNT)
     if found:
         if type(loop.get("stage_step")) is int and limit is not None and loop["stage_step"] > limit >= 0:
-            found = [f"loop.stage_step: {loop['stage_step']} is past this stage's {limit} steps (loop.max_steps, or "
+            found = [f"loop.stage_step: {loop['stage_step']} {PAST_THE_STAGE} {limit} steps (loop.max_steps, or "
                      "max_epochs); to continue that run, set loop.max_steps (or max_epochs) to cover its steps"]
         return found
     stage_step: int = loop["stage_step"]

@@ -19,7 +19,7 @@ from ...errors import ConfigError, DamagedCheckpoint
 from ...param_groups import resume_problem
 from ...protocol import LoopRun
 from ...rng import rng_state, set_rng_state
-from .readback import optimizer_problems, position_problems, saved_group_count, scaler_problems, schedule_problems
+from .readback import PAST_THE_STAGE, optimizer_problems, position_problems, saved_group_count, scaler_problems, schedule_problems
 
 #: The layout ``Run.state_dict`` writes; older ones are converted on load (``upgrade``), newer ones refused.
 STATE_VERSION = 2
@@ -269,13 +269,27 @@ def upgrade(state: Any, where: str = "checkpoint") -> dict:
     return state
 
 
+class TrainedFurther(DamagedCheckpoint):
+    """A checkpoint whose only fault is a position past this config's steps (``PAST_THE_STAGE``): a run trained
+    longer than ``loop.max_steps`` now says, or a forged position. ``step``: the global step it holds;
+    ``problem``: the position's, with the setting to raise."""
+
+    def __init__(self, message: str, step: int, problem: str):
+        super().__init__(message)
+        self.step, self.problem = step, problem
+
+
 def checked_state(run: LoopRun, state: Any, where: str = "checkpoint") -> dict:
     """``upgrade(state)``, each field checked against this run's config (``Field.check``);
-    ``DamagedCheckpoint`` naming every value it refuses, each by its key in the state."""
+    ``DamagedCheckpoint`` naming every value it refuses, each by its key in the state (``TrainedFurther``
+    when the only one is a position past this config's steps)."""
     state = upgrade(state, where)
     found = [problem for field in FIELDS for problem in field.check(run, state)]
     if found:
-        raise DamagedCheckpoint(f"{where}: state.pt holds values this run's config refuses ({'; '.join(found)})")
+        message = f"{where}: state.pt holds values this run's config refuses ({'; '.join(found)})"
+        if all(PAST_THE_STAGE in problem for problem in found):
+            raise TrainedFurther(message, state["loop"]["global_step"], found[0])
+        raise DamagedCheckpoint(message)
     return state
 
 
