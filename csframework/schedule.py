@@ -52,7 +52,8 @@ class Schedule:
     Its state holds its plan (kind, warm-up, ``lr``, ``min_lr`` or ``min_lr_ratio`` and the steps it spans), so
     a resumed run goes on with the schedule it was saved with, as torch's schedulers keep their settings (``T_max``):
     settings changed since (``loop.max_steps`` raised, say) do not bend the rate of the steps already
-    planned; past the planned steps the rate stays at its final value.
+    planned; past the planned steps the rate is what the plan gives there: its final value (after the rest of
+    a warm-up longer than the plan).
 
     The interface of a torch ``LRScheduler`` that code uses (``step``, ``get_last_lr``, ``last_epoch``,
     ``base_lrs``, ``state_dict``, ``load_state_dict``) without its per-step bookkeeping, which costs

@@ -312,3 +312,21 @@ def test_a_relative_floor_follows_the_rate_and_resumes_bit_for_bit():
     resumed = build_scheduler(opt := sgd(other.lr), other, 20)
     resumed.load_state_dict(older)
     assert rates(resumed, opt, 12)[-1] == pytest.approx(3e-4)
+
+
+def test_the_resume_warning_states_the_rates_a_warm_up_longer_than_the_plan_gives(tmp_path):
+    """A 20-step run with a 20-step warm-up (cosine down to min_lr), resumed to 30: past its plan the rate is
+    the warm-up's top for one step, then the floor. The warning said it "stays at its final 0.01"; it states
+    the rates the run then logs."""
+    import csv
+
+    schedule = ["optimizer.lr=0.01", "optimizer.schedule.name=cosine", "optimizer.schedule.warmup_steps=20",
+                "optimizer.schedule.min_lr=0.001", "loop.log_every=1"]
+    fixtures.fit(tmp_path, *schedule, "loop.max_steps=20")
+    fixtures.fit(tmp_path, *schedule, "loop.max_steps=30", "checkpoint.resume=auto")
+    (warning,) = [e for e in fixtures.events(tmp_path) if e["event"] == "resume_settings_changed"]
+    assert "from step 20 to 30 the rate goes from 0.01 to 0.001" in warning["problem"]
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        lr = {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == "lr"}
+    # (the rate logged at a step is the next step's: step 21 trains at 0.01, every later one at 0.001)
+    assert lr[20] == pytest.approx(0.01) and lr[21] == lr[30] == pytest.approx(0.001)

@@ -3,6 +3,8 @@ and the schedule's, ``RESUMED_SETTINGS``), said in one warning, and the config s
 model that does not fit."""
 from __future__ import annotations
 
+import math
+
 from typing import cast
 
 from omegaconf import OmegaConf
@@ -61,17 +63,21 @@ def changed_settings(saved_yaml: str, config, stage: str) -> list[tuple[str, obj
 
 def changes_problem(run, changes: list[tuple[str, object, object]]) -> str:
     """What the settings changed since a resumed stage's checkpoint mean, in one line: the schedule and the
-    optimizer's settings go on as saved; a longer stage trains on at the schedule's final rate."""
+    optimizer's settings go on as saved; a longer stage trains on at the rates its plan gives past its end
+    (its final rate, after the rest of a warm-up longer than the plan)."""
     text = (f"resuming at step {run.global_step} continues the checkpoint's learning-rate schedule and "
             "optimizer settings")
     sched = run.scheduler
     if any(key in LENGTH for key, _, _ in changes) and isinstance(sched, Schedule):
         offset, planned = run.global_step - run.stage_step, sched.total_steps
         end = offset + run.total_steps(run.stage_config)
-        if end > offset + planned:
-            final = sched.base_lrs[0] * lr_factor(max(planned - 1, 0), sched.cfg, planned)
+        if end > offset + planned:  # the rates the plan gives past its end (a warm-up longer than it goes on)
+            first, last = (sched.base_lrs[0] * lr_factor(step, sched.cfg, planned)
+                           for step in (planned, end - offset - 1))
+            rates = (f"stays at its final {last:.3g}" if math.isclose(first, last) else
+                     f"goes from {first:.3g} to {last:.3g}")
             text += (f"; the schedule was planned for {planned} steps, so from step {offset + planned} to {end} "
-                     f"the rate stays at its final {final:.3g}")
+                     f"the rate {rates}")
         else:
             text += f"; the schedule was planned for {planned} steps, so training stops at step {end}, before its end"
     others = [key for key, _, _ in changes if key not in LENGTH]
