@@ -64,7 +64,26 @@ def failure_line(run: RunProtocol, error: BaseException) -> str:
     if frame is not None:
         file, line, function = frame
         where = f"{where or function} ({file}:{line})" if where else f"{function} ({file}:{line})"
-    return f"{_when(run, error)} failed" + (f" in {where}" if where else "") + f": {type(cause).__name__}: {message}"
+    return (f"{_when(run, error)} failed" + (f" in {where}" if where else "") + f": {type(cause).__name__}: {message}"
+            + _collate_hint(cause, frame))
+
+
+#: torch's default ``collate_fn`` (a DataLoader's batching of samples), in a path or a worker's traceback
+_DEFAULT_COLLATE = re.compile(r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]collate\.py")
+
+
+def _collate_hint(error: BaseException, user_frame: tuple | None) -> str:
+    """What to change when torch's default collate failed with none of the user's code below it: the samples
+    of a batch (tensors of different shapes, say) cannot be stacked into one."""
+    if user_frame is not None:
+        return ""
+    paths = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(error.__traceback__)]
+    if not any(_DEFAULT_COLLATE.search(path) for path in paths) and not (
+            _WORKER_TRACEBACK in str(error) and _DEFAULT_COLLATE.search(str(error))):
+        return ""
+    return ("; torch's default collate could not make a batch of the dataset's samples: return samples of one "
+            "shape (pad or crop them), or batch them yourself with data.collate_fn (a function of the list of "
+            "samples)")
 
 
 def error_record(run: RunProtocol, error: BaseException) -> str:

@@ -57,6 +57,11 @@ MODULES = {
 
         def collate(samples):
             raise ValueError("cannot collate")
+
+
+        class Ragged(Data):
+            def __getitem__(self, i):
+                return torch.zeros(8 + i % 2), torch.tensor(0)
         """,
     "userplugin.py": """\
         from csframework import hookimpl
@@ -85,6 +90,12 @@ CASES = [
      "usermod.py\", line 34"),
     ("collate", ["+data.collate_fn._target_=usermod.collate"],
      r"training step 1 failed in collate \(usermod\.py:39\): ValueError: cannot collate", "usermod.py\", line 39"),
+    # torch's default collate, none of the user's code below it: what to change is said (samples of one shape)
+    ("ragged", ["data.train._target_=usermod.Ragged", "~data.train.n", "data.num_workers=1"],
+     r"training step 1 failed: RuntimeError: stack expects each tensor to be equal size, but got \[8\] at entry 0 "
+     r"and \[9\] at entry 1; torch's default collate could not make a batch of the dataset's samples: return "
+     r"samples of one shape \(pad or crop them\), or batch them yourself with data.collate_fn \(a function of "
+     r"the list of samples\)", "collate.py"),
     ("evaluation", ["model._target_=usermod.EvalFails", "~model.net", "~model.loss", "+model.dim=8"],
      r"the evaluation at step 3 failed in EvalFails\.forward \(usermod\.py:24\): ZeroDivisionError: only in "
      r"evaluation", "usermod.py\", line 24"),
