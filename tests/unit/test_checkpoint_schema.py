@@ -130,3 +130,15 @@ def test_a_sharded_state_holds_no_whole_model_and_loads_only_into_a_sharded_run(
     assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
     with pytest.raises(StateMismatch, match=r"written sharded \(strategy=fsdp\); resume it with the same kind"):
         built(tmp_path / "b").load_state_dict(state)
+
+
+def test_another_model_is_named_by_its_tensors_not_by_its_optimizer_groups(tmp_path):
+    """A checkpoint of another model (other parameter names) into a run: its parameter groups differ too, but
+    what to fix is the model (a newcomer validating with the wrong model= was told to change
+    optimizer.groups)."""
+    state = built(tmp_path / "a").state_dict()
+    with pytest.raises(StateMismatch) as info:
+        built(tmp_path / "b", "model=tiny_linear", "model.net.in_features=8").load_state_dict(state)
+    assert info.value.field == "model"
+    assert "the checkpoint has net.0.weight (+3 more) which the model lacks" in str(info.value)
+    assert "optimizer.groups" not in str(info.value)

@@ -91,8 +91,11 @@ def _load_sharded(run: LoopRun, state: dict) -> None:
 
 def _load_param_groups(run: LoopRun, state: dict) -> None:
     """Refuse optimizer state of other parameter groups: torch would load it by position, giving one group's
-    state and settings to another's parameters."""
+    state and settings to another's parameters. A model that does not fit is named first (``_load_model``):
+    its groups differ because its parameters do."""
     saved, optimizer = state["param_groups"], state["optimizer"]
+    if isinstance(state["model"], dict) and model_mismatch(run.model, state["model"]):
+        return
     problem = resume_problem(saved, run.param_groups)
     if saved is None and optimizer is not None and len(optimizer["param_groups"]) != len(run.param_groups):
         problem = (f"it has {len(optimizer['param_groups'])} parameter group(s), this run {len(run.param_groups)} "
