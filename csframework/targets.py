@@ -174,8 +174,9 @@ def _missing(target: str, error: BaseException) -> str | None:
         return None
     parent, _, leaf = name.rpartition(".")
     module = sys.modules.get(parent) if parent else None
-    if module is None:
-        return (f"no module named '{name}'{_hint(name, _submodules(None) + list(sys.builtin_module_names))}; "
+    if module is None:  # every installed module: only a close one, not private (`_codecs` for `my_models`)
+        top = [n for n in _submodules(None) + list(sys.builtin_module_names) if not n.startswith("_")]
+        return (f"no module named '{name}'{_hint(name, top, cutoff=0.8)}; "
                 "check the dotted path, and that the module's directory is on the Python path (the directory "
                 "you run from, or PYTHONPATH)")
     path = getattr(module, "__path__", None)  # a package's submodules may not be imported yet
@@ -183,8 +184,8 @@ def _missing(target: str, error: BaseException) -> str | None:
     return f"module '{parent}' has no '{leaf}'{_hint(leaf, names)}; check the dotted path"
 
 
-def _hint(word: str, options: list[str]) -> str:
-    close = closest(word, options)
+def _hint(word: str, options: list[str], cutoff: float = 0.6) -> str:
+    close = closest(word, options, cutoff)
     return f" (did you mean '{close}'?)" if close else ""
 
 

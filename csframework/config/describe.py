@@ -42,9 +42,10 @@ def describe_error(error: BaseException, prefix: str = "") -> str:
     return prefix + (" ".join(lines[:3]) if lines else type(error).__name__)
 
 
-def closest(word: str, options: Iterable[str]) -> str | None:
-    """The option closest to ``word`` ("did you mean"), if one is close enough (``difflib``'s measure)."""
-    close = difflib.get_close_matches(word, [o for o in options if o != word], n=1)
+def closest(word: str, options: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The option closest to ``word`` ("did you mean"), if one is close enough (``difflib``'s measure, at least
+    ``cutoff``)."""
+    close = difflib.get_close_matches(word, [o for o in options if o != word], n=1, cutoff=cutoff)
     return close[0] if close else None
 
 

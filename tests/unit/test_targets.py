@@ -47,7 +47,10 @@ def user_module(tmp_path, monkeypatch):
     (["data.val._target_=fixtures.Blobz"],
      "data.val._target_: fixtures.Blobz: module 'fixtures' has no 'Blobz' (did you mean 'Blobs'?); check the "
      "dotted path"),
-], ids=["optimizer", "schedule", "collate_fn", "dataset"])
+    # nothing close installed: no far-fetched guess among every module there is (it was '_codecs')
+    (["model._target_=my_models.MLP"],
+     "model._target_: my_models.MLP: no module named 'my_models'; check the dotted path"),
+], ids=["optimizer", "schedule", "collate_fn", "dataset", "nothing-close"])
 def test_every_target_fails_in_one_line_naming_its_key(tmp_path, user_module, overrides, message):
     with pytest.raises(csf.ConfigError) as caught:
         csf.Run(fixtures.compose(*overrides), output_dir=tmp_path / "run")
