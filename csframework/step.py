@@ -222,7 +222,9 @@ def loss_problem(loss: Any) -> str | None:
         return f"a loss of type {type(loss).__name__}, not a tensor; return the tensor (before any .item())"
     what = f"shape {list(loss.shape)}, dtype {str(loss.dtype).removeprefix('torch.')}"
     if loss.numel() != 1:
-        return f"a loss of {what}, not a scalar; reduce it to one number (e.g. loss.mean())"
+        return (f"a loss of {what}, not a scalar; a loss per sample: reduce it to one number (e.g. loss.mean()); "
+                "the model's predictions: return the loss computed from them and the targets (e.g. "
+                "F.mse_loss(preds, targets)), or a dict with it under 'loss'")
     if not loss.is_floating_point():
         return f"a loss of {what}, not a floating-point number; compute it in floating point"
     if not loss.requires_grad:

@@ -69,6 +69,10 @@ MODULES = {
 #: the test configs (the Blobs data, an MLP) with a primary config of the user's own
 TINY = ["model=blobs_mlp", "data=blobs", "loop.max_steps=2", "loop.eval_every=null", "loop.eval_steps=null"]
 HINT = "run with debug=true for the traceback"
+#: a vector loss: per sample, or the model's predictions (which .mean() would quietly train on)
+NOT_A_SCALAR = ("not a scalar; a loss per sample: reduce it to one number (e.g. loss.mean()); the model's "
+                "predictions: return the loss computed from them and the targets (e.g. F.mse_loss(preds, targets)), "
+                "or a dict with it under 'loss'")
 
 # (id, command-line arguments after --config-dir, the error line exactly)
 CASES = [
@@ -96,10 +100,10 @@ CASES = [
      f"(raisingmod.py:13); {HINT}"),
     ("vector-loss", ["model._target_=vecmod.VectorLoss", "~model.net", "~model.loss"],
      "csframework: error: model.forward: vecmod.VectorLoss.forward(batch) returned a loss of shape [16], dtype "
-     "float32, not a scalar; reduce it to one number (e.g. loss.mean())"),
+     f"float32, {NOT_A_SCALAR}"),
     ("vector-loss-csx", ["model._target_=vecmod.VectorLoss", "~model.net", "~model.loss", "device=csx"],
      "csframework: error: model.forward: vecmod.VectorLoss.forward(batch) returned a loss of shape [16], dtype "
-     "float32, not a scalar; reduce it to one number (e.g. loss.mean())"),
+     f"float32, {NOT_A_SCALAR}"),
     ("config-name-typo", ["--config-name", "mien"],
      "csframework: error: --config-name: no primary config 'mien' in the config search path (available: config, "
      "mine); did you mean `--config-name mine`?"),

@@ -75,7 +75,8 @@ def test_the_model_contract():
 
 
 @pytest.mark.parametrize("loss, problem", [
-    (lambda w: w * 2, "a loss of shape [3], dtype float32, not a scalar; reduce it to one number (e.g. loss.mean())"),
+    (lambda w: w * 2, "a loss of shape [3], dtype float32, not a scalar; a loss per sample: reduce it to one "
+                      "number (e.g. loss.mean()); the model's predictions: return the loss computed from them"),
     (lambda w: (w * 2).sum().long(), "a loss of shape [], dtype int64, not a floating-point number"),
     (lambda w: (w * 2).sum().detach(), "a loss of shape [], dtype float32 that does not require grad"),
     (lambda w: 3.0, "a loss of type float, not a tensor"),
