@@ -185,6 +185,10 @@ def _missing_primary(config_name: str, loader, overrides: list[str]) -> str:
     found = [n for n in loader.get_group_options("", overrides=overrides) if not n.startswith("_") and n != SCHEMA_NAME]
     close = closest(config_name, found)
     hint = f"; did you mean `--config-name {close}`?" if close else ""
+    here = sorted(p for pattern in (f"{config_name}.yaml", f"*/{config_name}.yaml") for p in Path().glob(pattern)
+                  if p.is_file())
+    if here:  # in the working directory (not searched: its config directory not given), as for a group's option
+        hint = f"; {here[0]} is here: give its config directory with --config-dir {here[0].parent}"
     return (f"--config-name: no primary config '{config_name}' in the config search path (available: "
             f"{', '.join(found) or 'none'}){hint}")
 

@@ -146,3 +146,16 @@ def test_an_interpolation_into_a_replaced_group_names_both_group_options(tmp_pat
                 config_dir=str(tmp_path), backends=BACKENDS)
     assert str(error.value) == ("data.train.split: ${loop.nope} (from the overrides) but the config has no "
                                 "loop.nope; set data.train.split=<value>")
+
+
+def test_a_primary_config_in_the_working_directory_is_named_with_its_config_dir(tmp_path, monkeypatch):
+    """``--config-name my_run`` without ``--config-dir conf``: the refusal names conf/my_run.yaml and the flag
+    (it listed the primaries there are, ``config``), as a group's option found nearby is."""
+    from csframework.hydra_session import missing_primary
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "my_run.yaml").write_text("defaults:\n  - config\n  - _self_\n")
+    monkeypatch.chdir(tmp_path)
+    assert missing_primary("my_run", None).endswith(
+        "(available: config); conf/my_run.yaml is here: give its config directory with --config-dir conf")
+    assert missing_primary("other", None).endswith("(available: config)")
