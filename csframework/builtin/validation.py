@@ -56,8 +56,9 @@ def metrics_rules(config: RunConfig) -> list[str]:
 def on_train_start(run) -> None:
     """Warn (not refuse: a short trial run is legitimate) when the learning-rate warm-up is longer than the
     stage's training, so the rate never reaches ``optimizer.lr``, naming the setting and a value that works
-    (a tenth of the stage). Usually the optimizer's default warm-up meeting a shortened run: in a sweep the
-    console shows it once (``console_once.first_time``), every job's ``events.jsonl`` records it."""
+    (a tenth of the stage; for a resumed stage, in a new run: it keeps its checkpoint's schedule). Usually the
+    optimizer's default warm-up meeting a shortened run: in a sweep the console shows it once
+    (``console_once.first_time``), every job's ``events.jsonl`` records it."""
     cfg = run.stage_config
     plan = getattr(run.scheduler, "cfg", cfg.optimizer)  # the built-in schedule's: warmup_epochs resolved
     warmup, steps = plan.schedule.warmup_steps, run.total_steps(cfg)
@@ -67,7 +68,8 @@ def on_train_start(run) -> None:
         run.log.warning("warmup_longer_than_training", warmup_steps=warmup, steps=steps,
                         problem=f"optimizer.schedule.warmup_steps ({warmup}) is longer than {length}: the "
                                 "learning rate never reaches optimizer.lr",
-                        fix=f"set optimizer.schedule.warmup_steps={steps // 10} (any value up to {steps} works)",
+                        fix=(("a resumed run keeps its checkpoint's schedule: in a new run, " if run.stage_step else "")
+                             + f"set optimizer.schedule.warmup_steps={steps // 10} (any value up to {steps} works)"),
                         console=first_time("warmup_longer_than_training"))
 
 

@@ -132,6 +132,19 @@ def test_a_warm_up_longer_than_the_run_warns_naming_both_keys(tmp_path):
     assert "loop.max_steps (4)" in warnings[0]["problem"]
 
 
+def test_a_resumed_warm_up_longer_than_the_run_says_a_new_run_is_the_fix(tmp_path):
+    """On a resume the schedule is the checkpoint's: the warning's fix (a shorter warm-up) takes a new run; it
+    was given as if the setting would act (a newcomer set it, resumed, and was told to set it again)."""
+    csf.Run(fixtures.compose("loop.max_steps=4", "optimizer.schedule.warmup_steps=30",
+                             "checkpoint.every_steps=2"), output_dir=tmp_path).fit()
+    csf.Run(fixtures.compose("loop.max_steps=8", "optimizer.schedule.warmup_steps=1", "checkpoint.resume=auto"),
+            output_dir=tmp_path).fit()
+    first, resumed = [e for e in events(tmp_path) if e["event"] == "warmup_longer_than_training"]
+    assert first["fix"].startswith("set optimizer.schedule.warmup_steps=0")
+    assert resumed["fix"].startswith("a resumed run keeps its checkpoint's schedule: in a new run, set "
+                                     "optimizer.schedule.warmup_steps=0")
+
+
 # -- 8. a user's own primary config -------------------------------------------------------------------------------
 @pytest.fixture
 def user_conf(tmp_path) -> Path:
